@@ -1,0 +1,41 @@
+# make demo / make test do all set-up on a fresh machine (Debian 12, root, Python 3.11):
+# virtualenv, Debian's docker.io + dockerd when no daemon answers, the CPU Triton image.
+PYTHON ?= python3.11
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+IMAGE  ?= stoker/triton-cpu:2.51.0-cpu
+export STOKER_HOME ?= $(HOME)/.stoker
+
+.PHONY: setup venv docker image demo test test-unit down clean
+
+setup: venv docker image
+
+venv: $(VENV)/.installed
+
+# torch==2.13.0 resolves to the local CPU wheel (pip's find-links); never let it float to a CUDA build.
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade "pip>=24"
+	$(PY) -m pip install -q -e '.[heavy,stack,dev]'
+	touch $@
+
+docker:
+	bash infra/dockerd.sh
+
+image: venv docker
+	$(VENV)/bin/stoker image --name $(IMAGE)
+
+demo: setup
+	$(VENV)/bin/stoker demo
+
+test: setup
+	$(PY) -m pytest -q
+
+test-unit: venv
+	$(PY) -m pytest -q tests/unit
+
+down:
+	$(VENV)/bin/stoker down
+
+clean: down
+	rm -rf $(VENV)

@@ -1,0 +1,90 @@
+"""build_and_deploy: fetch → quantize → build → package → upload → deploy → benchmark."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Callable
+
+from prefect import flow, get_run_logger
+from prefect.artifacts import create_link_artifact, create_markdown_artifact, create_table_artifact
+
+from stoker.manifest import build_manifest, write_atomic, write_local
+from stoker.report import benchmark_rows, markdown
+from stoker.run import RunContext, StepResult
+from stoker.spec import Spec
+from tasks.docker import deploy_endpoint
+from tasks.hub import fetch_weights
+from tasks.modelopt import quantize_weights
+from tasks.reference import build_reference
+from tasks.s3 import store_manifest, upload_repository
+from tasks.triton_client import benchmark_endpoint
+from tasks.triton_repo import package_repository
+
+
+class Steps(dict[str, StepResult]):
+    """Runs each step, keeping a failed step's duration and one-line cause for the manifest."""
+
+    def run(self, name: str, task: Callable[..., StepResult], *args) -> StepResult:
+        t0 = time.perf_counter()
+        try:
+            result = task(*args)
+        except Exception as exc:
+            self[name] = StepResult(name=name, status="failed", duration_s=time.perf_counter() - t0,
+                                    error=one_line(exc))
+            raise
+        self[name] = result
+        return result
+
+
+def one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"
+
+
+@flow(name="build_and_deploy", log_prints=True)
+def build_and_deploy(spec: Spec, home: str | None = None) -> dict:
+    """Turn the spec's model revision into a benchmarked Triton endpoint; returns the run manifest."""
+    ctx = RunContext.new(Path(home) if home else None)
+    started, t0 = time.time(), time.perf_counter()
+    steps, error = Steps(), None
+    try:
+        fetched = steps.run("fetch", fetch_weights, spec, ctx)
+        quantized = steps.run("quantize", quantize_weights, spec, fetched, ctx)
+        built = steps.run("build", build_reference, spec, quantized, ctx)
+        packaged = steps.run("package", package_repository, spec, built, ctx)
+        uploaded = steps.run("upload", upload_repository, spec, packaged, ctx)
+        deployed = steps.run("deploy", deploy_endpoint, spec, uploaded, ctx)
+        steps.run("benchmark", benchmark_endpoint, spec, deployed, built, ctx)
+    except Exception as exc:
+        error = one_line(exc)
+        raise
+    finally:
+        source = steps["fetch"].detail if "fetch" in steps else {}
+        manifest = build_manifest(spec, ctx, steps, source, started, time.perf_counter() - t0,
+                                  "failed" if error else "completed", error)
+        publish_run(spec, ctx, manifest, s3_ok="upload" in steps and steps["upload"].status == "completed")
+    return manifest
+
+
+def publish_run(spec: Spec, ctx: RunContext, manifest: dict, s3_ok: bool) -> None:
+    """Manifest to S3 and disk (last), report and artifacts to Prefect."""
+    logger = get_run_logger()
+    uris = []
+    if s3_ok:
+        try:
+            uris.append(store_manifest(spec, manifest))
+        except Exception as exc:  # the local manifest still records the run
+            logger.warning(f"manifest not stored in S3: {one_line(exc)}")
+    report = markdown(manifest, uris + [(ctx.run_dir / "manifest.json").as_uri()])
+    write_atomic(ctx.run_dir / "report.md", report)
+    key = f"stoker-{spec.deploy.name}"
+    create_markdown_artifact(report, key=f"{key}-report", description="stoker run report")
+    if manifest["benchmark"]["levels"]:
+        create_table_artifact(benchmark_rows(manifest), key=f"{key}-benchmark", description="benchmark by level")
+    if manifest["endpoint"]:
+        create_link_artifact(manifest["endpoint"]["http"], link_text="Triton HTTP endpoint", key=f"{key}-endpoint")
+    for uri in uris:
+        create_link_artifact(uri, link_text="run manifest (S3)", key=f"{key}-manifest")
+    path = write_local(ctx, manifest)
+    logger.info(f"manifest: {path}")

@@ -1,0 +1,123 @@
+"""The `stoker` command: short handlers over the library; every failure exits non-zero with one line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from .errors import StokerError
+
+
+def _plan(args) -> int:
+    from .plan import plan, render_plan
+    from .run import RunContext
+    from .spec import load_spec
+
+    spec = load_spec(args.spec)
+    print(f"spec {args.spec}: valid (digest {spec.digest()[:16]})")
+    print(render_plan(plan(spec, RunContext.new())))
+    return 0
+
+
+def _run(args) -> int:
+    from .spec import load_spec
+
+    spec = load_spec(args.spec)
+    manifest = run_flow(spec)
+    print_summary(manifest)
+    return 0
+
+
+def run_flow(spec) -> dict:
+    """Run build_and_deploy on whatever Prefect API is configured (ephemeral when none)."""
+    from flows.build_and_deploy import build_and_deploy
+    from .run import RunContext
+
+    return build_and_deploy(spec, home=str(RunContext.new().home))
+
+
+def print_summary(manifest: dict) -> None:
+    from .run import RunContext
+
+    ctx = RunContext(run_id=manifest["run_id"], home=RunContext.new().home)
+    for name, st in manifest["steps"].items():
+        print(f"  {name:<10} {st['status']:<9} {'cache hit' if st['cache_hit'] else 'ran':<9} {st['duration_s']:8.2f} s")
+    for lv in manifest["benchmark"]["levels"]:
+        print(f"  concurrency {lv['concurrency']}: {lv['output_tokens_per_s']:.1f} output tok/s, "
+              f"TTFT p50 {lv['ttft_ms']['p50']:.1f} ms, ITL p50 {lv['itl_ms']['p50']:.2f} ms, errors {lv['errors']}")
+    ep = manifest["endpoint"]
+    if ep:
+        body = json.dumps({"text_input": "The quick brown fox", "max_tokens": 16, "stream": True})
+        print(f"endpoint: {ep['http']} (gRPC {ep['grpc']})")
+        print(f"try it:   curl -sN -X POST {ep['http']}/v2/models/ensemble/generate_stream -d '{body}'")
+    print(f"report: {ctx.run_dir / 'report.md'}")
+    print(f"manifest: {ctx.run_dir / 'manifest.json'}")
+
+
+def _demo(args) -> int:
+    from .demo import run_demo
+
+    manifest = run_demo()
+    print_summary(manifest)
+    return 0
+
+
+def _down(args) -> int:
+    from .demo import down
+
+    for line in down():
+        print(line)
+    return 0
+
+
+def _image(args) -> int:
+    from .stack.image import ensure_image
+    from .spec import Deploy
+
+    image_id = ensure_image(args.name or Deploy().image, None, print)
+    print(f"image: {args.name or Deploy().image} ({image_id[:19]})")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="stoker", description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+    s = sub.add_parser("plan", help="validate a spec and show each step's cache key and hit/miss")
+    s.add_argument("spec", type=Path)
+    s.set_defaults(fn=_plan)
+    s = sub.add_parser("run", help="run build_and_deploy for a spec")
+    s.add_argument("spec", type=Path)
+    s.set_defaults(fn=_run)
+    s = sub.add_parser("demo", help="the CPU reference demo on embedded defaults (local Hub mirror, S3, Docker)")
+    s.set_defaults(fn=_demo)
+    s = sub.add_parser("down", help="stop what `stoker demo` started (only that)")
+    s.set_defaults(fn=_down)
+    s = sub.add_parser("image", help="build the CPU Triton image if missing or out of date")
+    s.add_argument("--name", default=None)
+    s.set_defaults(fn=_image)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.fn(args)
+    except StokerError as err:
+        print(f"stoker: error: {err}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("stoker: interrupted", file=sys.stderr)
+        return 130
+    except Exception as err:  # noqa: BLE001 - an unexpected fault still gets one line, not a trace
+        if os.environ.get("STOKER_DEBUG"):
+            raise
+        first = (str(err).strip().splitlines() or [""])[0]
+        print(f"stoker: error: {type(err).__name__}: {first} (STOKER_DEBUG=1 shows the traceback)", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

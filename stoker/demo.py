@@ -1,0 +1,101 @@
+"""`stoker demo`: the CPU reference pipeline on embedded defaults, against real local servers.
+
+Starts (or reuses) a Hub mirror serving a generated tiny Llama, an S3 server,
+a Docker daemon and the CPU Triton image, then runs build_and_deploy and leaves
+the endpoint up. `stoker down` stops only what the demo started.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import yaml
+
+from .child import run_module
+from .run import stoker_home
+from .spec import Spec, parse_spec
+
+DEMO_SPEC = Path(__file__).resolve().parent / "demo.yaml"
+DEMO_REPO = "stoker/tiny-llama"
+HUB_PORT = int(os.environ.get("STOKER_DEMO_HUB_PORT", "18090"))
+S3_PORT = int(os.environ.get("STOKER_DEMO_S3_PORT", "19000"))
+
+
+def state_dir() -> Path:
+    return stoker_home() / "stack"
+
+
+def demo_spec(hub_endpoint: str, s3_url: str) -> Spec:
+    data = yaml.safe_load(DEMO_SPEC.read_text())
+    data["model"]["endpoint"] = hub_endpoint
+    data["storage"]["endpoint_url"] = s3_url
+    return parse_spec(data, "embedded demo spec")
+
+
+def ensure_tiny_model(repos: Path, log=print) -> None:
+    """Generate the tiny Llama once and publish it to the mirror as the repo's first commit."""
+    if (repos / "models" / DEMO_REPO / ".git").exists():
+        return
+    log(f"demo: generating the tiny Llama + tokenizer offline → {DEMO_REPO}")
+    with tempfile.TemporaryDirectory() as tmp:
+        run_module("stoker.workers.tinymodel", ["--out", tmp, "--seed", "0"], log)
+        from .stack.hub_mirror import publish_model
+
+        publish_model(repos, DEMO_REPO, Path(tmp), "tiny Llama for the stoker demo")
+
+
+def start_stack(log=print) -> tuple[str, str]:
+    from .stack.dockerd import ensure_daemon
+    from .stack.hub_mirror import ensure_mirror, repos_dir
+    from .stack.image import ensure_image
+    from .stack.s3server import ensure_s3, s3_env
+
+    state = state_dir()
+    ensure_tiny_model(repos_dir(state), log)
+    hub = ensure_mirror(state, HUB_PORT)
+    log(f"demo: Hub mirror (olah) at {hub}")
+    s3_url = ensure_s3(state, S3_PORT)
+    # The demo's S3 is local: use its throwaway credentials, never the caller's real AWS keys.
+    os.environ.update({k: v for k, v in s3_env(s3_url).items() if k != "AWS_ENDPOINT_URL"})
+    log(f"demo: S3 (moto) at {s3_url}")
+    if ensure_daemon(None, state):
+        log("demo: started dockerd")
+    spec_image = yaml.safe_load(DEMO_SPEC.read_text()).get("deploy", {}).get("image")
+    from .spec import Deploy
+
+    image = spec_image or Deploy().image
+    ensure_image(image, None, log)
+    return hub, s3_url
+
+
+def run_demo() -> dict:
+    from .cli import run_flow
+
+    hub, s3_url = start_stack()
+    return run_flow(demo_spec(hub, s3_url))
+
+
+def down() -> list[str]:
+    """Stop the demo's containers, servers and (if it started it) dockerd; nothing else."""
+    from .stack.dockerd import stop_daemon
+    from .stack.services import stop_all
+
+    lines = []
+    state = state_dir()
+    try:
+        import docker
+
+        from .docker_engine import remove_deployment
+
+        client = docker.from_env()
+        client.ping()
+        name = yaml.safe_load(DEMO_SPEC.read_text())["deploy"]["name"]
+        lines += [f"removed container {c}" for c in remove_deployment(client, name, lambda _m: None)]
+    except Exception as err:  # noqa: BLE001 - no daemon means no containers to stop
+        lines.append(f"containers: skipped ({str(err).splitlines()[0][:100]})")
+    lines += [f"stopped {s}" for s in stop_all(state)]
+    if stop_daemon(state):
+        lines.append("stopped dockerd (started by the demo)")
+    return lines or ["nothing to stop"]

@@ -1,0 +1,67 @@
+"""The run manifest: what ran, from which inputs, producing which bytes. Pure + one atomic write."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+
+from .run import STEPS, RunContext, StepResult
+from .spec import Spec
+from .versions import tool_versions
+
+LEVEL_FIELDS = ("concurrency", "requests", "errors", "ttft_ms", "itl_ms", "e2e_ms", "output_tokens_per_s",
+                "requests_per_s")
+STAT_FIELDS = ("mean", "p50", "p90", "p99")
+
+
+def build_manifest(spec: Spec, ctx: RunContext, steps: dict[str, StepResult], source: dict,
+                   started_at: float, wall_s: float, status: str, error: str | None = None) -> dict:
+    deploy = steps.get("deploy")
+    bench = steps.get("benchmark")
+    levels = bench.detail.get("levels", []) if bench and bench.status == "completed" else []
+    return {
+        "run_id": ctx.run_id,
+        "status": status,
+        "error": error,
+        "spec_digest": spec.digest(),
+        "spec": spec.model_dump(mode="json"),
+        "model": {"repo_id": spec.model.repo_id, "revision": spec.model.revision, "sha": source.get("sha"),
+                  "local_path": source.get("local_path")},
+        "versions": tool_versions(),
+        "endpoint": ({"http": deploy.detail.get("http"), "grpc": deploy.detail.get("grpc")}
+                     if deploy and deploy.status == "completed" else None),
+        "steps": {name: steps[name].manifest_entry() for name in STEPS if name in steps},
+        "benchmark": {"levels": [_level(lv) for lv in levels]},
+        "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started_at)),
+        "wall_s": round(wall_s, 3),
+        "overhead_s": round(wall_s - sum(s.duration_s for s in steps.values()), 3),
+    }
+
+
+def _level(lv: dict) -> dict:
+    out = {k: lv[k] for k in LEVEL_FIELDS if k in lv}
+    for k in ("ttft_ms", "itl_ms", "e2e_ms"):
+        if isinstance(lv.get(k), dict):
+            out[k] = {s: lv[k].get(s) for s in STAT_FIELDS}
+    return out
+
+
+def write_atomic(path: Path, text: str) -> Path:
+    """Write to a temp name in the same folder, then rename: readers never see half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def write_local(ctx: RunContext, manifest: dict) -> Path:
+    return write_atomic(ctx.run_dir / "manifest.json", json.dumps(manifest, indent=1, sort_keys=True))

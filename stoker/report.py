@@ -1,0 +1,54 @@
+"""Pure rendering of the run report (markdown) and the benchmark table."""
+
+from __future__ import annotations
+
+
+def _fmt(v, nd: int = 1) -> str:
+    return "-" if v is None else f"{v:.{nd}f}" if isinstance(v, float) else str(v)
+
+
+def benchmark_rows(manifest: dict) -> list[dict]:
+    rows = []
+    for lv in manifest["benchmark"]["levels"]:
+        rows.append({
+            "concurrency": lv["concurrency"], "requests": lv["requests"], "errors": lv["errors"],
+            "ttft_ms_p50": lv["ttft_ms"]["p50"], "ttft_ms_p99": lv["ttft_ms"]["p99"],
+            "itl_ms_p50": lv["itl_ms"]["p50"], "itl_ms_p99": lv["itl_ms"]["p99"],
+            "e2e_ms_p50": lv["e2e_ms"]["p50"], "e2e_ms_p99": lv["e2e_ms"]["p99"],
+            "output_tokens_per_s": lv["output_tokens_per_s"], "requests_per_s": lv["requests_per_s"],
+        })
+    return rows
+
+
+def _table(rows: list[dict]) -> list[str]:
+    if not rows:
+        return ["(none)"]
+    cols = list(rows[0])
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join(_fmt(r[c]) for c in cols) + " |" for r in rows]
+    return lines
+
+
+def markdown(manifest: dict, manifest_uris: list[str]) -> str:
+    spec, model = manifest["spec"], manifest["model"]
+    q = spec["quantization"]
+    lines = [
+        f"# stoker run `{manifest['run_id']}`: {manifest['status']}",
+        "",
+        f"- model: `{model['repo_id'] or model['local_path']}` revision `{model['revision']}` → sha `{model['sha']}`",
+        f"- quantization: `{q['format']}` (kv cache `{q['kv_cache_dtype']}`), target `{spec['target']}`",
+        f"- spec digest: `{manifest['spec_digest'][:16]}`",
+        f"- endpoint: {manifest['endpoint'] or 'not deployed'}",
+        f"- wall {manifest['wall_s']:.1f} s, flow overhead {manifest['overhead_s']:.1f} s",
+    ]
+    if manifest.get("error"):
+        lines.append(f"- **error:** {manifest['error']}")
+    lines += ["", "## Steps", "", "| step | status | cache hit | duration s | outputs | digest |", "|---|---|---|---|---|---|"]
+    for name, st in manifest["steps"].items():
+        size = sum(o["bytes"] for o in st["outputs"])
+        lines.append(f"| {name} | {st['status']} | {'yes' if st['cache_hit'] else 'no'} | {st['duration_s']:.2f} | "
+                     f"{len(st['outputs'])} files, {size / 1e6:.2f} MB | `{(st.get('digest') or '-')[:16]}` |")
+    lines += ["", "## Benchmark", ""] + _table(benchmark_rows(manifest))
+    lines += ["", "## Versions", ""] + [f"- {k}: {v}" for k, v in manifest["versions"].items()]
+    lines += ["", "## Manifest", ""] + [f"- {u}" for u in manifest_uris]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,88 @@
+"""Per-run context and the typed result every step returns."""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from pathlib import Path
+from typing import Callable
+
+from pydantic import BaseModel, Field
+
+from .store import Entry, StepStore
+
+STEPS = ("fetch", "quantize", "build", "package", "upload", "deploy", "benchmark")
+
+
+def stoker_home() -> Path:
+    return Path(os.environ.get("STOKER_HOME", Path.home() / ".stoker")).expanduser().resolve()
+
+
+class RunContext(BaseModel):
+    run_id: str
+    home: Path
+
+    @classmethod
+    def new(cls, home: Path | None = None) -> RunContext:
+        run_id = time.strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:6]
+        return cls(run_id=run_id, home=(home or stoker_home()))
+
+    @property
+    def run_dir(self) -> Path:
+        return self.home / "runs" / self.run_id
+
+    @property
+    def store(self) -> StepStore:
+        return StepStore(self.home / "cache")
+
+
+class Output(BaseModel):
+    uri: str
+    sha256: str
+    bytes: int
+
+
+class StepResult(BaseModel):
+    """What a step did: the manifest's `steps.<name>` entry plus what the next step needs."""
+
+    name: str
+    status: str = "completed"
+    cache_hit: bool = False
+    duration_s: float = 0.0
+    key: str | None = None
+    digest: str | None = None
+    path: Path | None = None  # local output folder, for the next step
+    outputs: list[Output] = Field(default_factory=list)
+    detail: dict = Field(default_factory=dict)
+    error: str | None = None
+
+    def manifest_entry(self) -> dict:
+        d = {"status": self.status, "cache_hit": self.cache_hit, "duration_s": round(self.duration_s, 3),
+             "key": self.key, "digest": self.digest, "outputs": [o.model_dump() for o in self.outputs]}
+        if self.error:
+            d["error"] = self.error
+        if self.detail:
+            d["detail"] = self.detail
+        return d
+
+
+def entry_outputs(entry: Entry) -> list[Output]:
+    return [Output(uri=(entry.output_dir / f.path).as_uri(), sha256=f.sha256, bytes=f.bytes) for f in entry.files]
+
+
+def cached_step(ctx: RunContext, name: str, key: str, produce: Callable[[Path], dict],
+                log: Callable[[str], None]) -> StepResult:
+    """Reuse the stored result for `key`, or produce and publish it atomically."""
+    t0 = time.perf_counter()
+    store = ctx.store
+    entry = store.lookup(name, key)
+    hit = entry is not None
+    if hit:
+        log(f"{name}: cache hit {key} ({len(entry.files)} files)")
+    else:
+        log(f"{name}: cache miss {key}, running")
+        entry = store.publish(name, key, produce)
+    return StepResult(name=name, cache_hit=hit, duration_s=time.perf_counter() - t0, key=key,
+                      digest=entry.digest, path=entry.output_dir, outputs=entry_outputs(entry),
+                      detail=entry.detail)

@@ -1,0 +1,123 @@
+"""Token-by-token generation over the reference Llama.
+
+End token: like TensorRT-LLM, `end_id` is never yielded. Its sampling kernels set the
+"finished" state without increasing the sequence length when the end id is sampled ("Seq len
+should always contain only tokens to be outputted"), so neither streamed responses nor the
+final output_ids/sequence_length carry it. A generation that ends on end_id therefore yields
+fewer than max_new_tokens tokens.
+
+Sampling semantics of this function (the Triton model maps TensorRT-LLM's request fields onto
+them): temperature <= 0 or top_k == 1 is greedy (argmax); otherwise logits / temperature,
+then top_k (0 = no limit), then top_p (nucleus; 1.0 = no limit). Repetition penalty follows
+the CTRL/HF rule over prompt and generated tokens: positive logits divided by it, negative
+ones multiplied.
+"""
+
+from __future__ import annotations
+
+import secrets
+from typing import Iterator, Sequence
+
+import torch
+
+from .llama import LlamaModel
+
+
+def _apply_repetition_penalty(logits: torch.Tensor, seen: torch.Tensor, penalty: float) -> torch.Tensor:
+    picked = logits[seen]
+    logits = logits.clone()
+    logits[seen] = torch.where(picked > 0, picked / penalty, picked * penalty)
+    return logits
+
+
+def sample_next(
+    logits: torch.Tensor,
+    temperature: float,
+    top_k: int,
+    top_p: float,
+    generator: torch.Generator | None,
+) -> int:
+    """Pick the next token id from 1-D `logits`."""
+    if temperature <= 0.0 or top_k == 1:
+        return int(torch.argmax(logits))
+    logits = logits / temperature
+    if 0 < top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k).values[-1]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, descending=True)
+        probs = torch.softmax(sorted_logits, dim=-1)
+        # Drop a token once the tokens ranked above it already cover top_p; the first survives.
+        drop = (torch.cumsum(probs, dim=-1) - probs) >= top_p
+        drop[0] = False
+        logits = logits.clone()
+        logits[order[drop]] = float("-inf")
+    probs = torch.softmax(logits, dim=-1)
+    return int(torch.multinomial(probs, 1, generator=generator))
+
+
+def generate(
+    model: LlamaModel,
+    input_ids: Sequence[int],
+    max_new_tokens: int,
+    end_id: int,
+    temperature: float = 0.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    repetition_penalty: float = 1.0,
+    seed: int | None = None,
+) -> Iterator[int]:
+    """Yield generated token ids one at a time: prefill the prompt, then decode with the cache.
+
+    Stops after `max_new_tokens`, when `end_id` is sampled (not yielded), or when the sequence
+    reaches the model's max_position_embeddings. Raises ValueError at call time (before any
+    compute) for an empty or too long prompt, out-of-vocabulary ids or invalid sampling
+    settings. `seed` makes sampling reproducible; None draws a fresh random seed.
+    """
+    prompt = [int(t) for t in input_ids]
+    if not prompt:
+        raise ValueError("input_ids is empty")
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    if len(prompt) >= model.max_positions:
+        raise ValueError(f"prompt of {len(prompt)} tokens leaves no room within max_position_embeddings {model.max_positions}")
+    if not 0.0 < top_p <= 1.0:
+        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+    if top_k < 0:
+        raise ValueError(f"top_k must be >= 0, got {top_k}")
+    if repetition_penalty <= 0.0:
+        raise ValueError(f"repetition_penalty must be > 0, got {repetition_penalty}")
+    vocab = model.spec.vocab_size
+    if min(prompt) < 0 or max(prompt) >= vocab:
+        raise ValueError(f"input_ids must lie in 0..{vocab - 1}")
+    budget = min(max_new_tokens, model.max_positions - len(prompt))
+    generator = torch.Generator().manual_seed(seed if seed is not None else secrets.randbits(63))
+    return _decode(model, prompt, budget, end_id, temperature, top_k, top_p, repetition_penalty, generator)
+
+
+def _decode(
+    model: LlamaModel,
+    prompt: list[int],
+    budget: int,
+    end_id: int,
+    temperature: float,
+    top_k: int,
+    top_p: float,
+    repetition_penalty: float,
+    generator: torch.Generator,
+) -> Iterator[int]:
+    cache = model.new_cache(len(prompt) + budget)
+    seen = torch.zeros(model.spec.vocab_size, dtype=torch.bool)
+    seen[torch.tensor(prompt)] = True
+    logits = model.forward(prompt, cache)[-1]
+    for step in range(budget):
+        if repetition_penalty != 1.0:
+            logits = _apply_repetition_penalty(logits, seen, repetition_penalty)
+        token = sample_next(logits, temperature, top_k, top_p, generator)
+        if token == end_id:
+            return
+        yield token
+        if step + 1 == budget:
+            return
+        seen[token] = True
+        logits = model.forward([token], cache)[-1]

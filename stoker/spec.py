@@ -1,0 +1,237 @@
+"""The typed pipeline spec: one YAML file describes a whole build-and-deploy run.
+
+Every section forbids unknown keys, so a typo is an error instead of a silently
+ignored setting. `load_spec` turns pydantic's multi-line report into one line
+that names the field.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from .errors import SpecError
+
+QuantFormat = Literal["none", "fp8", "int4_awq", "int8_sq", "w4a8_awq"]
+KvCacheDtype = Literal["none", "fp8", "int8"]
+Target = Literal["reference"]
+
+_BUCKET = re.compile(r"^[0-9a-z][0-9a-z.-]{1,61}[0-9a-z]$")
+_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,40}$")
+_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ModelSource(_Section):
+    """Where the weights come from: a Hub repo at a revision, or a local folder."""
+
+    repo_id: str | None = None
+    revision: str = "main"
+    endpoint: str | None = Field(None, description="Hub endpoint; default: $HF_ENDPOINT or the public Hub")
+    token_env: str = Field("HF_TOKEN", description="environment variable holding the Hub token")
+    token_secret: str | None = Field(None, description="Prefect Secret block holding the Hub token")
+    local_path: Path | None = None
+    allow_pickle: bool = Field(False, description="accept .bin/.pt weights (unsafe: pickle)")
+
+    @field_validator("repo_id")
+    @classmethod
+    def _repo_id(cls, v: str | None) -> str | None:
+        if v is not None and not _REPO_ID.match(v):
+            raise ValueError(f"{v!r} is not an 'org/name' repo id")
+        return v
+
+    @model_validator(mode="after")
+    def _one_source(self) -> ModelSource:
+        if (self.repo_id is None) == (self.local_path is None):
+            raise ValueError("set exactly one of model.repo_id or model.local_path")
+        return self
+
+
+class Calibration(_Section):
+    text_file: Path | None = Field(None, description="offline text; default: stoker's bundled calibration.txt")
+    samples: int = Field(16, ge=1, le=4096)
+    seq_len: int = Field(128, ge=8, le=8192)
+    batch_size: int = Field(4, ge=1, le=256)
+
+
+class Quantization(_Section):
+    format: QuantFormat = "none"
+    kv_cache_dtype: KvCacheDtype = "none"
+    calibration: Calibration = Calibration()
+
+    @model_validator(mode="after")
+    def _kv_needs_quant(self) -> Quantization:
+        if self.kv_cache_dtype != "none" and self.format == "none":
+            raise ValueError("kv_cache_dtype needs a weight format other than 'none'")
+        return self
+
+
+class Instances(_Section):
+    preprocessing: int = Field(1, ge=1, le=64)
+    model: int = Field(1, ge=1, le=64)
+    postprocessing: int = Field(1, ge=1, le=64)
+
+
+class Triton(_Section):
+    max_batch_size: int = Field(8, ge=1, le=1024)
+    instances: Instances = Instances()
+    model_threads: int = Field(2, ge=1, le=256, description="torch threads per reference model instance")
+
+
+class Storage(_Section):
+    bucket: str
+    prefix: str = "stoker"
+    endpoint_url: str | None = Field(None, description="S3 endpoint; default: AWS")
+    region: str = "us-east-1"
+    create_bucket: bool = Field(False, description="create the bucket when it does not exist")
+
+    @field_validator("bucket")
+    @classmethod
+    def _bucket(cls, v: str) -> str:
+        if not _BUCKET.match(v):
+            raise ValueError(f"{v!r} is not a valid bucket name ([0-9a-z.-], 3-63 chars)")
+        return v
+
+    @field_validator("prefix")
+    @classmethod
+    def _prefix(cls, v: str) -> str:
+        v = v.strip("/")
+        if not v or ".." in v.split("/"):
+            raise ValueError("prefix must be a non-empty relative key prefix")
+        return v
+
+
+class Ports(_Section):
+    http: int = Field(8000, ge=1, le=65535)
+    grpc: int = Field(8001, ge=1, le=65535)
+    metrics: int = Field(8002, ge=1, le=65535)
+
+    @model_validator(mode="after")
+    def _distinct(self) -> Ports:
+        if len({self.http, self.grpc, self.metrics}) != 3:
+            raise ValueError("http, grpc and metrics ports must differ")
+        return self
+
+
+class Ulimit(_Section):
+    soft: int
+    hard: int
+
+
+class Deploy(_Section):
+    name: str = "stoker"
+    docker_host: str | None = Field(None, description="default: $DOCKER_HOST or the local socket")
+    image: str = "stoker/triton-cpu:2.51.0-cpu"
+    ports: Ports = Ports()
+    standby_port_offset: int = Field(10, ge=3, le=1000, description="blue/green: the new container's ports while the old one serves")
+    shm_size: str = "256m"
+    ulimits: dict[str, Ulimit] = Field(default_factory=dict, description="e.g. memlock: {soft: 8388608, hard: 8388608}")
+    ready_timeout_s: float = Field(180, gt=0, le=3600)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not _NAME.match(v):
+            raise ValueError(f"{v!r}: use lowercase letters, digits and '-'")
+        return v
+
+    @field_validator("shm_size")
+    @classmethod
+    def _shm(cls, v: str) -> str:
+        if not re.fullmatch(r"\d+[bkmg]?", v):
+            raise ValueError(f"{v!r} is not a size like 256m or 1g")
+        return v
+
+
+class Benchmark(_Section):
+    input_tokens: int = Field(32, ge=1, le=32768)
+    output_tokens: int = Field(32, ge=1, le=32768)
+    concurrency: list[int] = Field(default_factory=lambda: [1, 4])
+    requests_per_level: int = Field(16, ge=1, le=100000)
+    warmup_requests: int = Field(2, ge=0, le=1000)
+    timeout_s: float = Field(120, gt=0)
+    seed: int = 0
+
+    @field_validator("concurrency")
+    @classmethod
+    def _levels(cls, v: list[int]) -> list[int]:
+        if not v or any(c < 1 or c > 4096 for c in v):
+            raise ValueError("give at least one concurrency level, each 1..4096")
+        return v
+
+
+class Spec(_Section):
+    """A whole run: model → quantization → target → Triton → storage → deploy → benchmark."""
+
+    version: Literal[1] = 1
+    model: ModelSource
+    quantization: Quantization = Quantization()
+    target: Target = "reference"
+    triton: Triton = Triton()
+    storage: Storage
+    deploy: Deploy = Deploy()
+    benchmark: Benchmark = Benchmark()
+
+    def digest(self) -> str:
+        return section_digest(self)
+
+
+def section_digest(section: BaseModel) -> str:
+    """sha256 of a section's canonical JSON: the part of every cache key that is config."""
+    blob = json.dumps(section.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def _one_line(err: ValidationError) -> str:
+    first = err.errors()[0]
+    loc = ".".join(str(p) for p in first["loc"]) or "spec"
+    msg = first["msg"].removeprefix("Value error, ")
+    if first["type"] == "extra_forbidden":
+        msg = "unknown key"
+    elif first["type"] == "missing":
+        msg = "required"
+    more = f" (+{len(err.errors()) - 1} more)" if len(err.errors()) > 1 else ""
+    return f"{loc}: {msg}{more}"
+
+
+def parse_spec(data: object, source: str = "spec") -> Spec:
+    """Validate a mapping into a Spec, raising SpecError with a one-line cause."""
+    if not isinstance(data, dict):
+        raise SpecError(f"{source}: expected a mapping at the top level")
+    try:
+        return Spec.model_validate(data)
+    except ValidationError as err:
+        raise SpecError(f"{source}: {_one_line(err)}") from None
+
+
+def load_spec(path: str | Path) -> Spec:
+    """Read and validate a YAML spec file."""
+    p = Path(path)
+    try:
+        data = yaml.safe_load(p.read_text())
+    except FileNotFoundError:
+        raise SpecError(f"{p}: no such file") from None
+    except yaml.YAMLError as err:
+        raise SpecError(f"{p}: not valid YAML ({str(err).splitlines()[0]})") from None
+    spec = parse_spec(data, str(p))
+    # Relative paths in a spec are relative to the spec file, not the cwd.
+    return _anchor_paths(spec, p.resolve().parent)
+
+
+def _anchor_paths(spec: Spec, base: Path) -> Spec:
+    model, quant = spec.model, spec.quantization
+    if model.local_path is not None and not model.local_path.is_absolute():
+        model = model.model_copy(update={"local_path": base / model.local_path})
+    cal = quant.calibration
+    if cal.text_file is not None and not cal.text_file.is_absolute():
+        quant = quant.model_copy(update={"calibration": cal.model_copy(update={"text_file": base / cal.text_file})})
+    return spec.model_copy(update={"model": model, "quantization": quant})

@@ -1,0 +1,67 @@
+"""A local S3 endpoint: moto's standalone server, a real HTTP S3 API (no MinIO is installable here)."""
+
+from __future__ import annotations
+
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from stoker.stack.services import ServiceError, free_port, is_running, start_service
+
+SERVICE_NAME = "s3"
+
+# Dummy credentials for the local moto server only: moto accepts any key pair, but boto3 and
+# Triton refuse to sign requests without one. They grant nothing anywhere else.
+TEST_CREDENTIALS: dict[str, str] = {
+    "AWS_ACCESS_KEY_ID": "stoker-local-test",
+    "AWS_SECRET_ACCESS_KEY": "stoker-local-test-secret",
+    "AWS_DEFAULT_REGION": "us-east-1",
+}
+
+
+def moto_server_bin() -> Path:
+    """The moto_server console script of the running interpreter's environment."""
+    path = Path(sys.executable).parent / "moto_server"
+    if not path.exists():
+        raise ServiceError(f"moto_server not found next to {sys.executable}; install moto[server]")
+    return path
+
+
+def _answers_http(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2):
+            return True
+    except urllib.error.HTTPError:
+        return True  # any HTTP status means the server is handling requests
+    except OSError:
+        return False
+
+
+def ensure_s3(state_dir: Path, port: int | None = None, timeout_s: float = 60) -> str:
+    """Start moto_server on 127.0.0.1:port (a free port if None), or reuse ours; returns its URL.
+
+    Raises:
+        ServiceError: ours already runs on a different port, or it failed to start
+            (PortInUse if the port is held by something else).
+    """
+    running = is_running(SERVICE_NAME, state_dir)
+    if running is not None and (port is None or running.port == port):
+        return running.url
+    if port is None:
+        port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    start_service(
+        SERVICE_NAME,
+        [str(moto_server_bin()), "-H", "127.0.0.1", "-p", str(port)],
+        port,
+        state_dir,
+        ready=lambda: _answers_http(url + "/"),
+        timeout_s=timeout_s,
+    )
+    return url
+
+
+def s3_env(url: str) -> dict[str, str]:
+    """Environment for a client (boto3, Triton) of the local S3 server at url."""
+    return {**TEST_CREDENTIALS, "AWS_ENDPOINT_URL": url}

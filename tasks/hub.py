@@ -1,0 +1,38 @@
+"""fetch: weights from the Hub (or a local folder) at a resolved commit."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from prefect import get_run_logger
+
+from stoker import hub
+from stoker.keys import fetch_key
+from stoker.run import RunContext, StepResult, cached_step
+from stoker.source import hub_endpoint, hub_token, local_selection, resolve_source
+from stoker.spec import Spec
+
+from . import step_task
+
+
+@step_task("fetch")
+def fetch_weights(spec: Spec, ctx: RunContext) -> StepResult:
+    """Download the safetensors, configs and tokenizer at the resolved revision."""
+    log = get_run_logger().info
+    source_id, source = resolve_source(spec)
+    m = spec.model
+
+    def produce(out: Path) -> dict:
+        if m.local_path is not None:
+            names, _ = local_selection(m.local_path, m.allow_pickle)
+            for n in names:
+                (out / n).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(m.local_path / n, out / n)
+        else:
+            out.rmdir()  # hub.fetch publishes the folder itself, atomically
+            hub.fetch(m.repo_id, source_id, hub_endpoint(m), hub_token(m), out, allow_pickle=m.allow_pickle,
+                      progress=log)
+        return source
+
+    return cached_step(ctx, "fetch", fetch_key(spec, source_id), produce, log)

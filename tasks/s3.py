@@ -1,0 +1,53 @@
+"""upload: the repository to S3 (completion marker last); the run manifest too."""
+
+from __future__ import annotations
+
+import time
+
+from prefect import get_run_logger
+
+from stoker import s3
+from stoker.digest import records_from_json
+from stoker.run import Output, RunContext, StepResult
+from stoker.spec import Spec, Storage
+
+from . import step_task
+
+
+def _outputs(storage: Storage, objects: list[dict]) -> list[Output]:
+    return [Output(uri=f"s3://{storage.bucket}/{o['key']}", sha256=o["sha256"], bytes=o["bytes"]) for o in objects]
+
+
+@step_task("upload")
+def upload_repository(spec: Spec, packaged: StepResult, ctx: RunContext) -> StepResult:
+    """Parallel upload keyed by the repository digest; identical objects are skipped."""
+    log = get_run_logger().info
+    t0 = time.perf_counter()
+    st = spec.storage
+    client = s3.client(st)
+    s3.ensure_bucket(client, st, create=st.create_bucket)
+    prefix = s3.repo_prefix(st, packaged.digest)
+    marker = s3.read_marker(client, st, packaged.digest)
+    if marker is not None:
+        log(f"upload: s3://{st.bucket}/{prefix} already complete, nothing to send")
+        objects = marker["objects"]
+    else:
+        files = records_from_json([o.model_dump() | {"path": _rel(packaged, o.uri)} for o in packaged.outputs])
+        empty = packaged.detail.get("empty_dirs", [])
+        objects = [o.__dict__ for o in s3.upload_tree(client, st, packaged.path, files, empty, packaged.digest, log)]
+    uri = s3.triton_uri(st, f"{prefix}/model_repository")
+    return StepResult(name="upload", cache_hit=marker is not None, duration_s=time.perf_counter() - t0,
+                      key=packaged.digest[:24], digest=packaged.digest, outputs=_outputs(st, objects),
+                      detail={"repository_uri": uri, "prefix": f"s3://{st.bucket}/{prefix}"})
+
+
+def _rel(packaged: StepResult, uri: str) -> str:
+    root = packaged.path.as_uri() + "/"
+    return uri.removeprefix(root)
+
+
+@step_task("store-manifest")
+def store_manifest(spec: Spec, manifest: dict) -> str:
+    """The run manifest next to the repository in S3; returns its s3:// URI."""
+    st = spec.storage
+    return s3.put_json(s3.client(st), st, s3.run_manifest_key(st, manifest["run_id"]), manifest)
