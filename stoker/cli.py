@@ -46,8 +46,9 @@ def print_summary(manifest: dict) -> None:
     for name, st in manifest["steps"].items():
         print(f"  {name:<10} {st['status']:<9} {'cache hit' if st['cache_hit'] else 'ran':<9} {st['duration_s']:8.2f} s")
     for lv in manifest["benchmark"]["levels"]:
+        ttft, itl = lv["ttft_ms"]["p50"], lv["itl_ms"]["p50"]
         print(f"  concurrency {lv['concurrency']}: {lv['output_tokens_per_s']:.1f} output tok/s, "
-              f"TTFT p50 {lv['ttft_ms']['p50']:.1f} ms, ITL p50 {lv['itl_ms']['p50']:.2f} ms, errors {lv['errors']}")
+              f"TTFT p50 {_ms(ttft)}, ITL p50 {_ms(itl)}, errors {lv['errors']}/{lv['requests']}")
     ep = manifest["endpoint"]
     if ep:
         body = json.dumps({"text_input": "The quick brown fox", "max_tokens": 16, "stream": True})
@@ -55,6 +56,10 @@ def print_summary(manifest: dict) -> None:
         print(f"try it:   curl -sN -X POST {ep['http']}/v2/models/ensemble/generate_stream -d '{body}'")
     print(f"report: {ctx.run_dir / 'report.md'}")
     print(f"manifest: {ctx.run_dir / 'manifest.json'}")
+
+
+def _ms(v) -> str:
+    return "n/a" if v is None else f"{v:.2f} ms"
 
 
 def _demo(args) -> int:

@@ -12,7 +12,7 @@ from .run import STEPS, RunContext, StepResult
 from .spec import Spec
 from .versions import tool_versions
 
-LEVEL_FIELDS = ("concurrency", "requests", "errors", "ttft_ms", "itl_ms", "e2e_ms", "output_tokens_per_s",
+LEVEL_FIELDS = ("concurrency", "requests", "completed", "errors", "ttft_ms", "itl_ms", "e2e_ms", "output_tokens_per_s",
                 "requests_per_s")
 STAT_FIELDS = ("mean", "p50", "p90", "p99")
 
@@ -44,8 +44,8 @@ def build_manifest(spec: Spec, ctx: RunContext, steps: dict[str, StepResult], so
 def _level(lv: dict) -> dict:
     out = {k: lv[k] for k in LEVEL_FIELDS if k in lv}
     for k in ("ttft_ms", "itl_ms", "e2e_ms"):
-        if isinstance(lv.get(k), dict):
-            out[k] = {s: lv[k].get(s) for s in STAT_FIELDS}
+        stats = lv.get(k) or {}  # None when no request produced a sample
+        out[k] = {s: stats.get(s) for s in STAT_FIELDS}
     return out
 
 

@@ -4,6 +4,7 @@
 #   -> docker import with ENTRYPOINT tritonserver -> smoke test -> tag.
 #
 # Usage: infra/image/build.sh [IMAGE]        (default stoker/triton-cpu:2.51.0-cpu)
+#        infra/image/build.sh --print-recipe  (print the recipe digest and exit)
 # Env:   STOKER_CACHE_DIR  cache for the base rootfs and pip downloads
 #                          (default $STOKER_HOME/cache, else /var/cache/stoker)
 #        STOKER_WHEELS_DIR folder holding the torch CPU wheel (default /opt/wheels)
@@ -35,6 +36,11 @@ recipe_digest() {
         | sed 's|^\./||' | LC_ALL=C sort | while IFS= read -r f; do sha256sum "$f"; done) \
         | sha256sum | cut -d' ' -f1
 }
+
+if [ "$image" = "--print-recipe" ]; then
+    recipe_digest
+    exit 0
+fi
 
 [ "$(id -u)" = 0 ] || die "must run as root (debootstrap and chroot need it)"
 for tool in debootstrap docker chroot flock; do

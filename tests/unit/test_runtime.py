@@ -137,10 +137,16 @@ def test_sampling_is_seeded_and_top_k_1_is_greedy(tiny) -> None:
 
 def test_invalid_requests_fail_before_compute(tiny) -> None:
     _, ours, _ = tiny
-    for kwargs in ({"input_ids": []}, {"input_ids": [5000]}, {"max_new_tokens": 0}, {"top_p": 0.0}):
-        args = {"input_ids": PROMPT, "max_new_tokens": 4, **kwargs}
+    bad_calls = [
+        dict(input_ids=[], max_new_tokens=4),
+        dict(input_ids=[5000], max_new_tokens=4),
+        dict(input_ids=PROMPT, max_new_tokens=0),
+        dict(input_ids=PROMPT, max_new_tokens=4, top_p=0.0),
+        dict(input_ids=PROMPT, max_new_tokens=4, repetition_penalty=0.0),
+    ]
+    for kwargs in bad_calls:
         with pytest.raises(ValueError):
-            generate(ours, args["input_ids"], args["max_new_tokens"], NO_END, top_p=kwargs.get("top_p", 1.0))
+            generate(ours, end_id=NO_END, **kwargs)
 
 
 def test_llama3_rope_scaling_matches_transformers(tmp_path: Path) -> None:
@@ -171,11 +177,11 @@ def test_kv_fake_quant_changes_outputs_slightly(tiny, tmp_path: Path, kv_dtype: 
     quant = {"format": "fp8", "kv_cache_dtype": kv_dtype, "kv_scales": scales}
     quantized = load_model(write_artifact(ref, tmp_path, quantization=quant))
     base, got = our_logits(ours, PROMPT), our_logits(quantized, PROMPT)
-    diff = (got - base).abs().max().item()
-    assert diff > 1e-6, "KV quantization had no effect"
-    assert diff < 0.05 * base.abs().max().item(), f"KV quantization changed logits too much ({diff})"
-    agree = (got.argmax(-1) == base.argmax(-1)).float().mean().item()
-    assert agree >= 0.9
+    assert (got - base).abs().max().item() > 1e-6, "KV quantization had no effect"
+    # Measured here: fp8 ~3% relative logit error, int8 ~1%; a wrong scale or a missing
+    # dequantization would be far off.
+    assert ((got - base).norm() / base.norm()).item() < 0.1
+    assert torch.nn.functional.cosine_similarity(got, base, dim=-1).min().item() > 0.99
 
 
 def test_artifact_errors_name_the_problem(tiny, tmp_path: Path) -> None:

@@ -1,0 +1,68 @@
+import json
+
+from stoker.manifest import build_manifest, write_local
+from stoker.report import benchmark_rows, markdown
+from stoker.run import Output, RunContext, StepResult
+from stoker.spec import parse_spec
+
+SPEC = parse_spec({"model": {"repo_id": "org/m", "revision": "main"}, "storage": {"bucket": "b-1"}})
+STATS = {"mean": 12.0, "min": 10.0, "max": 20.0, "std": 1.0, "p50": 11.0, "p90": 15.0, "p95": 18.0, "p99": 19.5}
+
+
+def _steps():
+    steps = {}
+    for i, name in enumerate(("fetch", "quantize", "build", "package", "upload", "deploy")):
+        steps[name] = StepResult(name=name, cache_hit=name != "deploy", duration_s=1.0 + i, digest=f"d{i}" * 8,
+                                 outputs=[Output(uri=f"file:///x/{name}", sha256="ab" * 32, bytes=1000)])
+    steps["fetch"].detail = {"sha": "c0ffee"}
+    steps["deploy"].detail = {"http": "http://127.0.0.1:8000", "grpc": "127.0.0.1:8001"}
+    level = {"concurrency": 2, "requests": 8, "completed": 7, "errors": 1, "ttft_ms": STATS, "itl_ms": None,
+             "e2e_ms": STATS, "output_tokens_per_s": 123.4, "requests_per_s": 5.5, "duration_s": 1.3}
+    steps["benchmark"] = StepResult(name="benchmark", duration_s=3.0, detail={"levels": [level]})
+    return steps
+
+
+def test_manifest_has_the_required_fields(tmp_path):
+    ctx = RunContext(run_id="r1", home=tmp_path)
+    steps = _steps()
+    m = build_manifest(SPEC, ctx, steps, steps["fetch"].detail, started_at=0, wall_s=30.0, status="completed")
+    assert m["run_id"] == "r1" and m["spec_digest"] == SPEC.digest()
+    assert m["model"] == {"repo_id": "org/m", "revision": "main", "sha": "c0ffee", "local_path": None}
+    assert m["endpoint"] == {"http": "http://127.0.0.1:8000", "grpc": "127.0.0.1:8001"}
+    assert list(m["steps"]) == ["fetch", "quantize", "build", "package", "upload", "deploy", "benchmark"]
+    fetch = m["steps"]["fetch"]
+    assert fetch["status"] == "completed" and fetch["cache_hit"] is True and fetch["duration_s"] == 1.0
+    assert fetch["outputs"] == [{"uri": "file:///x/fetch", "sha256": "ab" * 32, "bytes": 1000}]
+    lv = m["benchmark"]["levels"][0]
+    assert lv["ttft_ms"] == {"mean": 12.0, "p50": 11.0, "p90": 15.0, "p99": 19.5}
+    assert lv["itl_ms"] == {"mean": None, "p50": None, "p90": None, "p99": None}
+    assert lv["errors"] == 1 and lv["output_tokens_per_s"] == 123.4
+    # overhead = wall - sum of step durations (1+2+3+4+5+6+3 = 24)
+    assert m["overhead_s"] == 6.0
+    assert "torch" in m["versions"] and "prefect" in m["versions"]
+    path = write_local(ctx, m)
+    assert json.loads(path.read_text())["run_id"] == "r1"
+    assert [p.name for p in path.parent.iterdir()] == ["manifest.json"]  # no temp file left
+
+
+def test_failed_run_records_the_failed_step_and_no_endpoint(tmp_path):
+    steps = _steps()
+    steps["deploy"] = StepResult(name="deploy", status="failed", duration_s=2.0, error="NotReady: never ready")
+    del steps["benchmark"]
+    m = build_manifest(SPEC, RunContext(run_id="r2", home=tmp_path), steps, {}, 0, 20.0, "failed", "NotReady: x")
+    assert m["endpoint"] is None and m["status"] == "failed"
+    assert m["steps"]["deploy"] == {"status": "failed", "cache_hit": False, "duration_s": 2.0, "key": None,
+                                    "digest": None, "outputs": [], "error": "NotReady: never ready"}
+    assert m["benchmark"] == {"levels": []}
+
+
+def test_report_shows_steps_and_benchmark_table(tmp_path):
+    steps = _steps()
+    m = build_manifest(SPEC, RunContext(run_id="r3", home=tmp_path), steps, steps["fetch"].detail, 0, 30.0, "completed")
+    text = markdown(m, ["s3://b-1/stoker/runs/r3/manifest.json"])
+    assert "| fetch | completed | yes | 1.00 | 1 files, 0.00 MB |" in text
+    assert "| deploy | completed | no | 6.00 |" in text
+    assert "| 2 | 8 | 1 | 11.0 | 19.5 | - | - | 11.0 | 19.5 | 123.4 | 5.5 |" in text
+    assert "s3://b-1/stoker/runs/r3/manifest.json" in text
+    rows = benchmark_rows(m)
+    assert rows[0]["output_tokens_per_s"] == 123.4 and rows[0]["itl_ms_p50"] is None

@@ -1,0 +1,79 @@
+import pytest
+
+from stoker.errors import SpecError
+from stoker.spec import load_spec, parse_spec
+
+BASE = {"model": {"repo_id": "org/model"}, "storage": {"bucket": "my-bucket"}}
+
+
+def spec_with(**sections):
+    data = {k: dict(v) if isinstance(v, dict) else v for k, v in BASE.items()}
+    for k, v in sections.items():
+        data[k] = {**data.get(k, {}), **v} if isinstance(v, dict) else v
+    return data
+
+
+def test_defaults_fill_every_section():
+    spec = parse_spec(BASE)
+    assert spec.model.revision == "main"
+    assert spec.quantization.format == "none"
+    assert spec.target == "reference"
+    assert spec.deploy.ports.http == 8000 and spec.deploy.ulimits == {}
+    assert spec.benchmark.concurrency == [1, 4]
+
+
+@pytest.mark.parametrize("sections, message", [
+    ({"quantization": {"format": "fp4"}}, "quantization.format: Input should be 'none', 'fp8'"),
+    ({"model": {"colour": "red"}}, "model.colour: unknown key"),
+    ({"surprise": 1}, "surprise: unknown key"),
+    ({"storage": {"bucket": "Bad_Bucket"}}, "storage.bucket: 'Bad_Bucket' is not a valid bucket name"),
+    ({"quantization": {"kv_cache_dtype": "fp8"}}, "quantization: kv_cache_dtype needs a weight format"),
+    ({"deploy": {"ports": {"http": 9000, "grpc": 9000}}}, "deploy.ports: http, grpc and metrics ports must differ"),
+    ({"model": {"local_path": "/tmp/x"}}, "model: set exactly one of model.repo_id or model.local_path"),
+    ({"model": {"repo_id": "no-slash"}}, "model.repo_id: 'no-slash' is not an 'org/name' repo id"),
+    ({"benchmark": {"concurrency": []}}, "benchmark.concurrency: give at least one concurrency level"),
+    ({"benchmark": {"requests_per_level": 0}}, "benchmark.requests_per_level: Input should be greater than or equal to 1"),
+    ({"deploy": {"name": "Has Spaces"}}, "deploy.name: 'Has Spaces': use lowercase"),
+    ({"target": "tensorrt"}, "target: Input should be 'reference'"),
+])
+def test_bad_values_give_one_line_naming_the_field(sections, message):
+    with pytest.raises(SpecError) as err:
+        parse_spec(spec_with(**sections), "s.yaml")
+    text = str(err.value)
+    assert "\n" not in text
+    assert text.startswith("s.yaml: " + message), text
+
+
+def test_missing_storage_is_required():
+    with pytest.raises(SpecError, match=r"^x: storage: required$"):
+        parse_spec({"model": {"repo_id": "a/b"}}, "x")
+
+
+def test_load_spec_reports_yaml_and_file_problems(tmp_path):
+    with pytest.raises(SpecError, match="no such file"):
+        load_spec(tmp_path / "missing.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model: [unclosed")
+    with pytest.raises(SpecError, match="not valid YAML"):
+        load_spec(bad)
+    top = tmp_path / "list.yaml"
+    top.write_text("- a\n- b\n")
+    with pytest.raises(SpecError, match="expected a mapping"):
+        load_spec(top)
+
+
+def test_relative_paths_are_anchored_at_the_spec_file(tmp_path):
+    (tmp_path / "ckpt").mkdir()
+    f = tmp_path / "spec.yaml"
+    f.write_text("model: {local_path: ckpt}\nquantization: {format: fp8, calibration: {text_file: cal.txt}}\n"
+                 "storage: {bucket: b-1}\n")
+    spec = load_spec(f)
+    assert spec.model.local_path == tmp_path / "ckpt"
+    assert spec.quantization.calibration.text_file == tmp_path / "cal.txt"
+
+
+def test_digest_changes_with_any_value_and_not_with_key_order():
+    a = parse_spec(spec_with(benchmark={"output_tokens": 32, "input_tokens": 16}))
+    b = parse_spec(spec_with(benchmark={"input_tokens": 16, "output_tokens": 32}))
+    c = parse_spec(spec_with(benchmark={"input_tokens": 17, "output_tokens": 32}))
+    assert a.digest() == b.digest() != c.digest()
