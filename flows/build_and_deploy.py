@@ -1,4 +1,4 @@
-"""build_and_deploy: fetch → quantize → build → package → upload → deploy → benchmark."""
+"""build_and_deploy: (preflight) fetch → quantize → build → package → upload → deploy → benchmark."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from stoker.spec import Spec
 from tasks.docker import deploy_endpoint
 from tasks.hub import fetch_weights
 from tasks.modelopt import quantize_weights
+from tasks.preflight import preflight_checks
 from tasks.reference import build_reference
 from tasks.s3 import store_manifest, upload_repository
 from tasks.triton_client import benchmark_endpoint
@@ -49,6 +50,7 @@ def build_and_deploy(spec: Spec, home: str | None = None) -> dict:
     started, t0 = time.time(), time.perf_counter()
     steps, error = Steps(), None
     try:
+        preflight_checks(spec)
         fetched = steps.run("fetch", fetch_weights, spec, ctx)
         quantized = steps.run("quantize", quantize_weights, spec, fetched, ctx)
         built = steps.run("build", build_reference, spec, quantized, ctx)

@@ -20,6 +20,7 @@ from pathlib import Path, PurePosixPath
 
 from huggingface_hub import HfApi, RepoFile, snapshot_download
 from huggingface_hub import errors as hf_errors
+from tqdm.auto import tqdm
 
 SAFETENSORS_SUFFIXES = (".safetensors", ".safetensors.index.json")
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".bin.index.json")
@@ -70,6 +71,14 @@ class PickleRefused(HubError):
 
 class HubUnavailable(HubError):
     """The Hub could not be reached or answered with a server error; retrying may help."""
+
+
+class _QuietBar(tqdm):
+    """Progress is reported through the caller's progress callable, not as bars on stderr."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs["disable"] = True
+        super().__init__(*args, **kwargs)
 
 
 @dataclass(frozen=True)
@@ -264,6 +273,7 @@ def fetch(
                 allow_patterns=[glob.escape(name) for name in selected],
                 local_dir=partial,
                 max_workers=_DOWNLOAD_WORKERS,
+                tqdm_class=_QuietBar,
             )
         # huggingface_hub keeps download metadata here; it is not part of the model.
         shutil.rmtree(partial / ".cache", ignore_errors=True)

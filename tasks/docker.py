@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import time
 
-import docker
 from prefect import get_run_logger
 
 from stoker import docker_engine, s3
@@ -12,18 +11,6 @@ from stoker.run import RunContext, StepResult
 from stoker.spec import Spec
 
 from . import step_task
-
-
-def docker_client(docker_host: str | None):
-    try:
-        client = docker.DockerClient(base_url=docker_host) if docker_host else docker.from_env()
-        client.ping()
-        return client
-    except docker.errors.DockerException as err:
-        where = docker_host or "the local Docker socket"
-        raise docker_engine.DockerUnavailable(
-            f"no Docker daemon answers at {where} (start one: `make docker` or set deploy.docker_host): "
-            f"{str(err).splitlines()[0][:160]}") from None
 
 
 def deploy_request(spec: Spec, uploaded: StepResult) -> docker_engine.DeployRequest:
@@ -41,7 +28,7 @@ def deploy_endpoint(spec: Spec, uploaded: StepResult, ctx: RunContext) -> StepRe
     """Start (or keep) the container serving this repository digest; the old one goes only once ready."""
     logger = get_run_logger()
     t0 = time.perf_counter()
-    client = docker_client(spec.deploy.docker_host)
+    client = docker_engine.connect(spec.deploy.docker_host)
     res = docker_engine.deploy(client, deploy_request(spec, uploaded), logger.info)
     return StepResult(name="deploy", cache_hit=res.reused, duration_s=time.perf_counter() - t0,
                       key=uploaded.digest[:24], digest=uploaded.digest,

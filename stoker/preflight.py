@@ -1,0 +1,38 @@
+"""Cheap checks before any heavy work: a bad endpoint should cost seconds, not a quantization.
+
+Each check raises the same typed, one-line error the step itself would raise later.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from . import docker_engine, s3
+from .spec import Spec
+
+
+def check_storage(spec: Spec) -> None:
+    """S3 answers and the bucket exists (or may be created)."""
+    st = spec.storage
+    client = s3.client(st)
+    try:
+        s3.ensure_bucket(client, st, create=False)
+    except s3.S3Error:
+        if not st.create_bucket:
+            raise
+
+
+def check_docker(spec: Spec) -> None:
+    """The daemon answers, the image is there and the ports are ours to use."""
+    d = spec.deploy
+    client = docker_engine.connect(d.docker_host, timeout_s=30)
+    docker_engine.check_deployable(client, d.name, d.image,
+                                   docker_engine.Ports(http=d.ports.http, grpc=d.ports.grpc, metrics=d.ports.metrics),
+                                   d.standby_port_offset)
+
+
+def preflight(spec: Spec, log: Callable[[str], None]) -> None:
+    check_storage(spec)
+    log(f"preflight: S3 {spec.storage.endpoint_url or 'AWS'} bucket {spec.storage.bucket!r} ok")
+    check_docker(spec)
+    log(f"preflight: Docker daemon, image {spec.deploy.image} and ports ok")

@@ -1,0 +1,16 @@
+"""preflight: S3 and Docker answer, image and ports are usable, before any heavy step."""
+
+from __future__ import annotations
+
+from prefect import get_run_logger
+
+from stoker.preflight import preflight
+from stoker.spec import Spec
+
+from . import step_task
+
+
+@step_task("preflight")
+def preflight_checks(spec: Spec) -> None:
+    """Fail in seconds on an unreachable S3, a missing daemon or image, or a port in use."""
+    preflight(spec, get_run_logger().info)

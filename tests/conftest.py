@@ -1,0 +1,51 @@
+"""Shared fixtures: every test gets its own state; integration tests get real local servers."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture(autouse=True)
+def _isolated_homes(tmp_path, monkeypatch):
+    """Fresh STOKER_HOME and HF caches per test, so no test sees another's cache."""
+    monkeypatch.setenv("STOKER_HOME", str(tmp_path / "stoker-home"))
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+
+
+@pytest.fixture(scope="session")
+def session_state(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("stack")
+
+
+@pytest.fixture(scope="session")
+def local_stack(session_state):
+    """A real S3 (moto) and Hub mirror (olah) on loopback, with the tiny Llama published; stopped at the end."""
+    from stoker.demo import DEMO_REPO, ensure_tiny_model
+    from stoker.stack.hub_mirror import ensure_mirror, repos_dir
+    from stoker.stack.s3server import ensure_s3, s3_env
+    from stoker.stack.services import stop_all
+
+    ensure_tiny_model(repos_dir(session_state), log=lambda _l: None)
+    hub = ensure_mirror(session_state)
+    s3_url = ensure_s3(session_state)
+    env = {k: v for k, v in s3_env(s3_url).items() if k != "AWS_ENDPOINT_URL"}
+    yield {"hub": hub, "s3": s3_url, "aws_env": env, "repo_id": DEMO_REPO, "repos": repos_dir(session_state),
+           "state": session_state}
+    stop_all(session_state)
+
+
+@pytest.fixture(scope="session")
+def triton_image(session_state):
+    """The CPU Triton image on a running Docker daemon (built here when missing)."""
+    from stoker.spec import Deploy
+    from stoker.stack.dockerd import ensure_daemon
+    from stoker.stack.image import ensure_image
+
+    ensure_daemon(os.environ.get("DOCKER_HOST"), session_state)
+    name = Deploy().image
+    ensure_image(name, None, lambda _l: None)
+    return name

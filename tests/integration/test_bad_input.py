@@ -1,0 +1,91 @@
+"""Bad input ends with a one-line cause, before heavy work, leaving no cache entry behind."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from stoker.demo import DEMO_SPEC
+
+pytestmark = [pytest.mark.s3, pytest.mark.hub, pytest.mark.prefect]
+
+
+@pytest.fixture(scope="module")
+def prefect_home(tmp_path_factory):
+    return tmp_path_factory.mktemp("prefect")
+
+
+def _run(tmp_path, local_stack, prefect_home, edit, args=("run",)):
+    data = yaml.safe_load(DEMO_SPEC.read_text())
+    data["model"]["endpoint"] = local_stack["hub"]
+    data["storage"]["endpoint_url"] = local_stack["s3"]
+    data["deploy"]["name"] = "bad-input"
+    edit(data)
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump(data))
+    env = {**os.environ, **local_stack["aws_env"], "STOKER_HOME": str(tmp_path / "home"),
+           "PREFECT_HOME": str(prefect_home)}
+    r = subprocess.run([sys.executable, "-m", "stoker.cli", *args, str(spec)], env=env, capture_output=True,
+                       text=True, timeout=300)
+    err_lines = [line for line in r.stderr.splitlines() if line.startswith("stoker: error:")]
+    return r, err_lines
+
+
+def _no_cache(tmp_path):
+    cache = tmp_path / "home" / "cache"
+    return not cache.exists() or not any(p for p in cache.rglob("record.json"))
+
+
+def test_unknown_quant_format_is_refused_naming_the_field(tmp_path, local_stack, prefect_home):
+    r, err = _run(tmp_path, local_stack, prefect_home, lambda d: d["quantization"].update(format="fp4"))
+    assert r.returncode == 1
+    assert err == [f"stoker: error: {tmp_path / 'spec.yaml'}: quantization.format: Input should be 'none', "
+                   "'fp8', 'int4_awq', 'int8_sq' or 'w4a8_awq'"]
+
+
+@pytest.mark.parametrize("edit, needle", [
+    (lambda d: d["model"].update(repo_id="stoker/does-not-exist"), "stoker/does-not-exist"),
+    (lambda d: d["model"].update(revision="no-such-branch"), "no-such-branch"),
+])
+def test_unknown_repo_or_revision(tmp_path, local_stack, prefect_home, triton_image, edit, needle):
+    r, err = _run(tmp_path, local_stack, prefect_home, edit)
+    assert r.returncode == 1 and len(err) == 1, r.stderr[-2000:]
+    assert needle in err[0]
+    assert _no_cache(tmp_path)
+
+
+def test_unreachable_s3_fails_in_preflight(tmp_path, local_stack, prefect_home):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = s.getsockname()[1]
+    r, err = _run(tmp_path, local_stack, prefect_home,
+                  lambda d: d["storage"].update(endpoint_url=f"http://127.0.0.1:{dead}"))
+    assert r.returncode == 1 and len(err) == 1, r.stderr[-2000:]
+    assert "unreachable" in err[0] and str(dead) in err[0]
+    assert _no_cache(tmp_path)
+
+
+def test_no_docker_daemon_fails_in_preflight(tmp_path, local_stack, prefect_home):
+    r, err = _run(tmp_path, local_stack, prefect_home,
+                  lambda d: d["deploy"].update(docker_host=f"unix://{tmp_path}/no-docker.sock"))
+    assert r.returncode == 1 and len(err) == 1, r.stderr[-2000:]
+    assert "no Docker daemon" in err[0]
+    assert _no_cache(tmp_path)
+
+
+@pytest.mark.docker
+def test_port_in_use_fails_in_preflight(tmp_path, local_stack, prefect_home, triton_image):
+    with socket.socket() as squatter:
+        squatter.bind(("0.0.0.0", 0))
+        squatter.listen()
+        port = squatter.getsockname()[1]
+        r, err = _run(tmp_path, local_stack, prefect_home,
+                      lambda d: d["deploy"].update(ports={"http": port, "grpc": port + 1, "metrics": port + 2}))
+    assert r.returncode == 1 and len(err) == 1, r.stderr[-2000:]
+    assert f"port {port}" in err[0] and "in use" in err[0]
+    assert _no_cache(tmp_path)

@@ -1,0 +1,138 @@
+"""The whole chain on real servers: Hub mirror, S3, Docker + Triton, Prefect's ephemeral API.
+
+Each `stoker` call is a new process, so the rerun proves the cache survives one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import urllib.request
+import uuid
+from pathlib import Path
+
+import boto3
+import pytest
+import yaml
+
+from stoker.demo import DEMO_SPEC
+
+pytestmark = [pytest.mark.docker, pytest.mark.s3, pytest.mark.hub, pytest.mark.prefect, pytest.mark.slow]
+
+HEAVY_STEPS = ("fetch", "quantize", "build", "package", "upload")
+
+
+def _free_base_port() -> int:
+    """A port p with p..p+2 and the blue/green standby p+10..p+12 all free."""
+    for _ in range(200):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            base = s.getsockname()[1]
+        if base > 60000:
+            continue
+        ports = [base + i for i in (0, 1, 2, 10, 11, 12)]
+        if all(_free(p) for p in ports):
+            return base
+    raise RuntimeError("no free port range")
+
+
+def _free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("0.0.0.0", port))
+            return True
+        except OSError:
+            return False
+
+
+@pytest.fixture
+def spec_file(tmp_path, local_stack):
+    data = yaml.safe_load(DEMO_SPEC.read_text())
+    base = _free_base_port()
+    data["model"]["endpoint"] = local_stack["hub"]
+    data["storage"]["endpoint_url"] = local_stack["s3"]
+    data["storage"]["bucket"] = f"it-{uuid.uuid4().hex[:8]}"
+    data["deploy"]["name"] = f"it-{uuid.uuid4().hex[:6]}"
+    data["deploy"]["ports"] = {"http": base, "grpc": base + 1, "metrics": base + 2}
+    data["benchmark"].update({"concurrency": [1, 2], "requests_per_level": 4, "output_tokens": 16})
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(data))
+    yield path, data
+    from stoker.docker_engine import connect, remove_deployment
+
+    remove_deployment(connect(), data["deploy"]["name"], lambda _m: None)
+
+
+def _stoker(args, env, timeout=1200):
+    return subprocess.run([sys.executable, "-m", "stoker.cli", *args], env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def _env(tmp_path, local_stack):
+    return {**os.environ, **local_stack["aws_env"], "STOKER_HOME": str(tmp_path / "home"),
+            "PREFECT_HOME": str(tmp_path / "prefect"), "PREFECT_LOGGING_LEVEL": "INFO"}
+
+
+def _manifest(result) -> dict:
+    last = result.stdout.strip().splitlines()[-1]
+    assert last.startswith("manifest: "), result.stdout[-2000:]
+    return json.loads(Path(last.removeprefix("manifest: ")).read_text())
+
+
+def test_demo_spec_end_to_end_then_a_rerun_of_cache_hits(tmp_path, local_stack, triton_image, spec_file):
+    path, data = spec_file
+    env = _env(tmp_path, local_stack)
+
+    first = _stoker(["run", str(path)], env)
+    assert first.returncode == 0, first.stderr[-4000:]
+    m1 = _manifest(first)
+    assert m1["status"] == "completed"
+    assert all(m1["steps"][s]["status"] == "completed" for s in (*HEAVY_STEPS, "deploy", "benchmark"))
+    assert not any(m1["steps"][s]["cache_hit"] for s in (*HEAVY_STEPS, "deploy"))
+    # The resolved sha is the mirror's git commit.
+    git_sha = subprocess.run(["git", "-C", str(local_stack["repos"] / "models" / local_stack["repo_id"]),
+                              "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    assert m1["model"]["sha"] == git_sha
+    # fp8 really happened: the quantize step checked the export structurally.
+    assert m1["steps"]["quantize"]["detail"]["format"] == "fp8"
+    for level in m1["benchmark"]["levels"]:
+        assert level["errors"] == 0 and level["requests"] == 4
+        assert level["ttft_ms"]["p50"] > 0 and level["output_tokens_per_s"] > 0
+
+    # The repository and the manifest are in S3; the manifest there equals the local one.
+    s3 = boto3.client("s3", endpoint_url=local_stack["s3"], region_name="us-east-1")
+    bucket = data["storage"]["bucket"]
+    keys = {o["Key"] for o in s3.list_objects_v2(Bucket=bucket)["Contents"]}
+    assert any(k.endswith("tensorrt_llm/config.pbtxt") for k in keys)
+    assert any(k.endswith("ensemble/1/") for k in keys)
+    remote = json.loads(s3.get_object(Bucket=bucket, Key=f"demo/runs/{m1['run_id']}/manifest.json")["Body"].read())
+    assert remote["steps"]["upload"] == m1["steps"]["upload"]
+
+    # The endpoint streams text over HTTP SSE, as the printed curl does.
+    body = json.dumps({"text_input": "The quick brown fox", "max_tokens": 8, "stream": True}).encode()
+    req = urllib.request.Request(f"{m1['endpoint']['http']}/v2/models/ensemble/generate_stream", data=body)
+    with urllib.request.urlopen(req, timeout=60) as resp:
+        events = [json.loads(line[5:]) for line in resp.read().decode().splitlines() if line.startswith("data:")]
+    assert len(events) >= 2 and all("text_output" in e for e in events)
+    assert "curl -sN -X POST" in first.stdout
+
+    second = _stoker(["run", str(path)], env)
+    assert second.returncode == 0, second.stderr[-4000:]
+    m2 = _manifest(second)
+    assert m2["run_id"] != m1["run_id"]
+    assert all(m2["steps"][s]["cache_hit"] for s in (*HEAVY_STEPS, "deploy")), {
+        s: m2["steps"][s]["cache_hit"] for s in m2["steps"]}
+    assert m2["steps"]["benchmark"]["status"] == "completed" and not m2["steps"]["benchmark"]["cache_hit"]
+    assert m2["endpoint"] == m1["endpoint"]
+    for s in HEAVY_STEPS:
+        assert m2["steps"][s]["digest"] == m1["steps"][s]["digest"]
+
+    # `stoker plan` agrees: every step up to deploy would hit.
+    plan = _stoker(["plan", str(path)], env, timeout=300)
+    assert plan.returncode == 0, plan.stderr
+    rows = {line.split()[0]: line.split()[1] for line in plan.stdout.splitlines()[2:]}
+    assert rows == {"fetch": "hit", "quantize": "hit", "build": "hit", "package": "hit", "upload": "hit",
+                    "deploy": "hit", "benchmark": "runs"}, plan.stdout
