@@ -360,10 +360,13 @@ def _exit_reason(c: Container) -> str | None:
 
 def _log_tail(c: Container) -> str:
     try:
-        text = c.logs(tail=LOG_TAIL_LINES).decode("utf-8", "replace")
+        text = c.logs(tail=10 * LOG_TAIL_LINES).decode("utf-8", "replace")
     except docker.errors.DockerException:
         return "(logs unavailable)"
-    return text.rstrip("\n") or "(no output)"
+    # Triton prints wide status tables last; they would push the load error
+    # (e.g. "failed to load 'm'") out of the tail, so leave table and blank lines out.
+    lines = [ln for ln in text.splitlines() if ln.strip() and ln.lstrip()[:1] not in ("|", "+")]
+    return "\n".join(lines[-LOG_TAIL_LINES:]) or "(no output)"
 
 
 def _stop_and_remove(c: Container, log: Log, timeout_s: int = STOP_TIMEOUT_S) -> None:

@@ -8,6 +8,8 @@ one-line message; the access token never appears in a message.
 
 from __future__ import annotations
 
+from .errors import StokerError, TransientError
+
 import glob
 import hashlib
 import re
@@ -45,7 +47,7 @@ _FULL_SHA = re.compile(r"^[0-9a-f]{40}$")
 _DOWNLOAD_WORKERS = 2  # the machines here share two cores
 
 
-class HubError(RuntimeError):
+class HubError(StokerError):
     """Base of every error raised by this module."""
 
 
@@ -69,7 +71,7 @@ class PickleRefused(HubError):
     """The repo's weights exist only as pickles (.bin/.pt/.pth/.pkl), which can run code when loaded."""
 
 
-class HubUnavailable(HubError):
+class HubUnavailable(HubError, TransientError):
     """The Hub could not be reached or answered with a server error; retrying may help."""
 
 

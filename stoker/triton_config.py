@@ -63,6 +63,7 @@ ENSEMBLE_IN: tuple[Tensor, ...] = (
     ("temperature", "TYPE_FP32", (1,), True),
     ("repetition_penalty", "TYPE_FP32", (1,), True),
     ("seed", "TYPE_UINT64", (1,), True),
+    ("exclude_input_in_output", "TYPE_BOOL", (1,), True),
 )
 ENSEMBLE_OUT: tuple[Tensor, ...] = (("text_output", "TYPE_STRING", (-1,), False),)
 
@@ -133,7 +134,9 @@ def ensemble(s: RepoSettings) -> mc.ModelConfig:
                           "request_output_len": "_REQUEST_OUTPUT_LEN", "end_id": "_PREPROCESSOR_END_ID",
                           "pad_id": "_PREPROCESSOR_PAD_ID", "streaming": "stream", "runtime_top_k": "top_k",
                           "runtime_top_p": "top_p", "temperature": "temperature",
-                          "repetition_penalty": "repetition_penalty", "seed": "seed"})
+                          "repetition_penalty": "repetition_penalty", "seed": "seed",
+                          # Like TensorRT-LLM, a non-streamed answer includes the prompt unless asked not to.
+                          "exclude_input_in_output": "exclude_input_in_output"})
     gen.output_map.update({"output_ids": "_TOKENS_BATCH", "sequence_length": "_SEQUENCE_LENGTH"})
     post = steps.add(model_name="postprocessing", model_version=-1)
     post.input_map.update({"TOKENS_BATCH": "_TOKENS_BATCH", "SEQUENCE_LENGTH": "_SEQUENCE_LENGTH"})

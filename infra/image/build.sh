@@ -60,7 +60,7 @@ base_key=$(printf '%s\n' "$SUITE" "$DEBIAN_MIRROR" "$ROOTFS_PACKAGES" minbase | 
 base_tar=$cache/rootfs-$SUITE-minbase-$base_key.tar
 work=$(mktemp -d "$cache/work.XXXXXX")
 rootfs=$work/rootfs
-pip_cache=$cache/pip
+wheelhouse=$cache/wheels
 smoke_name=stoker-image-smoke-$$
 tmp_tag=stoker/triton-cpu-build:$$
 
@@ -68,7 +68,7 @@ cleanup() {
     set +e
     # Unmount anything left under the work dir (deepest first) before deleting it.
     grep -o " $work[^ ]*" /proc/mounts | sort -r | while read -r m; do umount -l "$m" || true; done
-    [ -d "$rootfs/tmp/stoker-pip-cache" ] && rm -rf "$pip_cache" && mv "$rootfs/tmp/stoker-pip-cache" "$pip_cache"
+    [ -d "$rootfs/tmp/stoker-wheels" ] && rm -rf "$wheelhouse" && mv "$rootfs/tmp/stoker-wheels" "$wheelhouse"
     rm -rf "$work"
     docker rm -f "$smoke_name" >/dev/null 2>&1 || true
     docker rmi "$tmp_tag" >/dev/null 2>&1 || true
@@ -95,23 +95,23 @@ fi
 
 step "chroot: venv + Python packages"
 cp /etc/resolv.conf "$rootfs/etc/resolv.conf"
-mkdir -p "$rootfs/tmp/stoker-build" "$pip_cache"
+mkdir -p "$rootfs/tmp/stoker-build" "$wheelhouse"
 cp "$here/versions.env" "$here/rootfs-setup.sh" "$rootfs/tmp/stoker-build/"
 # Build-time only (deleted with /tmp/stoker-build): the host's CA bundle, since
 # HTTPS here may go through an intercepting proxy the image's bundle does not trust.
 cp "$pip_cert" "$rootfs/tmp/stoker-build/host-ca.crt"
 cp -l "$wheels_dir/$TORCH_WHEEL" "$rootfs/tmp/stoker-build/" 2>/dev/null \
     || cp "$wheels_dir/$TORCH_WHEEL" "$rootfs/tmp/stoker-build/"
-# pip's download cache lives outside the image; moving it in is a rename.
-mv "$pip_cache" "$rootfs/tmp/stoker-pip-cache"
+# The wheelhouse lives outside the image; moving it in and out is a rename.
+mv "$wheelhouse" "$rootfs/tmp/stoker-wheels"
 mount -t proc proc "$rootfs/proc"
 # A clean environment: the host's PIP_* settings point at host-only folders.
 chroot "$rootfs" /usr/bin/env -i HOME=/root LANG=C.UTF-8 \
     PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
-    PIP_CACHE_DIR=/tmp/stoker-pip-cache PIP_CERT=/tmp/stoker-build/host-ca.crt PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_DEFAULT_TIMEOUT=180 \
+    PIP_NO_CACHE_DIR=1 PIP_CERT=/tmp/stoker-build/host-ca.crt PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_DEFAULT_TIMEOUT=180 \
     /bin/bash /tmp/stoker-build/rootfs-setup.sh 2>&1 | sed 's/^/    /'
 umount "$rootfs/proc"
-mv "$rootfs/tmp/stoker-pip-cache" "$pip_cache"
+mv "$rootfs/tmp/stoker-wheels" "$wheelhouse"
 : > "$rootfs/etc/resolv.conf"   # docker provides its own at run time
 
 step "docker import"

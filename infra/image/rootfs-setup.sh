@@ -12,15 +12,26 @@ site="/opt/venv/lib/${py}/site-packages"
 echo "[chroot] creating /opt/venv"
 "$py" -m venv /opt/venv
 
-echo "[chroot] pip install torch (local CPU wheel), nvidia-pytriton==${PYTRITON_VERSION}, numpy, safetensors, tokenizers"
+pkgs=("/tmp/stoker-build/${TORCH_WHEEL}" "nvidia-pytriton==${PYTRITON_VERSION}" "numpy==${NUMPY_VERSION}"
+      "safetensors==${SAFETENSORS_VERSION}" "tokenizers==${TOKENIZERS_VERSION}")
 # The torch wheel is given as a file so pip can never resolve a CUDA build;
 # --only-binary keeps sdists (and their build toolchains) out of the image.
-/opt/venv/bin/pip install --quiet --no-input --only-binary=:all: \
-    "/tmp/stoker-build/${TORCH_WHEEL}" \
-    "nvidia-pytriton==${PYTRITON_VERSION}" \
-    "numpy==${NUMPY_VERSION}" \
-    "safetensors==${SAFETENSORS_VERSION}" \
-    "tokenizers==${TOKENIZERS_VERSION}"
+# /tmp/stoker-wheels is build.sh's wheelhouse: a rebuild installs from it
+# without the network (pip's HTTP cache does not survive the proxy here).
+wheels=/tmp/stoker-wheels
+pip_install() {
+    /opt/venv/bin/pip install --quiet --no-input --only-binary=:all: --no-index \
+        --find-links="$wheels" "${pkgs[@]}"
+}
+if pip_install 2>/dev/null; then
+    echo "[chroot] installed torch (local CPU wheel), nvidia-pytriton==${PYTRITON_VERSION}, numpy, safetensors, tokenizers from the wheelhouse"
+else
+    echo "[chroot] downloading torch's dependencies, nvidia-pytriton==${PYTRITON_VERSION}, numpy, safetensors, tokenizers"
+    /opt/venv/bin/pip download --quiet --no-input --only-binary=:all: -d "$wheels" "${pkgs[@]}"
+    rm -f "$wheels"/torch-*.whl   # the host keeps that one; no second copy in the cache
+    echo "[chroot] installing them + torch (local CPU wheel)"
+    pip_install
+fi
 
 # A CUDA torch would drag nvidia-* runtime wheels in; refuse to ship that.
 if /opt/venv/bin/pip list --format=freeze | grep -i '^nvidia-' | grep -v -i '^nvidia-pytriton=='; then
@@ -50,7 +61,9 @@ print("[chroot] torch", torch.__version__, "numpy", numpy.__version__,
 usage=$(LD_LIBRARY_PATH="${site}/nvidia_pytriton.libs" /opt/tritonserver/bin/tritonserver --help 2>&1 || true)
 grep -q '^Usage: tritonserver' <<<"$usage" || { echo "[chroot] ERROR: tritonserver does not load" >&2; exit 1; }
 
-echo "[chroot] trimming docs and caches"
+echo "[chroot] trimming docs, caches, torch C++ tests and headers (no compiler in this image)"
+tdir="${site}/torch"
+rm -rf "${tdir}/test" "${tdir}/include" "${tdir}"/bin/test_* "${tdir}"/bin/*Test
 rm -rf /usr/share/doc/* /usr/share/man/* /usr/share/info/* /usr/share/locale/* \
     /var/lib/apt/lists/* /var/cache/apt/*.bin /var/cache/apt/archives/*.deb \
     /var/cache/debconf/*-old /var/log/*.log /root/.cache /tmp/stoker-build

@@ -11,8 +11,9 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, AsyncIterator, Callable, Mapping, Sequence
+from typing import Any
 
 import grpc
 import numpy as np
@@ -81,9 +82,18 @@ class _ModelInterface:
 
 
 _NUMPY_TYPES = {
-    "BOOL": np.bool_, "INT8": np.int8, "INT16": np.int16, "INT32": np.int32, "INT64": np.int64,
-    "UINT8": np.uint8, "UINT16": np.uint16, "UINT32": np.uint32, "UINT64": np.uint64,
-    "FP16": np.float16, "FP32": np.float32, "FP64": np.float64,
+    "BOOL": np.bool_,
+    "INT8": np.int8,
+    "INT16": np.int16,
+    "INT32": np.int32,
+    "INT64": np.int64,
+    "UINT8": np.uint8,
+    "UINT16": np.uint16,
+    "UINT32": np.uint32,
+    "UINT64": np.uint64,
+    "FP16": np.float16,
+    "FP32": np.float32,
+    "FP64": np.float64,
 }
 
 
@@ -176,29 +186,39 @@ async def _one_request(
     count_tokens: Callable[[str], int] | None,
     extra_inputs: Mapping[str, Any],
 ) -> RequestRecord:
-    """Send one streaming request and time every response; never raises (errors go in the record)."""
-    inputs = interface.build(prompt.text, max_tokens, extra_inputs)
-    outputs = [InferRequestedOutput(TEXT_OUTPUT)]
+    """Send one streaming request and time every response; never raises (errors go in the record).
+
+    `chunk_times_s` holds the arrival of every response; a failed request's `end_s` is when the
+    failure was seen, so its time in flight still counts in the level's duration.
+    """
+    attempted = time.perf_counter()
     sent: list[float] = []
-
-    async def request_stream() -> AsyncIterator[dict[str, Any]]:
-        sent.append(time.perf_counter())
-        yield {"model_name": interface.model, "inputs": inputs, "outputs": outputs, "request_id": str(request_id)}
-
     chunks: list[bytes] = []
     times: list[float] = []
     first: float | None = None
     error: str | None = None
+    failed_at: float | None = None
     finished = False
     stream = None
     try:
+        request = {
+            "model_name": interface.model,
+            "inputs": interface.build(prompt.text, max_tokens, extra_inputs),
+            "outputs": [InferRequestedOutput(TEXT_OUTPUT)],
+            "request_id": str(request_id),
+        }
+
+        async def request_stream() -> AsyncIterator[dict[str, Any]]:
+            # Stamped as late as we can: gRPC serializes and writes the request right after this yield.
+            sent.append(time.perf_counter())
+            yield request
+
         async with asyncio.timeout(timeout_s):
             stream = client.stream_infer(request_stream())
             async for result, err in stream:
                 now = time.perf_counter()
                 if err is not None:
-                    error = _describe_exception(err)
-                    times.append(now)
+                    error, failed_at = _describe_exception(err), now
                     break
                 piece = _text_bytes(result.as_numpy(TEXT_OUTPUT))
                 times.append(now)
@@ -209,30 +229,30 @@ async def _one_request(
             else:
                 finished = True
     except TimeoutError:
-        error = f"timed out after {timeout_s:g} s"
-        times.append(time.perf_counter())
-    except Exception as exc:  # one request's failure must not stop the level
-        error = _describe_exception(exc)
-        times.append(time.perf_counter())
+        error, failed_at = f"timed out after {timeout_s:g} s", time.perf_counter()
+    except Exception as exc:  # noqa: BLE001 -- one request's failure must not stop the level
+        error, failed_at = _describe_exception(exc), time.perf_counter()
     finally:
         if stream is not None and not finished:
             stream.cancel()  # frees the server slot of an abandoned request
 
-    start = sent[0] if sent else time.perf_counter()
-    text = b"".join(chunks).decode("utf-8", errors="replace")
+    osl = 0
     if error is None:
-        osl = count_tokens(text) if count_tokens is not None else len(chunks)
-    else:
-        osl = 0
+        text = b"".join(chunks).decode("utf-8", errors="replace")
+        try:
+            osl = count_tokens(text) if count_tokens is not None else len(chunks)
+        except Exception as exc:  # noqa: BLE001 -- caller code; recorded like any request failure
+            error, failed_at = f"counting output tokens failed: {_describe_exception(exc)}", times[-1]
+    end = failed_at if error is not None else (times[-1] if times else None)
     return RequestRecord(
         request_id=request_id,
         concurrency=concurrency,
-        start_s=start,
+        start_s=sent[0] if sent else attempted,
         first_response_s=first,
-        end_s=times[-1] if times else None,
+        end_s=end,
         chunk_times_s=tuple(times),
         input_tokens=prompt.input_tokens,
-        output_tokens=osl,
+        output_tokens=osl if error is None else 0,
         ok=error is None,
         error=error,
     )
@@ -375,16 +395,29 @@ def run_benchmark(
         async with InferenceServerClient(_grpc_target(url)) as client:
             interface = await preflight(client, url, model, extra)
             warm = await _warmup(
-                client, interface, prompts, max_tokens, warmup_requests, timeout_s,
-                max(1, min(concurrency_levels)), extra,
+                client,
+                interface,
+                prompts,
+                max_tokens,
+                warmup_requests,
+                timeout_s,
+                max(1, min(concurrency_levels)),
+                extra,
             )
             say(f"warm-up: {len(warm)} requests, {sum(not r.ok for r in warm)} errors")
             levels: list[LevelSummary] = []
             records: list[RequestRecord] = []
             for concurrency in concurrency_levels:
                 level_records = await _run_level(
-                    client, interface, prompts, max_tokens, concurrency, requests_per_level, timeout_s,
-                    count_tokens, extra,
+                    client,
+                    interface,
+                    prompts,
+                    max_tokens,
+                    concurrency,
+                    requests_per_level,
+                    timeout_s,
+                    count_tokens,
+                    extra,
                 )
                 summary = summarize(level_records, concurrency)
                 say(_progress_line(summary))

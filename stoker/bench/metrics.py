@@ -14,8 +14,9 @@ Definitions (shared/UPSTREAM.md, "Benchmark definitions"):
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ ones multiplied.
 from __future__ import annotations
 
 import secrets
-from typing import Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 import torch
 

@@ -94,7 +94,12 @@ def ensure_mirror(state_dir: Path, port: int | None = None, timeout_s: float = 6
     endpoint = f"http://127.0.0.1:{port}"
     start_service(
         SERVICE_NAME,
-        [sys.executable, "-m", "olah.server", "-c", str(config.resolve()), "--log-path", str((base / "logs").resolve())],
+        [
+            sys.executable, "-m", "olah.server",
+            "-c", str(config.resolve()),
+            # olah's own log files; default is ./logs of the working directory.
+            "--log-path", str((base / "logs").resolve()),
+        ],
         port,
         state_dir,
         ready=lambda: _answers_revision_api(endpoint),

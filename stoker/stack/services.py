@@ -8,6 +8,8 @@ start time is stored next to the pid, so a recycled pid is never mistaken for ou
 
 from __future__ import annotations
 
+from ..errors import StokerError
+
 import json
 import os
 import signal
@@ -22,7 +24,7 @@ LOG_TAIL_LINES = 20
 _POLL_S = 0.1
 
 
-class ServiceError(RuntimeError):
+class ServiceError(StokerError):
     """A background service could not be started, found or stopped."""
 
 

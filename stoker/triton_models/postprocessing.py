@@ -65,7 +65,7 @@ class TritonPythonModel:
         for request in requests:
             try:
                 responses.append(pb_utils.InferenceResponse(output_tensors=[self._decode(request)]))
-            except Exception as exc:  # one bad request must not fail the others in the batch
+            except Exception as exc:  # noqa: BLE001 -- one bad request must not fail the others in the batch
                 responses.append(pb_utils.InferenceResponse(error=pb_utils.TritonError(f"postprocessing: {exc}")))
         return responses
 

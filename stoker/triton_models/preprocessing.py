@@ -144,7 +144,7 @@ class TritonPythonModel:
         for request in requests:
             try:
                 responses.append(pb_utils.InferenceResponse(output_tensors=self._encode(request)))
-            except Exception as exc:  # one bad request must not fail the others in the batch
+            except Exception as exc:  # noqa: BLE001 -- one bad request must not fail the others in the batch
                 responses.append(pb_utils.InferenceResponse(error=pb_utils.TritonError(f"preprocessing: {exc}")))
         return responses
 

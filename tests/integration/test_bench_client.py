@@ -1,6 +1,7 @@
 """The streaming benchmark client against a real tritonserver serving a model with scripted timing.
 
-The server is the tritonserver binary from the nvidia-pytriton wheel, run on this host. The model is a
+The server is the tritonserver binary from the nvidia-pytriton wheel, run on this host by
+stoker.stack.local_triton. The model is a
 decoupled python-backend model with the TensorRT-LLM ensemble's interface that waits FIRST_TOKEN_S, then
 emits `max_tokens` one-word responses every INTERVAL_S on an absolute schedule, so the true TTFT and ITL
 are known and the client's measurements can be checked against them.
@@ -8,16 +9,9 @@ are known and the client's measurements can be checked against them.
 
 from __future__ import annotations
 
-import os
-import shutil
-import signal
 import socket
-import subprocess
-import sys
-import sysconfig
-import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
@@ -25,11 +19,14 @@ from stoker.bench.client import (
     EndpointUnreachable,
     InvalidBenchmarkConfig,
     ModelUnavailable,
+    StreamingUnsupported,
     run_benchmark,
     run_level,
+    warmup,
 )
 from stoker.bench.metrics import summarize
 from stoker.bench.workload import Prompt, make_prompts
+from stoker.stack import local_triton
 
 pytestmark = pytest.mark.triton
 
@@ -55,16 +52,17 @@ class TritonPythonModel:
 
     def execute(self, requests):
         # Decoupled: answer from threads so that concurrent requests overlap instead of queueing.
+        # Inputs are read here: their memory is not guaranteed to outlive execute().
         for request in requests:
-            threading.Thread(target=self._serve, args=(request,), daemon=True).start()
+            start = time.perf_counter()
+            text = pb_utils.get_input_tensor_by_name(request, "text_input").as_numpy().ravel()[0].decode()
+            count = int(pb_utils.get_input_tensor_by_name(request, "max_tokens").as_numpy().ravel()[0])
+            sender = request.get_response_sender()
+            threading.Thread(target=self._serve, args=(start, sender, text, count), daemon=True).start()
         return None
 
-    def _serve(self, request):
-        start = time.perf_counter()
-        sender = request.get_response_sender()
+    def _serve(self, start, sender, text, count):
         final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
-        text = pb_utils.get_input_tensor_by_name(request, "text_input").as_numpy().ravel()[0].decode()
-        count = int(pb_utils.get_input_tensor_by_name(request, "max_tokens").as_numpy().ravel()[0])
         if "FAIL" in text:
             time.sleep(FIRST_TOKEN_S)
             sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError("scripted failure")), flags=final)
@@ -117,15 +115,35 @@ output [ { name: "y" data_type: TYPE_FP32 dims: [ 1 ] } ]
 """
 
 
+# Non-decoupled, like TensorRT-LLM's backend deployed without decoupled mode: it refuses stream=true.
+UNARY_LLM_MODEL = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse(error=pb_utils.TritonError(
+            "Streaming is only supported if model is deployed using decoupled mode.")) for _ in requests]
+"""
+
+UNARY_LLM_CONFIG = """
+name: "unary_llm"
+backend: "python"
+max_batch_size: 8
+input [
+  { name: "text_input" data_type: TYPE_STRING dims: [ 1 ] },
+  { name: "max_tokens" data_type: TYPE_INT32 dims: [ 1 ] },
+  { name: "stream" data_type: TYPE_BOOL dims: [ 1 ] optional: true }
+]
+output [ { name: "text_output" data_type: TYPE_STRING dims: [ -1 ] } ]
+"""
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def _pytriton_dir() -> Path:
-    pytriton = pytest.importorskip("pytriton", reason="nvidia-pytriton (extra 'stack') is not installed")
-    return Path(pytriton.__file__).parent
 
 
 def _write_model(repo: Path, name: str, code: str, config: str) -> None:
@@ -137,75 +155,14 @@ def _write_model(repo: Path, name: str, code: str, config: str) -> None:
 @pytest.fixture(scope="module")
 def triton_grpc_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A real tritonserver on loopback serving the scripted models; yields its gRPC host:port."""
-    root = tmp_path_factory.mktemp("triton")
-    server_dir = _pytriton_dir() / "tritonserver"
-    libs = server_dir.parent.parent / "nvidia_pytriton.libs"
-    # The wheel ships one stub per Python version; the backend wants the matching one beside it.
-    backend = root / "backends" / "python"
-    shutil.copytree(server_dir / "backends" / "python", backend, ignore=shutil.ignore_patterns("__pycache__"))
-    version = f"{sys.version_info.major}.{sys.version_info.minor}"
-    shutil.copy2(server_dir / "python_backend_stubs" / version / "triton_python_backend_stub", backend)
-
+    pytest.importorskip("pytriton", reason="nvidia-pytriton (extra 'stack') is not installed")
+    root = tmp_path_factory.mktemp("bench-triton")
     repo = root / "models"
     _write_model(repo, "ensemble", SCRIPTED_MODEL, SCRIPTED_CONFIG)
     _write_model(repo, "plain", PLAIN_MODEL, PLAIN_CONFIG)
-
-    grpc_port, http_port, metrics_port = _free_port(), _free_port(), _free_port()
-    env = dict(os.environ)
-    lib_path = [str(libs), sysconfig.get_config_var("LIBDIR") or ""]
-    env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in [*lib_path, env.get("LD_LIBRARY_PATH", "")] if p)
-    env["PYTHONPATH"] = os.pathsep.join([sysconfig.get_paths()["purelib"], env.get("PYTHONPATH", "")])
-    log = (root / "tritonserver.log").open("wb")
-    proc = subprocess.Popen(
-        [
-            str(server_dir / "bin" / "tritonserver"),
-            f"--model-repository={repo}",
-            f"--backend-directory={root / 'backends'}",
-            f"--grpc-port={grpc_port}",
-            f"--http-port={http_port}",
-            f"--metrics-port={metrics_port}",
-            "--allow-metrics=false",
-        ],
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    url = f"127.0.0.1:{grpc_port}"
-    try:
-        _wait_ready(proc, url, root / "tritonserver.log", deadline_s=120)
-        yield url
-    finally:
-        _stop(proc)
-        log.close()
-
-
-def _wait_ready(proc: subprocess.Popen[bytes], url: str, log: Path, deadline_s: float) -> None:
-    import tritonclient.grpc as grpcclient
-
-    client = grpcclient.InferenceServerClient(url)
-    end = time.monotonic() + deadline_s
-    while time.monotonic() < end:
-        if proc.poll() is not None:
-            pytest.fail(f"tritonserver exited {proc.returncode}:\n{log.read_text()[-3000:]}")
-        try:
-            if client.is_server_ready(client_timeout=2) and client.is_model_ready("ensemble"):
-                return
-        except Exception:  # not listening yet
-            pass
-        time.sleep(0.25)
-    pytest.fail(f"tritonserver not ready in {deadline_s} s:\n{log.read_text()[-3000:]}")
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    # Triton has hung on a single SIGTERM before: wait with a deadline, then kill.
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=30)
+    _write_model(repo, "unary_llm", UNARY_LLM_MODEL, UNARY_LLM_CONFIG)
+    with local_triton.start(repo, local_triton.pick_free_ports(), root / "tritonserver.log") as server:
+        yield server.grpc_url
 
 
 def _prompts(n: int) -> list[Prompt]:
@@ -219,9 +176,16 @@ def _words(text: str) -> int:
 def test_scripted_timing_is_measured(triton_grpc_url: str) -> None:
     max_tokens, requests = 20, 24
     result = run_benchmark(
-        triton_grpc_url, "ensemble", _prompts(8), max_tokens,
-        concurrency_levels=[1, 4], requests_per_level=requests, warmup_requests=2, timeout_s=30,
-        count_tokens=_words, progress=print,
+        triton_grpc_url,
+        "ensemble",
+        _prompts(8),
+        max_tokens,
+        concurrency_levels=[1, 4],
+        requests_per_level=requests,
+        warmup_requests=2,
+        timeout_s=30,
+        count_tokens=_words,
+        progress=print,
     )
     assert [lvl.concurrency for lvl in result.levels] == [1, 4]
     assert len(result.records) == 2 * requests
@@ -232,10 +196,12 @@ def test_scripted_timing_is_measured(triton_grpc_url: str) -> None:
         assert level.ttft_ms is not None and level.itl_ms is not None and level.e2e_ms is not None
         ttft_error = level.ttft_ms.mean - FIRST_TOKEN_S * 1000
         itl_error = level.itl_ms.mean - INTERVAL_S * 1000
-        print(f"concurrency {level.concurrency}: TTFT mean {level.ttft_ms.mean:.2f} ms "
-              f"(error {ttft_error:+.2f}), p99 {level.ttft_ms.p99:.2f}; ITL mean {level.itl_ms.mean:.3f} ms "
-              f"(error {itl_error:+.3f}), p99 {level.itl_ms.p99:.3f}; e2e mean {level.e2e_ms.mean:.1f} ms; "
-              f"{level.output_tokens_per_s:.0f} tok/s, {level.requests_per_s:.2f} req/s")
+        print(
+            f"concurrency {level.concurrency}: TTFT mean {level.ttft_ms.mean:.2f} ms "
+            f"(error {ttft_error:+.2f}), p99 {level.ttft_ms.p99:.2f}; ITL mean {level.itl_ms.mean:.3f} ms "
+            f"(error {itl_error:+.3f}), p99 {level.itl_ms.p99:.3f}; e2e mean {level.e2e_ms.mean:.1f} ms; "
+            f"{level.output_tokens_per_s:.0f} tok/s, {level.requests_per_s:.2f} req/s"
+        )
         assert 0.0 <= ttft_error <= TTFT_TOLERANCE_MS
         assert abs(itl_error) <= ITL_TOLERANCE_MS
         # Throughput is consistent with the schedule: each request takes about 50 + 19*10 = 240 ms.
@@ -251,8 +217,18 @@ def test_scripted_timing_is_measured(triton_grpc_url: str) -> None:
 def test_osl_defaults_to_non_empty_responses(triton_grpc_url: str) -> None:
     import asyncio
 
-    records = asyncio.run(run_level(triton_grpc_url, "ensemble", _prompts(3), 5, concurrency=3, requests=3,
-                                    timeout_s=30, extra_inputs={"end_id": 2, "temperature": 0.5}))
+    records = asyncio.run(
+        run_level(
+            triton_grpc_url,
+            "ensemble",
+            _prompts(3),
+            5,
+            concurrency=3,
+            requests=3,
+            timeout_s=30,
+            extra_inputs={"end_id": 2, "temperature": 0.5},
+        )
+    )
     assert [r.output_tokens for r in records] == [5, 5, 5]
     assert all(r.ok and r.concurrency == 3 for r in records)
 
@@ -261,8 +237,9 @@ def test_failed_requests_are_counted_as_errors(triton_grpc_url: str) -> None:
     import asyncio
 
     prompts = [Prompt("a fine prompt", 3), Prompt("please FAIL now", 3)]
-    records = asyncio.run(run_level(triton_grpc_url, "ensemble", prompts, 4, concurrency=2, requests=6,
-                                    timeout_s=30, count_tokens=_words))
+    records = asyncio.run(
+        run_level(triton_grpc_url, "ensemble", prompts, 4, concurrency=2, requests=6, timeout_s=30, count_tokens=_words)
+    )
     assert len(records) == 6
     failed = [r for r in records if not r.ok]
     assert [r.request_id for r in failed] == [1, 3, 5]  # prompts alternate: odd ids got the FAIL prompt
@@ -276,13 +253,16 @@ def test_timeout_is_recorded_not_raised(triton_grpc_url: str) -> None:
     import asyncio
 
     # 200 tokens take ~2 s on the script; a 0.3 s budget must end as a recorded timeout.
-    records = asyncio.run(run_level(triton_grpc_url, "ensemble", _prompts(1), 200, concurrency=1, requests=1,
-                                    timeout_s=0.3))
+    records = asyncio.run(
+        run_level(triton_grpc_url, "ensemble", _prompts(1), 200, concurrency=1, requests=1, timeout_s=0.3)
+    )
     assert not records[0].ok and "timed out" in (records[0].error or "")
 
 
 def test_preflight_errors_are_one_line(triton_grpc_url: str) -> None:
-    with pytest.raises(ModelUnavailable, match=r"'missing' is not in the repository .*models: ensemble, plain"):
+    with pytest.raises(
+        ModelUnavailable, match=r"'missing' is not in the repository .*models: ensemble, plain, unary_llm"
+    ):
         run_benchmark(triton_grpc_url, "missing", _prompts(1), 4, [1], 1, 0, 10)
     with pytest.raises(ModelUnavailable, match=r"'plain' lacks the LLM ensemble interface"):
         run_benchmark(triton_grpc_url, "plain", _prompts(1), 4, [1], 1, 0, 10)
@@ -293,3 +273,12 @@ def test_preflight_errors_are_one_line(triton_grpc_url: str) -> None:
     with pytest.raises(EndpointUnreachable) as info:
         run_benchmark(f"127.0.0.1:{_free_port()}", "ensemble", _prompts(1), 4, [1], 1, 0, 10)
     assert "\n" not in str(info.value)
+
+
+def test_warmup_sends_requests_and_rejects_non_streaming_models(triton_grpc_url: str) -> None:
+    import asyncio
+
+    records = asyncio.run(warmup(triton_grpc_url, "ensemble", _prompts(2), 3, requests=3, timeout_s=10))
+    assert len(records) == 3 and all(r.ok and r.output_tokens == 3 for r in records)
+    with pytest.raises(StreamingUnsupported, match=r"'unary_llm' cannot stream"):
+        run_benchmark(triton_grpc_url, "unary_llm", _prompts(1), 4, [1], 1, 0, 10)

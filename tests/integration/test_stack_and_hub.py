@@ -21,12 +21,6 @@ from stoker.workers import tinymodel
 TOKEN = "hf_integration_secret_token_value"
 
 
-@pytest.fixture(autouse=True)
-def _no_ambient_hub_credentials(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("HF_TOKEN", raising=False)
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home"))
-
-
 @pytest.fixture
 def state_dir(tmp_path: Path) -> Iterator[Path]:
     state = tmp_path / "state"

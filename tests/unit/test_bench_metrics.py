@@ -15,10 +15,28 @@ from stoker.bench.workload import Prompt, make_prompts
 APPROX = {"rel": 1e-9, "abs": 1e-9}
 
 
-def _rec(rid: int, start: float, first: float | None, end: float | None, osl: int, isl: int,
-         ok: bool = True, error: str | None = None) -> RequestRecord:
-    return RequestRecord(request_id=rid, concurrency=2, start_s=start, first_response_s=first, end_s=end,
-                         chunk_times_s=(), input_tokens=isl, output_tokens=osl, ok=ok, error=error)
+def _rec(
+    rid: int,
+    start: float,
+    first: float | None,
+    end: float | None,
+    osl: int,
+    isl: int,
+    ok: bool = True,
+    error: str | None = None,
+) -> RequestRecord:
+    return RequestRecord(
+        request_id=rid,
+        concurrency=2,
+        start_s=start,
+        first_response_s=first,
+        end_s=end,
+        chunk_times_s=(),
+        input_tokens=isl,
+        output_tokens=osl,
+        ok=ok,
+        error=error,
+    )
 
 
 # Five requests at concurrency 2; one failed. Per successful request (ms):
@@ -50,8 +68,16 @@ def test_summary_ttft_stats() -> None:
     t = summarize(RECORDS, concurrency=2).ttft_ms
     assert t is not None
     # sorted [100, 100, 200, 300]; population std = sqrt((75²+75²+25²+125²)/4) = sqrt(6875)
-    expected = dict(mean=175.0, min=100.0, max=300.0, std=math.sqrt(6875.0),
-                    p50=150.0, p90=270.0, p95=285.0, p99=297.0)
+    expected = {
+        "mean": 175.0,
+        "min": 100.0,
+        "max": 300.0,
+        "std": math.sqrt(6875.0),
+        "p50": 150.0,
+        "p90": 270.0,
+        "p95": 285.0,
+        "p99": 297.0,
+    }
     for name, value in expected.items():
         assert getattr(t, name) == pytest.approx(value, **APPROX), name
 
@@ -60,8 +86,16 @@ def test_summary_e2e_stats() -> None:
     e = summarize(RECORDS, concurrency=2).e2e_ms
     assert e is not None
     # sorted [300, 300, 500, 600]
-    expected = dict(mean=425.0, min=300.0, max=600.0, std=math.sqrt(16875.0),
-                    p50=400.0, p90=570.0, p95=585.0, p99=597.0)
+    expected = {
+        "mean": 425.0,
+        "min": 300.0,
+        "max": 600.0,
+        "std": math.sqrt(16875.0),
+        "p50": 400.0,
+        "p90": 570.0,
+        "p95": 585.0,
+        "p99": 597.0,
+    }
     for name, value in expected.items():
         assert getattr(e, name) == pytest.approx(value, **APPROX), name
 
@@ -72,7 +106,16 @@ def test_summary_itl_excludes_single_token_requests() -> None:
     # sorted [200/3, 100, 200]; r2 (OSL 1) and the failed r3 have no ITL
     mean = (200 / 3 + 100 + 200) / 3
     std = math.sqrt(((200 / 3 - mean) ** 2 + (100 - mean) ** 2 + (200 - mean) ** 2) / 3)
-    expected = dict(mean=mean, min=200 / 3, max=200.0, std=std, p50=100.0, p90=180.0, p95=190.0, p99=198.0)
+    expected = {
+        "mean": mean,
+        "min": 200 / 3,
+        "max": 200.0,
+        "std": std,
+        "p50": 100.0,
+        "p90": 180.0,
+        "p95": 190.0,
+        "p99": 198.0,
+    }
     for name, value in expected.items():
         assert getattr(i, name) == pytest.approx(value, **APPROX), name
 
@@ -134,8 +177,9 @@ def tokenizer_json(tmp_path: Path) -> Path:
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=300, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                  special_tokens=["<s>", "</s>"])
+    trainer = trainers.BpeTrainer(
+        vocab_size=300, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), special_tokens=["<s>", "</s>"]
+    )
     tok.train_from_iterator(CORPUS.splitlines() * 20, trainer=trainer)
     path = tmp_path / "tokenizer.json"
     tok.save(str(path))

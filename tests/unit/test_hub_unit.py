@@ -16,12 +16,6 @@ TOKEN = "hf_unit_test_secret_token_value"
 TOKENIZER = ["tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"]
 
 
-@pytest.fixture(autouse=True)
-def _isolated_hf_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home"))
-    monkeypatch.delenv("HF_TOKEN", raising=False)
-
-
 # --- select_files -------------------------------------------------------------------------
 
 

@@ -11,24 +11,24 @@ from safetensors.torch import save_file
 
 transformers = pytest.importorskip("transformers")
 
-from stoker.runtime.generate import generate  # noqa: E402
-from stoker.runtime.llama import ArtifactError, LlamaModel, load_model  # noqa: E402
+from stoker.runtime.generate import generate
+from stoker.runtime.llama import ArtifactError, LlamaModel, load_model
 
-TINY = dict(
-    hidden_size=256,
-    intermediate_size=512,
-    num_hidden_layers=4,
-    num_attention_heads=8,
-    num_key_value_heads=2,
-    vocab_size=2048,
-    max_position_embeddings=256,
-    tie_word_embeddings=False,
-)
+TINY = {
+    "hidden_size": 256,
+    "intermediate_size": 512,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 2,
+    "vocab_size": 2048,
+    "max_position_embeddings": 256,
+    "tie_word_embeddings": False,
+}
 PROMPT = [1, 17, 300, 5, 999, 42, 42, 7, 1500, 64, 3, 2047]
 NO_END = -1  # an end id that can never be sampled
 
 
-def hf_model(seed: int = 0, **overrides) -> "transformers.LlamaForCausalLM":
+def hf_model(seed: int = 0, **overrides) -> transformers.LlamaForCausalLM:
     torch.manual_seed(seed)
     config = transformers.LlamaConfig(**{**TINY, **overrides})
     model = transformers.LlamaForCausalLM(config).to(torch.float32).eval()
@@ -138,11 +138,11 @@ def test_sampling_is_seeded_and_top_k_1_is_greedy(tiny) -> None:
 def test_invalid_requests_fail_before_compute(tiny) -> None:
     _, ours, _ = tiny
     bad_calls = [
-        dict(input_ids=[], max_new_tokens=4),
-        dict(input_ids=[5000], max_new_tokens=4),
-        dict(input_ids=PROMPT, max_new_tokens=0),
-        dict(input_ids=PROMPT, max_new_tokens=4, top_p=0.0),
-        dict(input_ids=PROMPT, max_new_tokens=4, repetition_penalty=0.0),
+        {"input_ids": [], "max_new_tokens": 4},
+        {"input_ids": [5000], "max_new_tokens": 4},
+        {"input_ids": PROMPT, "max_new_tokens": 0},
+        {"input_ids": PROMPT, "max_new_tokens": 4, "top_p": 0.0},
+        {"input_ids": PROMPT, "max_new_tokens": 4, "repetition_penalty": 0.0},
     ]
     for kwargs in bad_calls:
         with pytest.raises(ValueError):
@@ -185,7 +185,7 @@ def test_kv_fake_quant_changes_outputs_slightly(tiny, tmp_path: Path, kv_dtype: 
 
 
 def test_artifact_errors_name_the_problem(tiny, tmp_path: Path) -> None:
-    ref, _, root = tiny
+    ref, _, _root = tiny
     bad = write_artifact(ref, tmp_path / "rope")
     cfg = json.loads((bad / "config.json").read_text())
     cfg["rope_parameters"] = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0}

@@ -1,0 +1,242 @@
+"""Triton python-backend `tensorrt_llm` model: the CPU reference stand-in for TensorRT-LLM.
+
+It speaks the tensor interface of TensorRT-LLM's `tensorrt_llm` model so the same ensemble
+serves either, but generates with stoker's float32 reference runtime (copied next to this file
+as the `stoker_runtime` package) from the reference artifact in `gpt_model_path`.
+
+Inputs (leading batch dim): input_ids INT32 [-1], input_lengths INT32 [1], request_output_len
+INT32 [1]; optional end_id, pad_id INT32 [1], streaming BOOL [1], temperature FP32 [1],
+runtime_top_k INT32 [1], runtime_top_p FP32 [1], repetition_penalty FP32 [1], seed UINT64 [1],
+exclude_input_in_output BOOL [1].
+Outputs: output_ids INT32 [-1, -1] (beam, tokens), sequence_length INT32 [-1] (per beam).
+Parameters: gpt_model_path (default "weights", relative to the version dir unless absolute),
+num_threads (torch threads, default 2), max_concurrent_requests (default 1),
+exclude_input_in_output (default "false", as upstream).
+
+Behaviour, matched to TensorRT-LLM where it defines one:
+- Streaming (decoupled only): one response per generated token, output_ids [1, 1, 1] and
+  sequence_length [1, 1] = 1, then an empty response flagged COMPLETE_FINAL. Streamed tokens
+  never include the prompt. Streaming takes one sequence per request (batch 1).
+- Non-streaming: one response, output_ids [batch, 1, T] right-padded with pad_id, and
+  sequence_length; the prompt is included unless exclude_input_in_output.
+- The end id is never returned and not counted in sequence_length.
+- Sampling: no runtime_top_k and no runtime_top_p (or both 0) is greedy, whatever the
+  temperature; otherwise temperature (default 1.0) with top-k / top-p. top_p <= 0 means unset.
+  seed defaults to 0, so repeated identical sampled requests give identical output.
+- end_id / pad_id default to the artifact's stoker_runtime.json.
+Concurrency: execute only enqueues; a pool of max_concurrent_requests threads generates (torch
+releases the GIL), so the default handles requests one after another in arrival order.
+Cancelled requests stop at the next token. Every failure is answered as a TritonError response.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+# The runtime is shipped beside this file as a plain package (no stoker install in Triton).
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from stoker_runtime.generate import generate
+from stoker_runtime.llama import LlamaModel, load_model
+
+FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+
+
+class RequestError(ValueError):
+    """The request is invalid; its message goes back to the client."""
+
+
+class Cancelled(Exception):
+    """The client cancelled the request or the model is shutting down."""
+
+
+def _param(model_config: dict[str, Any], name: str, default: str) -> str:
+    value = model_config.get("parameters", {}).get(name, {}).get("string_value", "")
+    if value == "" or value.startswith("${"):
+        return default
+    return value
+
+
+def _scalar(request: Any, name: str, batch: int, index: int) -> Any:
+    """Item `index` of an optional [batch, 1] input, as a Python scalar (None when absent)."""
+    tensor = pb_utils.get_input_tensor_by_name(request, name)
+    if tensor is None:
+        return None
+    values = tensor.as_numpy().reshape(-1)
+    if values.size != batch:
+        raise RequestError(f"{name} has {values.size} values for a batch of {batch}")
+    return values[index].item()
+
+
+def sampling_kwargs(temperature: float | None, top_k: int | None, top_p: float | None) -> dict[str, Any]:
+    """Map TensorRT-LLM's request sampling fields onto the reference `generate` arguments."""
+    top_k = int(top_k or 0)
+    top_p = float(top_p) if top_p is not None and top_p > 0 else 0.0
+    if top_k < 0:
+        raise RequestError(f"runtime_top_k must be >= 0, got {top_k}")
+    if top_p > 1.0:
+        raise RequestError(f"runtime_top_p must be <= 1, got {top_p}")
+    if top_k == 0 and top_p == 0.0:
+        return {"temperature": 0.0, "top_k": 0, "top_p": 1.0}
+    t = 1.0 if temperature is None else float(temperature)
+    if t < 0:
+        raise RequestError(f"temperature must be >= 0, got {t}")
+    return {"temperature": t, "top_k": top_k, "top_p": top_p or 1.0}
+
+
+class _Job:
+    """One sequence of a request, parsed and validated."""
+
+    def __init__(self, request: Any, batch: int, index: int, defaults: tuple[int, int], exclude_default: bool) -> None:
+        ids = pb_utils.get_input_tensor_by_name(request, "input_ids")
+        if ids is None:
+            raise RequestError("input_ids is required")
+        row = ids.as_numpy().reshape(batch, -1)[index]
+        length = _scalar(request, "input_lengths", batch, index)
+        length = row.size if length is None else int(length)
+        if not 0 < length <= row.size:
+            raise RequestError(f"input_lengths {length} outside 1..{row.size}")
+        self.prompt = [int(t) for t in row[:length]]
+        max_new = _scalar(request, "request_output_len", batch, index)
+        if max_new is None or int(max_new) <= 0:
+            raise RequestError(f"request_output_len must be > 0, got {max_new}")
+        self.max_new_tokens = int(max_new)
+        end_id, pad_id = (_scalar(request, name, batch, index) for name in ("end_id", "pad_id"))
+        self.end_id = defaults[0] if end_id is None else int(end_id)
+        self.pad_id = defaults[1] if pad_id is None else int(pad_id)
+        self.streaming = bool(_scalar(request, "streaming", batch, index) or False)
+        exclude = _scalar(request, "exclude_input_in_output", batch, index)
+        self.exclude_input = exclude_default if exclude is None else bool(exclude)
+        seed = _scalar(request, "seed", batch, index)
+        penalty = _scalar(request, "repetition_penalty", batch, index)
+        self.kwargs = {
+            **sampling_kwargs(
+                _scalar(request, "temperature", batch, index),
+                _scalar(request, "runtime_top_k", batch, index),
+                _scalar(request, "runtime_top_p", batch, index),
+            ),
+            "repetition_penalty": 1.0 if penalty is None else float(penalty),
+            "seed": 0 if seed is None else int(seed),
+        }
+
+    def tokens(self, model: LlamaModel) -> Iterator[int]:
+        try:
+            return generate(model, self.prompt, self.max_new_tokens, self.end_id, **self.kwargs)
+        except ValueError as exc:
+            raise RequestError(str(exc)) from None
+
+
+def _parse(request: Any, defaults: tuple[int, int], exclude_default: bool) -> list[_Job]:
+    ids = pb_utils.get_input_tensor_by_name(request, "input_ids")
+    if ids is None:
+        raise RequestError("input_ids is required")
+    batch = ids.as_numpy().shape[0]
+    return [_Job(request, batch, i, defaults, exclude_default) for i in range(batch)]
+
+
+class TritonPythonModel:
+    """Generates with the reference runtime; see the module docstring for the contract."""
+
+    def initialize(self, args: dict[str, str]) -> None:
+        config = json.loads(args["model_config"])
+        version_dir = Path(args["model_repository"]) / args["model_version"]
+        weights = Path(_param(config, "gpt_model_path", "weights"))
+        if not weights.is_absolute():
+            weights = version_dir / weights
+        num_threads = int(_param(config, "num_threads", "2"))
+        workers = int(_param(config, "max_concurrent_requests", "1"))
+        self.exclude_default = _param(config, "exclude_input_in_output", "false").lower() in ("1", "true", "yes")
+        self.decoupled = pb_utils.using_decoupled_model_transaction_policy(config)
+        self.model = load_model(weights, num_threads=num_threads)
+        self.defaults = (self.model.info.end_id, self.model.info.pad_id)
+        self.stopping = threading.Event()
+        self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="stoker-gen")
+        pb_utils.Logger.log_info(
+            f"tensorrt_llm (reference runtime): {weights}, quantization {self.model.info.quant_format}, "
+            f"kv cache {self.model.info.kv_cache_dtype or 'float32'}, end_id {self.defaults[0]}, "
+            f"decoupled {self.decoupled}, threads {num_threads}, workers {workers}"
+        )
+
+    def _check(self, request: Any) -> None:
+        if self.stopping.is_set():
+            raise Cancelled("model is shutting down")
+        if request.is_cancelled():
+            raise Cancelled("request cancelled")
+
+    def _full_output(self, request: Any, jobs: list[_Job]) -> list[Any]:
+        rows: list[list[int]] = []
+        for job in jobs:
+            generated = []
+            for token in job.tokens(self.model):
+                self._check(request)
+                generated.append(token)
+            rows.append(generated if job.exclude_input else job.prompt + generated)
+        width = max(1, max(len(r) for r in rows))
+        output = np.empty((len(jobs), 1, width), np.int32)
+        for i, (row, job) in enumerate(zip(rows, jobs)):
+            output[i, 0, : len(row)] = row
+            output[i, 0, len(row):] = job.pad_id
+        lengths = np.array([[len(r)] for r in rows], np.int32)
+        return [pb_utils.Tensor("output_ids", output), pb_utils.Tensor("sequence_length", lengths)]
+
+    def _stream(self, request: Any, job: _Job, sender: Any) -> None:
+        one = np.ones((1, 1), np.int32)
+        for token in job.tokens(self.model):
+            self._check(request)
+            tensors = [pb_utils.Tensor("output_ids", np.array([[[token]]], np.int32)), pb_utils.Tensor("sequence_length", one)]
+            sender.send(pb_utils.InferenceResponse(output_tensors=tensors))
+        sender.send(flags=FINAL)
+
+    def _serve(self, request: Any) -> None:
+        """Answer one decoupled request; always ends with a FINAL-flagged send."""
+        sender = request.get_response_sender()
+        try:
+            jobs = _parse(request, self.defaults, self.exclude_default)
+            if any(job.streaming for job in jobs):
+                if len(jobs) != 1:
+                    raise RequestError("streaming takes one sequence per request; send a batch as separate requests")
+                self._stream(request, jobs[0], sender)
+            else:
+                sender.send(pb_utils.InferenceResponse(output_tensors=self._full_output(request, jobs)), flags=FINAL)
+        except Exception as exc:  # noqa: BLE001 -- every failure goes back as a response, never crashes the model
+            sender.send(pb_utils.InferenceResponse(error=self._error(exc)), flags=FINAL)
+
+    @staticmethod
+    def _error(exc: Exception) -> Any:
+        if isinstance(exc, Cancelled):
+            return pb_utils.TritonError(str(exc), pb_utils.TritonError.CANCELLED)
+        if isinstance(exc, RequestError):
+            return pb_utils.TritonError(str(exc), pb_utils.TritonError.INVALID_ARG)
+        pb_utils.Logger.log_error(f"tensorrt_llm: {type(exc).__name__}: {exc}")
+        return pb_utils.TritonError(f"internal error: {type(exc).__name__}: {exc}")
+
+    def _answer(self, request: Any) -> Any:
+        """Answer one request of a non-decoupled model (no streaming possible)."""
+        try:
+            jobs = _parse(request, self.defaults, self.exclude_default)
+            if any(job.streaming for job in jobs):
+                raise RequestError("streaming needs the model to be decoupled (model_transaction_policy)")
+            return pb_utils.InferenceResponse(output_tensors=self._full_output(request, jobs))
+        except Exception as exc:  # noqa: BLE001 -- every failure goes back as a response, never crashes the model
+            return pb_utils.InferenceResponse(error=self._error(exc))
+
+    def execute(self, requests: list[Any]) -> list[Any] | None:
+        if not self.decoupled:
+            return [self._answer(r) for r in requests]
+        for request in requests:
+            self.pool.submit(self._serve, request)
+        return None
+
+    def finalize(self) -> None:
+        # In-flight generations see `stopping` at their next token and answer CANCELLED.
+        self.stopping.set()
+        self.pool.shutdown(wait=True)
