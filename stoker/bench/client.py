@@ -8,6 +8,8 @@ come from stoker.bench.metrics.
 
 from __future__ import annotations
 
+from ..errors import StokerError
+
 import asyncio
 import itertools
 import time
@@ -31,7 +33,7 @@ TEXT_OUTPUT = "text_output"
 _PREFLIGHT_TIMEOUT_S = 10.0
 
 
-class BenchmarkError(Exception):
+class BenchmarkError(StokerError):
     """A benchmark could not run; the message is one line saying why."""
 
 

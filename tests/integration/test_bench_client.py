@@ -1,14 +1,14 @@
 """The streaming benchmark client against a real tritonserver serving a model with scripted timing.
 
 The server is the tritonserver binary from the nvidia-pytriton wheel, run on this host by
-stoker.stack.local_triton. The model is a
-decoupled python-backend model with the TensorRT-LLM ensemble's interface that waits FIRST_TOKEN_S, then
-emits `max_tokens` one-word responses every INTERVAL_S on an absolute schedule, so the true TTFT and ITL
-are known and the client's measurements can be checked against them.
+stoker.stack.local_triton. The model is a decoupled python-backend model with the TensorRT-LLM ensemble's
+interface that waits FIRST_TOKEN_S, then emits `max_tokens` one-word responses every INTERVAL_S on an
+absolute schedule, so the true TTFT and ITL are known and the client's measurements can be checked.
 """
 
 from __future__ import annotations
 
+import asyncio
 import socket
 from collections.abc import Iterator
 from pathlib import Path
@@ -215,8 +215,6 @@ def test_scripted_timing_is_measured(triton_grpc_url: str) -> None:
 
 
 def test_osl_defaults_to_non_empty_responses(triton_grpc_url: str) -> None:
-    import asyncio
-
     records = asyncio.run(
         run_level(
             triton_grpc_url,
@@ -234,8 +232,6 @@ def test_osl_defaults_to_non_empty_responses(triton_grpc_url: str) -> None:
 
 
 def test_failed_requests_are_counted_as_errors(triton_grpc_url: str) -> None:
-    import asyncio
-
     prompts = [Prompt("a fine prompt", 3), Prompt("please FAIL now", 3)]
     records = asyncio.run(
         run_level(triton_grpc_url, "ensemble", prompts, 4, concurrency=2, requests=6, timeout_s=30, count_tokens=_words)
@@ -250,8 +246,6 @@ def test_failed_requests_are_counted_as_errors(triton_grpc_url: str) -> None:
 
 
 def test_timeout_is_recorded_not_raised(triton_grpc_url: str) -> None:
-    import asyncio
-
     # 200 tokens take ~2 s on the script; a 0.3 s budget must end as a recorded timeout.
     records = asyncio.run(
         run_level(triton_grpc_url, "ensemble", _prompts(1), 200, concurrency=1, requests=1, timeout_s=0.3)
@@ -276,8 +270,6 @@ def test_preflight_errors_are_one_line(triton_grpc_url: str) -> None:
 
 
 def test_warmup_sends_requests_and_rejects_non_streaming_models(triton_grpc_url: str) -> None:
-    import asyncio
-
     records = asyncio.run(warmup(triton_grpc_url, "ensemble", _prompts(2), 3, requests=3, timeout_s=10))
     assert len(records) == 3 and all(r.ok and r.output_tokens == 3 for r in records)
     with pytest.raises(StreamingUnsupported, match=r"'unary_llm' cannot stream"):

@@ -30,7 +30,7 @@ from stoker.docker_engine import (LABEL_DEPLOYMENT, LABEL_DIGEST, LABEL_MANAGED,
 from stoker.stack.dockerd import DOCKERD_SH, ensure_daemon, stop_daemon
 from stoker.stack.image import DEFAULT_IMAGE, RECIPE_LABEL, ensure_image, recipe_digest
 
-pytestmark = pytest.mark.docker
+pytestmark = [pytest.mark.docker, pytest.mark.s3]
 
 IMAGE = os.environ.get("STOKER_TRITON_IMAGE", DEFAULT_IMAGE)
 SECRET = f"stoker-test-secret-{uuid.uuid4().hex}"
@@ -215,6 +215,20 @@ def managed(client, name: str) -> list:
     return client.containers.list(all=True, filters={"label": [f"{LABEL_DEPLOYMENT}={name}"]})
 
 
+def process_ended(pid: int, within_s: float = 5.0) -> bool:
+    """Gone, or a zombie waiting for its (re)parent to reap it."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except FileNotFoundError:
+            return True
+        if state == "Z":
+            return True
+        time.sleep(0.1)
+    return False
+
+
 class Lines(list):
     """A log sink that keeps every line (deploy logs from a background thread)."""
 
@@ -341,6 +355,15 @@ def test_port_held_by_another_process_fails_before_starting(client, image, s3_en
     assert managed(client, deployment) == []
 
 
+def test_refused_ulimit_fails_start_and_leaves_nothing(client, image, deployment, ports):
+    # dockerd here caps memlock at 8 MiB; -1 (what GPU guides use) is refused at start.
+    req = request_for(deployment, image, "s3://127.0.0.1:1/b/p", "d", ports,
+                      ulimits={"memlock": (-1, -1)})
+    with pytest.raises(NotReady, match=f"^stoker-{deployment}-blue failed to start: .*rlimit"):
+        deploy(client, req, Lines())
+    assert managed(client, deployment) == []
+
+
 def test_missing_image_is_reported(client, deployment, ports):
     req = request_for(deployment, "stoker/no-such-image:0", "s3://127.0.0.1:1/b/p", "d", ports)
     with pytest.raises(ImageMissing, match="^image stoker/no-such-image:0 is not in the Docker"):
@@ -366,3 +389,24 @@ def test_ensure_daemon_leaves_a_running_daemon_alone(client, tmp_path):
         ensure_daemon("unix:///nonexistent/docker.sock", tmp_path, start=False)
     with pytest.raises(DockerUnavailable, match="is not started by stoker"):
         ensure_daemon("tcp://127.0.0.1:1", tmp_path, start=True)
+
+
+def test_ensure_daemon_starts_and_stops_only_its_own_daemon(client, tmp_path, monkeypatch):
+    """A second, private dockerd (own socket, data and exec roots, no bridge) next to the main one."""
+    root = tmp_path / "dd"
+    monkeypatch.setenv("DOCKERD_EXTRA_ARGS", " ".join([
+        f"--data-root={root}/data", f"--exec-root={root}/exec", f"--pidfile={root}/docker.pid",
+        "--bridge=none", "--iptables=false", "--ip-masq=false"]))
+    host = f"unix://{root}/docker.sock"
+    state = tmp_path / "state"
+    try:
+        assert ensure_daemon(host, state) is True
+        pid = int((state / "dockerd.pid").read_text())
+        assert connect(host).ping()
+        assert ensure_daemon(host, state) is False  # already answering: nothing started
+    finally:
+        assert stop_daemon(state) is True
+    assert process_ended(pid)
+    with pytest.raises(DockerUnavailable):
+        ensure_daemon(host, state, start=False)
+    assert client.ping()  # the main daemon was not touched
