@@ -433,3 +433,13 @@ class _LogPump:
             except Exception:
                 pass
         self._thread.join(timeout=2)
+
+
+def check_deployable(client: docker.DockerClient, name: str, image: str, ports: Ports, offset: int) -> None:
+    """Preflight: what deploy() would refuse (missing image, a port held by others), without starting anything."""
+    _require_image(client, image)
+    running = [c for c in _containers(client, name) if c.status == "running"]
+    current = running[0] if running else None
+    current_slot = (Slot(current.labels[LABEL_SLOT], Ports.parse(current.labels[LABEL_PORTS]))
+                    if current is not None else None)
+    choose_slot(ports, offset, current_slot, is_port_free)

@@ -7,7 +7,7 @@ import time
 from prefect import get_run_logger
 
 from stoker import s3
-from stoker.digest import records_from_json
+from stoker.digest import FileRecord
 from stoker.run import Output, RunContext, StepResult
 from stoker.spec import Spec, Storage
 
@@ -32,7 +32,7 @@ def upload_repository(spec: Spec, packaged: StepResult, ctx: RunContext) -> Step
         log(f"upload: s3://{st.bucket}/{prefix} already complete, nothing to send")
         objects = marker["objects"]
     else:
-        files = records_from_json([o.model_dump() | {"path": _rel(packaged, o.uri)} for o in packaged.outputs])
+        files = [FileRecord(_rel(packaged, o.uri), o.sha256, o.bytes) for o in packaged.outputs]
         empty = packaged.detail.get("empty_dirs", [])
         objects = [o.__dict__ for o in s3.upload_tree(client, st, packaged.path, files, empty, packaged.digest, log)]
     uri = s3.triton_uri(st, f"{prefix}/model_repository")

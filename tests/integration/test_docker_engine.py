@@ -9,6 +9,7 @@ import hashlib
 import json
 import os
 import random
+import shutil
 import socket
 import subprocess
 import sys
@@ -392,21 +393,29 @@ def test_ensure_daemon_leaves_a_running_daemon_alone(client, tmp_path):
 
 
 def test_ensure_daemon_starts_and_stops_only_its_own_daemon(client, tmp_path, monkeypatch):
-    """A second, private dockerd (own socket, data and exec roots, no bridge) next to the main one."""
+    """A second, private dockerd (own socket, roots and bridge) next to the main one."""
+    if shutil.which("ip") is None:
+        pytest.skip("needs iproute2 to give the private daemon its own bridge")
+    # Its own bridge: a dockerd started with --bridge=none deletes the shared docker0.
+    bridge = f"stk{uuid.uuid4().hex[:8]}"
+    subprocess.run(["ip", "link", "add", "name", bridge, "type", "bridge"], check=True)
     root = tmp_path / "dd"
     monkeypatch.setenv("DOCKERD_EXTRA_ARGS", " ".join([
         f"--data-root={root}/data", f"--exec-root={root}/exec", f"--pidfile={root}/docker.pid",
-        "--bridge=none", "--iptables=false", "--ip-masq=false"]))
+        f"--bridge={bridge}", "--iptables=false", "--ip-masq=false"]))
     host = f"unix://{root}/docker.sock"
     state = tmp_path / "state"
     try:
+        subprocess.run(["ip", "addr", "add", "10.213.77.1/24", "dev", bridge], check=True)
         assert ensure_daemon(host, state) is True
         pid = int((state / "dockerd.pid").read_text())
         assert connect(host).ping()
         assert ensure_daemon(host, state) is False  # already answering: nothing started
-    finally:
         assert stop_daemon(state) is True
-    assert process_ended(pid)
+        assert process_ended(pid)
+    finally:
+        stop_daemon(state)
+        subprocess.run(["ip", "link", "del", bridge], check=False)
     with pytest.raises(DockerUnavailable):
         ensure_daemon(host, state, start=False)
     assert client.ping()  # the main daemon was not touched

@@ -77,3 +77,17 @@ def test_digest_changes_with_any_value_and_not_with_key_order():
     b = parse_spec(spec_with(benchmark={"input_tokens": 16, "output_tokens": 32}))
     c = parse_spec(spec_with(benchmark={"input_tokens": 17, "output_tokens": 32}))
     assert a.digest() == b.digest() != c.digest()
+
+
+def test_shipped_specs_validate():
+    from pathlib import Path
+
+    from stoker.demo import DEMO_SPEC
+
+    root = Path(__file__).resolve().parents[2]
+    full = load_spec(root / "deployments" / "specs" / "example-full.yaml")
+    assert full.quantization.format == "int4_awq" and full.deploy.ports.http == 8100
+    import yaml
+
+    demo = parse_spec(yaml.safe_load(DEMO_SPEC.read_text()), "demo")
+    assert demo.quantization.format == "fp8" and demo.storage.create_bucket
