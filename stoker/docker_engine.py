@@ -11,7 +11,10 @@ server on 127.0.0.1. Stoker only ever touches containers carrying its
 Errors: every failure is a ``DeployError`` subclass whose message's first line
 is the cause (``DockerUnavailable``, ``ImageMissing``, ``PortInUse``, ``NotReady``).
 """
+
 from __future__ import annotations
+
+from .errors import StokerError
 
 import re
 import socket
@@ -19,8 +22,8 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Callable, Iterable
 
 import docker
 import docker.errors
@@ -43,7 +46,7 @@ STOP_TIMEOUT_S = 10
 _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
 
 
-class DeployError(Exception):
+class DeployError(StokerError):
     """Base of every deployment failure; the message's first line is the cause."""
 
 
@@ -72,14 +75,14 @@ class Ports:
     def items(self) -> tuple[tuple[str, int], ...]:
         return (("http", self.http), ("grpc", self.grpc), ("metrics", self.metrics))
 
-    def shifted(self, offset: int) -> "Ports":
+    def shifted(self, offset: int) -> Ports:
         return Ports(self.http + offset, self.grpc + offset, self.metrics + offset)
 
     def label(self) -> str:
         return f"{self.http},{self.grpc},{self.metrics}"
 
     @classmethod
-    def parse(cls, label: str) -> "Ports":
+    def parse(cls, label: str) -> Ports:
         http, grpc, metrics = (int(p) for p in label.split(","))
         return cls(http, grpc, metrics)
 
@@ -103,7 +106,9 @@ class DeployRequest:
 
     def __post_init__(self) -> None:
         if not _NAME_RE.match(self.name):
-            raise ValueError(f"deployment name {self.name!r} must match {_NAME_RE.pattern}")
+            raise ValueError(
+                f"deployment name {self.name!r} must match {_NAME_RE.pattern}"
+            )
         if self.standby_port_offset == 0:
             raise ValueError("standby_port_offset must not be 0")
 
@@ -127,8 +132,10 @@ class Slot:
 
 # ---------------------------------------------------------------- pure parts
 
-def choose_slot(requested: Ports, offset: int, current: Slot | None,
-                is_free: Callable[[int], bool]) -> Slot:
+
+def choose_slot(
+    requested: Ports, offset: int, current: Slot | None, is_free: Callable[[int], bool]
+) -> Slot:
     """Pick colour and ports for a new container next to ``current`` (the serving one).
 
     The requested ports when all are free; else, when the busy ones are held by
@@ -136,25 +143,36 @@ def choose_slot(requested: Ports, offset: int, current: Slot | None,
     the first port held by anything else. Pure: ``is_free`` does the probing.
     """
     colour = "green" if current is not None and current.name == "blue" else "blue"
-    ours = set(p for _, p in current.ports.items()) if current else set()
+    ours = {p for _, p in current.ports.items()} if current else set()
     busy = [(key, port) for key, port in requested.items() if not is_free(port)]
     if not busy:
         return Slot(colour, requested)
     for key, port in busy:
         if port not in ours:
-            raise PortInUse(f"port {port} (deploy.ports.{key}) is in use by another process")
+            raise PortInUse(
+                f"port {port} (deploy.ports.{key}) is in use by another process"
+            )
     standby = requested.shifted(offset)
     for key, port in standby.items():
         if port in ours or not is_free(port):
-            raise PortInUse(f"port {port} (deploy.ports.{key} + standby_port_offset {offset}) "
-                            "is in use by another process")
+            raise PortInUse(
+                f"port {port} (deploy.ports.{key} + standby_port_offset {offset}) "
+                "is in use by another process"
+            )
     return Slot(colour, standby)
 
 
-def triton_args(repository_uri: str, ports: Ports, extra_args: Iterable[str] = ()) -> list[str]:
+def triton_args(
+    repository_uri: str, ports: Ports, extra_args: Iterable[str] = ()
+) -> list[str]:
     """Arguments appended to the image's ``tritonserver`` entrypoint."""
-    return [f"--model-repository={repository_uri}", f"--http-port={ports.http}",
-            f"--grpc-port={ports.grpc}", f"--metrics-port={ports.metrics}", *extra_args]
+    return [
+        f"--model-repository={repository_uri}",
+        f"--http-port={ports.http}",
+        f"--grpc-port={ports.grpc}",
+        f"--metrics-port={ports.metrics}",
+        *extra_args,
+    ]
 
 
 def http_status(url: str, timeout_s: float) -> int:
@@ -166,12 +184,16 @@ def http_status(url: str, timeout_s: float) -> int:
         return err.code
 
 
-def wait_ready(url: str, timeout_s: float, *,
-               request: Callable[[str, float], int] = http_status,
-               clock: Callable[[], float] = time.monotonic,
-               sleep: Callable[[float], None] = time.sleep,
-               exit_reason: Callable[[], str | None] = lambda: None,
-               interval_s: float = 0.5) -> float:
+def wait_ready(
+    url: str,
+    timeout_s: float,
+    *,
+    request: Callable[[str, float], int] = http_status,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+    exit_reason: Callable[[], str | None] = lambda: None,
+    interval_s: float = 0.5,
+) -> float:
     """Poll ``url`` until it answers 200; returns the seconds waited.
 
     Raises NotReady at the deadline, or at once when ``exit_reason()`` reports
@@ -210,15 +232,23 @@ def is_port_free(port: int) -> bool:
 
 # ---------------------------------------------------------------- docker parts
 
-def connect(docker_host: str | None = None, timeout_s: int = 120) -> docker.DockerClient:
+
+def connect(
+    docker_host: str | None = None, timeout_s: int = 120
+) -> docker.DockerClient:
     """A client for ``docker_host`` (None: DOCKER_HOST or the local socket) that answered a ping."""
     where = docker_host or "the default socket (DOCKER_HOST or /var/run/docker.sock)"
     try:
-        client = (docker.DockerClient(base_url=docker_host, timeout=timeout_s) if docker_host
-                  else docker.from_env(timeout=timeout_s))
+        client = (
+            docker.DockerClient(base_url=docker_host, timeout=timeout_s)
+            if docker_host
+            else docker.from_env(timeout=timeout_s)
+        )
         client.ping()
     except (docker.errors.DockerException, requests.exceptions.RequestException) as err:
-        raise DockerUnavailable(f"no Docker daemon answers at {where}: {_one_line(err)}") from err
+        raise DockerUnavailable(
+            f"no Docker daemon answers at {where}: {_one_line(err)}"
+        ) from err
     return client
 
 
@@ -235,7 +265,9 @@ def deploy(client: docker.DockerClient, req: DeployRequest, log: Log) -> DeployR
 
     for c in ready:
         if c.labels.get(LABEL_DIGEST) == req.repo_digest:
-            log(f"{c.name} already serves {req.name} at digest {req.repo_digest[:12]}; reusing it")
+            log(
+                f"{c.name} already serves {req.name} at digest {req.repo_digest[:12]}; reusing it"
+            )
             return _result(c, reused=True, replaced=None)
 
     # The newest ready container is the one serving; anything else of this
@@ -245,26 +277,36 @@ def deploy(client: docker.DockerClient, req: DeployRequest, log: Log) -> DeployR
         if c is not current:
             log(f"removing leftover container {c.name} ({c.status})")
             _stop_and_remove(c, log)
-    current_slot = (Slot(current.labels[LABEL_SLOT], Ports.parse(current.labels[LABEL_PORTS]))
-                    if current else None)
+    current_slot = (
+        Slot(current.labels[LABEL_SLOT], Ports.parse(current.labels[LABEL_PORTS]))
+        if current
+        else None
+    )
     slot = choose_slot(req.ports, req.standby_port_offset, current_slot, is_port_free)
 
     name = f"stoker-{req.name}-{slot.name}"
-    log(f"starting {name} from {req.image}: repository {req.repository_uri} "
+    log(
+        f"starting {name} from {req.image}: repository {req.repository_uri} "
         f"(digest {req.repo_digest[:12]}), ports http={slot.ports.http} grpc={slot.ports.grpc} "
-        f"metrics={slot.ports.metrics}")
+        f"metrics={slot.ports.metrics}"
+    )
     new = _start(client, req, slot, name)
     pump = _LogPump(new, log, f"[{name}]")
     try:
-        waited = wait_ready(f"http://127.0.0.1:{slot.ports.http}/v2/health/ready",
-                            req.ready_timeout_s, exit_reason=lambda: _exit_reason(new))
+        waited = wait_ready(
+            f"http://127.0.0.1:{slot.ports.http}/v2/health/ready",
+            req.ready_timeout_s,
+            exit_reason=lambda: _exit_reason(new),
+        )
     except NotReady as err:
         pump.stop()
         tail = _log_tail(new)
         _stop_and_remove(new, log)
         kept = f"; {current.name} keeps serving" if current else ""
-        raise NotReady(f"{name} never became ready: {err}{kept}\n"
-                       f"last {LOG_TAIL_LINES} log lines of {name}:\n{tail}") from None
+        raise NotReady(
+            f"{name} never became ready: {err}{kept}\n"
+            f"last {LOG_TAIL_LINES} log lines of {name}:\n{tail}"
+        ) from None
     except BaseException:
         pump.stop()
         _stop_and_remove(new, log)
@@ -280,10 +322,16 @@ def deploy(client: docker.DockerClient, req: DeployRequest, log: Log) -> DeployR
     return _result(new, reused=False, replaced=replaced)
 
 
-def find_serving(client: docker.DockerClient, name: str, repo_digest: str) -> Container | None:
+def find_serving(
+    client: docker.DockerClient, name: str, repo_digest: str
+) -> Container | None:
     """The running, ready container of deployment ``name`` at ``repo_digest``, if any."""
     for c in _containers(client, name):
-        if c.status == "running" and c.labels.get(LABEL_DIGEST) == repo_digest and _is_ready(c):
+        if (
+            c.status == "running"
+            and c.labels.get(LABEL_DIGEST) == repo_digest
+            and _is_ready(c)
+        ):
             return c
     return None
 
@@ -302,16 +350,22 @@ def _require_image(client: docker.DockerClient, image: str) -> None:
     try:
         client.images.get(image)
     except docker.errors.ImageNotFound:
-        raise ImageMissing(f"image {image} is not in the Docker daemon; build it with "
-                           f"infra/image/build.sh {image}") from None
+        raise ImageMissing(
+            f"image {image} is not in the Docker daemon; build it with "
+            f"infra/image/build.sh {image}"
+        ) from None
     except requests.exceptions.ConnectionError as err:
-        raise DockerUnavailable(f"Docker daemon stopped answering: {_one_line(err)}") from err
+        raise DockerUnavailable(
+            f"Docker daemon stopped answering: {_one_line(err)}"
+        ) from err
 
 
 def _containers(client: docker.DockerClient, name: str) -> list[Container]:
     """This deployment's managed containers (any state), newest first."""
-    found = client.containers.list(all=True, filters={
-        "label": [f"{LABEL_MANAGED}=true", f"{LABEL_DEPLOYMENT}={name}"]})
+    found = client.containers.list(
+        all=True,
+        filters={"label": [f"{LABEL_MANAGED}=true", f"{LABEL_DEPLOYMENT}={name}"]},
+    )
     return sorted(found, key=_created_key, reverse=True)
 
 
@@ -322,15 +376,30 @@ def _created_key(c: Container) -> tuple[str, int]:
     return whole, int(frac.ljust(9, "0")[:9] or 0)
 
 
-def _start(client: docker.DockerClient, req: DeployRequest, slot: Slot, name: str) -> Container:
-    labels = {LABEL_MANAGED: "true", LABEL_DEPLOYMENT: req.name, LABEL_DIGEST: req.repo_digest,
-              LABEL_SLOT: slot.name, LABEL_PORTS: slot.ports.label()}
+def _start(
+    client: docker.DockerClient, req: DeployRequest, slot: Slot, name: str
+) -> Container:
+    labels = {
+        LABEL_MANAGED: "true",
+        LABEL_DEPLOYMENT: req.name,
+        LABEL_DIGEST: req.repo_digest,
+        LABEL_SLOT: slot.name,
+        LABEL_PORTS: slot.ports.label(),
+    }
     try:
         return client.containers.run(
-            req.image, triton_args(req.repository_uri, slot.ports, req.extra_args),
-            name=name, detach=True, network_mode="host", labels=labels,
-            environment=dict(req.env), shm_size=req.shm_size,
-            ulimits=[Ulimit(name=k, soft=s, hard=h) for k, (s, h) in req.ulimits.items()])
+            req.image,
+            triton_args(req.repository_uri, slot.ports, req.extra_args),
+            name=name,
+            detach=True,
+            network_mode="host",
+            labels=labels,
+            environment=dict(req.env),
+            shm_size=req.shm_size,
+            ulimits=[
+                Ulimit(name=k, soft=s, hard=h) for k, (s, h) in req.ulimits.items()
+            ],
+        )
     except docker.errors.APIError as err:
         # Created but failed to start (e.g. a refused rlimit): do not leave it behind.
         try:
@@ -365,7 +434,11 @@ def _log_tail(c: Container) -> str:
         return "(logs unavailable)"
     # Triton prints wide status tables last; they would push the load error
     # (e.g. "failed to load 'm'") out of the tail, so leave table and blank lines out.
-    lines = [ln for ln in text.splitlines() if ln.strip() and ln.lstrip()[:1] not in ("|", "+")]
+    lines = [
+        ln
+        for ln in text.splitlines()
+        if ln.strip() and ln.lstrip()[:1] not in ("|", "+")
+    ]
     return "\n".join(lines[-LOG_TAIL_LINES:]) or "(no output)"
 
 
@@ -385,9 +458,15 @@ def _stop_and_remove(c: Container, log: Log, timeout_s: int = STOP_TIMEOUT_S) ->
 
 def _result(c: Container, reused: bool, replaced: str | None) -> DeployResult:
     ports = Ports.parse(c.labels[LABEL_PORTS])
-    return DeployResult(container_id=c.id, container_name=c.name,
-                        http_url=f"http://127.0.0.1:{ports.http}", grpc_url=f"127.0.0.1:{ports.grpc}",
-                        ports=ports, reused=reused, replaced=replaced)
+    return DeployResult(
+        container_id=c.id,
+        container_name=c.name,
+        http_url=f"http://127.0.0.1:{ports.http}",
+        grpc_url=f"127.0.0.1:{ports.grpc}",
+        ports=ports,
+        reused=reused,
+        replaced=replaced,
+    )
 
 
 def _one_line(err: BaseException) -> str:
@@ -403,7 +482,9 @@ class _LogPump:
         self._stream = None
         self._stopped = threading.Event()
         self._lock = threading.Lock()
-        self._thread = threading.Thread(target=self._run, name=f"logs{prefix}", daemon=True)
+        self._thread = threading.Thread(
+            target=self._run, name=f"logs{prefix}", daemon=True
+        )
         self._thread.start()
 
     def _run(self) -> None:
@@ -419,8 +500,12 @@ class _LogPump:
                 pending += chunk
                 *lines, pending = pending.split(b"\n")
                 for line in lines:
-                    self._log(f"{self._prefix} {line.decode('utf-8', 'replace').rstrip()}")
-        except Exception:  # the stream ends with an error when closed or the container goes
+                    self._log(
+                        f"{self._prefix} {line.decode('utf-8', 'replace').rstrip()}"
+                    )
+        # Closing the stream from stop() surfaces here as whatever the transport
+        # raises (urllib3, requests, OSError); all of them just mean "done".
+        except Exception:  # noqa: BLE001, S110
             pass
 
     def stop(self) -> None:
@@ -430,16 +515,21 @@ class _LogPump:
         if stream is not None:
             try:
                 stream.close()
-            except Exception:
+            except Exception:  # noqa: BLE001, S110 - already closed by the daemon side
                 pass
         self._thread.join(timeout=2)
 
 
-def check_deployable(client: docker.DockerClient, name: str, image: str, ports: Ports, offset: int) -> None:
+def check_deployable(
+    client: docker.DockerClient, name: str, image: str, ports: Ports, offset: int
+) -> None:
     """Preflight: what deploy() would refuse (missing image, a port held by others), without starting anything."""
     _require_image(client, image)
     running = [c for c in _containers(client, name) if c.status == "running"]
     current = running[0] if running else None
-    current_slot = (Slot(current.labels[LABEL_SLOT], Ports.parse(current.labels[LABEL_PORTS]))
-                    if current is not None else None)
+    current_slot = (
+        Slot(current.labels[LABEL_SLOT], Ports.parse(current.labels[LABEL_PORTS]))
+        if current is not None
+        else None
+    )
     choose_slot(ports, offset, current_slot, is_port_free)

@@ -5,6 +5,7 @@ this module pings through the ``docker`` SDK and remembers, in a pid file under
 ``state_dir``, whether the running daemon is ours, so ``stop_daemon`` never
 stops a daemon somebody else started.
 """
+
 from __future__ import annotations
 
 import os
@@ -36,22 +37,36 @@ def ensure_daemon(docker_host: str | None, state_dir: Path, start: bool = True) 
             raise
         cause = str(err)
     if docker_host and not docker_host.startswith("unix://"):
-        raise DockerUnavailable(f"{cause}; a remote daemon ({docker_host}) is not started by stoker")
+        raise DockerUnavailable(
+            f"{cause}; a remote daemon ({docker_host}) is not started by stoker"
+        )
 
     state_dir.mkdir(parents=True, exist_ok=True)
     pid_file = state_dir / PID_FILE
     pid_file.unlink(missing_ok=True)
-    env = dict(os.environ, DOCKERD_PIDFILE=str(pid_file), DOCKERD_LOG=str(state_dir / LOG_FILE))
+    env = dict(
+        os.environ, DOCKERD_PIDFILE=str(pid_file), DOCKERD_LOG=str(state_dir / LOG_FILE)
+    )
     if docker_host:
         env["DOCKER_HOST"] = docker_host
     try:
-        proc = subprocess.run([str(DOCKERD_SH)], env=env, capture_output=True, text=True,
-                              timeout=START_TIMEOUT_S)
+        proc = subprocess.run(
+            [str(DOCKERD_SH)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=START_TIMEOUT_S,
+            check=False,
+        )
     except subprocess.TimeoutExpired:
-        raise DockerUnavailable(f"{DOCKERD_SH} did not finish within {START_TIMEOUT_S} s") from None
+        raise DockerUnavailable(
+            f"{DOCKERD_SH} did not finish within {START_TIMEOUT_S} s"
+        ) from None
     if proc.returncode != 0:
         lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
-        raise DockerUnavailable(lines[-1] if lines else f"{DOCKERD_SH} exited {proc.returncode}")
+        raise DockerUnavailable(
+            lines[-1] if lines else f"{DOCKERD_SH} exited {proc.returncode}"
+        )
     connect(docker_host, timeout_s=10)  # the SDK must agree with the script
     # No pid file: another process started the daemon between our ping and the script's.
     return pid_file.exists()

@@ -4,6 +4,7 @@ The image carries label ``ai.stoker.recipe`` = digest of every file in
 infra/image (scripts, pinned versions, smoke model). A missing image or a
 different label triggers a build; otherwise the existing image is used as is.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -11,8 +12,8 @@ import os
 import subprocess
 import threading
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import docker.errors
 
@@ -36,12 +37,17 @@ def recipe_digest(image_dir: Path = IMAGE_DIR) -> str:
     Byte-for-byte the digest build.sh computes (sha256sum lines piped into sha256sum).
     """
     files = sorted(
-        (p for p in image_dir.rglob("*")
-         if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc"),
-        key=lambda p: p.relative_to(image_dir).as_posix().encode())
+        (
+            p
+            for p in image_dir.rglob("*")
+            if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc"
+        ),
+        key=lambda p: p.relative_to(image_dir).as_posix().encode(),
+    )
     listing = "".join(
         f"{hashlib.sha256(p.read_bytes()).hexdigest()}  {p.relative_to(image_dir).as_posix()}\n"
-        for p in files)
+        for p in files
+    )
     return hashlib.sha256(listing.encode()).hexdigest()
 
 
@@ -65,8 +71,10 @@ def ensure_image(name: str, docker_host: str | None, log: Callable[[str], None])
     _run_build(name, docker_host, log)
     image = client.images.get(name)
     if (image.labels or {}).get(RECIPE_LABEL) != want:
-        raise ImageBuildFailed(f"built {name} but its {RECIPE_LABEL} label is not {want[:12]}; "
-                               "were the recipe files edited during the build?")
+        raise ImageBuildFailed(
+            f"built {name} but its {RECIPE_LABEL} label is not {want[:12]}; "
+            "were the recipe files edited during the build?"
+        )
     return image.id
 
 
@@ -75,9 +83,17 @@ def _run_build(name: str, docker_host: str | None, log: Callable[[str], None]) -
     if docker_host:
         env["DOCKER_HOST"] = docker_host
     tail: deque[str] = deque(maxlen=TAIL_LINES)
-    proc = subprocess.Popen([str(BUILD_SH), name], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, errors="replace")
-    timer = threading.Timer(BUILD_TIMEOUT_S, proc.kill)  # a hung apt/pip must not hang us
+    proc = subprocess.Popen(
+        [str(BUILD_SH), name],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        errors="replace",
+    )
+    timer = threading.Timer(
+        BUILD_TIMEOUT_S, proc.kill
+    )  # a hung apt/pip must not hang us
     timer.start()
     try:
         assert proc.stdout is not None
@@ -91,5 +107,7 @@ def _run_build(name: str, docker_host: str | None, log: Callable[[str], None]) -
     if rc != 0:
         last = next((ln for ln in reversed(tail) if ln.strip()), "")
         cause = "timed out" if rc == -9 else f"exit status {rc}"
-        raise ImageBuildFailed(f"image build of {name} failed ({cause}): {last.strip()}\n"
-                               + "\n".join(tail))
+        raise ImageBuildFailed(
+            f"image build of {name} failed ({cause}): {last.strip()}\n"
+            + "\n".join(tail)
+        )

@@ -3,6 +3,7 @@ moto S3 server: ready, reuse, blue/green replace, broken repo, busy port.
 
 Needs a Docker daemon (infra/dockerd.sh) and builds the image on first use (~2-4 min).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -13,7 +14,6 @@ import shutil
 import socket
 import subprocess
 import sys
-import textwrap
 import threading
 import time
 import urllib.request
@@ -24,12 +24,32 @@ import boto3
 import docker.errors
 import pytest
 
-from stoker.docker_engine import (LABEL_DEPLOYMENT, LABEL_DIGEST, LABEL_MANAGED, LABEL_SLOT,
-                                  DeployRequest, DockerUnavailable, ImageMissing, NotReady,
-                                  PortInUse, Ports, connect, deploy, find_serving, http_status,
-                                  is_port_free, remove_deployment)
+from stoker.docker_engine import (
+    LABEL_DEPLOYMENT,
+    LABEL_DIGEST,
+    LABEL_MANAGED,
+    LABEL_SLOT,
+    DeployRequest,
+    DockerUnavailable,
+    ImageMissing,
+    NotReady,
+    PortInUse,
+    Ports,
+    connect,
+    deploy,
+    find_serving,
+    http_status,
+    is_port_free,
+    remove_deployment,
+)
 from stoker.stack.dockerd import DOCKERD_SH, ensure_daemon, stop_daemon
-from stoker.stack.image import DEFAULT_IMAGE, RECIPE_LABEL, ensure_image, recipe_digest
+from stoker.stack.image import (
+    DEFAULT_IMAGE,
+    RECIPE_LABEL,
+    ImageBuildFailed,
+    ensure_image,
+    recipe_digest,
+)
 
 pytestmark = [pytest.mark.docker, pytest.mark.s3]
 
@@ -38,6 +58,7 @@ SECRET = f"stoker-test-secret-{uuid.uuid4().hex}"
 
 
 # ------------------------------------------------------------------ fixtures
+
 
 @pytest.fixture(scope="session")
 def client():
@@ -62,8 +83,11 @@ def s3_endpoint(tmp_path_factory):
     port = _free_port()
     log = tmp_path_factory.mktemp("moto") / "moto.log"
     with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1",
-                                 "-p", str(port)], stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
     endpoint = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 30
     while True:
@@ -83,8 +107,13 @@ def s3_endpoint(tmp_path_factory):
 @pytest.fixture
 def s3_bucket(s3_endpoint):
     """A fresh bucket per test; returns (boto3 client, bucket name)."""
-    s3 = boto3.client("s3", endpoint_url=s3_endpoint, region_name="us-east-1",
-                      aws_access_key_id="stoker-test", aws_secret_access_key=SECRET)
+    s3 = boto3.client(
+        "s3",
+        endpoint_url=s3_endpoint,
+        region_name="us-east-1",
+        aws_access_key_id="stoker-test",
+        aws_secret_access_key=SECRET,
+    )
     bucket = f"repo-{uuid.uuid4().hex[:12]}"
     s3.create_bucket(Bucket=bucket)
     return s3, bucket
@@ -104,7 +133,9 @@ def ports() -> Ports:
     for _ in range(200):
         base = random.randrange(20000, 40000, 3)
         candidate = Ports(base, base + 1, base + 2)
-        wanted = [p for _, p in candidate.items()] + [p + 10 for _, p in candidate.items()]
+        wanted = [p for _, p in candidate.items()] + [
+            p + 10 for _, p in candidate.items()
+        ]
         if all(is_port_free(p) for p in wanted):
             return candidate
     pytest.fail("no free port block found")
@@ -123,7 +154,7 @@ parameters {{ key: "tag" value {{ string_value: "{tag}" }} }}
 instance_group [ {{ kind: KIND_CPU, count: 1 }} ]
 """
 
-MODEL = '''\
+MODEL = """\
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
@@ -145,7 +176,7 @@ class TritonPythonModel:
                 sender.send(pb_utils.InferenceResponse(output_tensors=[out]))
             sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
         return None
-'''
+"""
 
 
 def write_repo(root: Path, tag: str, broken: bool = False) -> Path:
@@ -174,7 +205,9 @@ def upload(s3, bucket: str, root: Path, prefix: str) -> None:
         if p.is_file():
             s3.upload_file(str(p), bucket, key)
         elif not any(p.iterdir()):
-            s3.put_object(Bucket=bucket, Key=key + "/", Body=b"")  # zero-byte folder marker
+            s3.put_object(
+                Bucket=bucket, Key=key + "/", Body=b""
+            )  # zero-byte folder marker
 
 
 def publish(s3_bucket, s3_endpoint: str, root: Path) -> tuple[str, str]:
@@ -186,11 +219,24 @@ def publish(s3_bucket, s3_endpoint: str, root: Path) -> tuple[str, str]:
     return f"s3://{host}/{bucket}/{digest[:16]}", digest
 
 
-def request_for(name: str, image: str, uri: str, digest: str, ports: Ports, **kw) -> DeployRequest:
-    env = {"AWS_ACCESS_KEY_ID": "stoker-test", "AWS_SECRET_ACCESS_KEY": SECRET,
-           "AWS_DEFAULT_REGION": "us-east-1"}
-    return DeployRequest(name=name, image=image, repository_uri=uri, repo_digest=digest, env=env,
-                         ports=ports, ready_timeout_s=kw.pop("ready_timeout_s", 90), **kw)
+def request_for(
+    name: str, image: str, uri: str, digest: str, ports: Ports, **kw
+) -> DeployRequest:
+    env = {
+        "AWS_ACCESS_KEY_ID": "stoker-test",
+        "AWS_SECRET_ACCESS_KEY": SECRET,
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }
+    return DeployRequest(
+        name=name,
+        image=image,
+        repository_uri=uri,
+        repo_digest=digest,
+        env=env,
+        ports=ports,
+        ready_timeout_s=kw.pop("ready_timeout_s", 90),
+        **kw,
+    )
 
 
 def get_json(url: str) -> dict:
@@ -199,21 +245,31 @@ def get_json(url: str) -> dict:
 
 
 def served_tag(http_url: str) -> str:
-    return get_json(f"{http_url}/v2/models/echo/config")["parameters"]["tag"]["string_value"]
+    return get_json(f"{http_url}/v2/models/echo/config")["parameters"]["tag"][
+        "string_value"
+    ]
 
 
 def stream_generate(http_url: str, text: str) -> list[str]:
     """POST /generate_stream (server-sent events); the TEXT of each event."""
-    req = urllib.request.Request(f"{http_url}/v2/models/echo/generate_stream",
-                                 data=json.dumps({"TEXT": text}).encode(),
-                                 headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        f"{http_url}/v2/models/echo/generate_stream",
+        data=json.dumps({"TEXT": text}).encode(),
+        headers={"Content-Type": "application/json"},
+    )
     with urllib.request.urlopen(req, timeout=10) as r:
         body = r.read().decode()
-    return [json.loads(line[5:])["TEXT"] for line in body.splitlines() if line.startswith("data:")]
+    return [
+        json.loads(line[5:])["TEXT"]
+        for line in body.splitlines()
+        if line.startswith("data:")
+    ]
 
 
 def managed(client, name: str) -> list:
-    return client.containers.list(all=True, filters={"label": [f"{LABEL_DEPLOYMENT}={name}"]})
+    return client.containers.list(
+        all=True, filters={"label": [f"{LABEL_DEPLOYMENT}={name}"]}
+    )
 
 
 def process_ended(pid: int, within_s: float = 5.0) -> bool:
@@ -240,13 +296,17 @@ class Lines(list):
 
 # ------------------------------------------------------------------ tests
 
-def test_deploy_serves_from_s3_then_reuses_same_digest(client, image, s3_endpoint, s3_bucket,
-                                                       deployment, ports, tmp_path):
+
+def test_deploy_serves_from_s3_then_reuses_same_digest(
+    client, image, s3_endpoint, s3_bucket, deployment, ports, tmp_path
+):
     uri, digest = publish(s3_bucket, s3_endpoint, write_repo(tmp_path / "a", "A"))
     lines = Lines()
     t0 = time.monotonic()
     first = deploy(client, request_for(deployment, image, uri, digest, ports), lines)
-    print(f"deploy (container start -> ready, incl. S3 load): {time.monotonic() - t0:.1f} s")
+    print(
+        f"deploy (container start -> ready, incl. S3 load): {time.monotonic() - t0:.1f} s"
+    )
 
     assert (first.reused, first.replaced, first.ports) == (False, None, ports)
     assert first.http_url == f"http://127.0.0.1:{ports.http}"
@@ -261,12 +321,18 @@ def test_deploy_serves_from_s3_then_reuses_same_digest(client, image, s3_endpoin
     assert container.labels[LABEL_SLOT] == "blue"
     assert container.attrs["HostConfig"]["NetworkMode"] == "host"
     assert SECRET not in json.dumps(container.labels)
-    assert any("[stoker-" in line for line in lines), "Triton's own log lines reach the log"
+    assert any("[stoker-" in line for line in lines), (
+        "Triton's own log lines reach the log"
+    )
     assert not any(SECRET in line for line in lines)
 
     started_at = container.attrs["State"]["StartedAt"]
     again = deploy(client, request_for(deployment, image, uri, digest, ports), lines)
-    assert again.reused and again.container_id == first.container_id and again.replaced is None
+    assert (
+        again.reused
+        and again.container_id == first.container_id
+        and again.replaced is None
+    )
     container.reload()
     assert container.attrs["State"]["StartedAt"] == started_at  # not restarted
     assert find_serving(client, deployment, digest).id == first.container_id
@@ -274,10 +340,13 @@ def test_deploy_serves_from_s3_then_reuses_same_digest(client, image, s3_endpoin
 
 
 def test_new_digest_replaces_old_which_serves_until_new_is_ready(
-        client, image, s3_endpoint, s3_bucket, deployment, ports, tmp_path):
+    client, image, s3_endpoint, s3_bucket, deployment, ports, tmp_path
+):
     uri_a, digest_a = publish(s3_bucket, s3_endpoint, write_repo(tmp_path / "a", "A"))
     uri_b, digest_b = publish(s3_bucket, s3_endpoint, write_repo(tmp_path / "b", "B"))
-    old = deploy(client, request_for(deployment, image, uri_a, digest_a, ports), Lines())
+    old = deploy(
+        client, request_for(deployment, image, uri_a, digest_a, ports), Lines()
+    )
 
     # Poll the old endpoint until deploy reports the new container ready.
     new_ready = threading.Event()
@@ -301,7 +370,9 @@ def test_new_digest_replaces_old_which_serves_until_new_is_ready(
     poller = threading.Thread(target=poll_old)
     poller.start()
     try:
-        new = deploy(client, request_for(deployment, image, uri_b, digest_b, ports), log)
+        new = deploy(
+            client, request_for(deployment, image, uri_b, digest_b, ports), log
+        )
     finally:
         new_ready.set()
         poller.join()
@@ -317,25 +388,36 @@ def test_new_digest_replaces_old_which_serves_until_new_is_ready(
 
     # The next digest goes back to the requested ports (blue), replacing green.
     uri_c, digest_c = publish(s3_bucket, s3_endpoint, write_repo(tmp_path / "c", "C"))
-    third = deploy(client, request_for(deployment, image, uri_c, digest_c, ports), Lines())
+    third = deploy(
+        client, request_for(deployment, image, uri_c, digest_c, ports), Lines()
+    )
     assert third.ports == ports and third.replaced == new.container_name
     assert served_tag(third.http_url) == "C"
     assert [c.id for c in managed(client, deployment)] == [third.container_id]
 
 
-def test_broken_repo_is_not_ready_and_old_keeps_serving(client, image, s3_endpoint, s3_bucket,
-                                                        deployment, ports, tmp_path):
+def test_broken_repo_is_not_ready_and_old_keeps_serving(
+    client, image, s3_endpoint, s3_bucket, deployment, ports, tmp_path
+):
     uri_a, digest_a = publish(s3_bucket, s3_endpoint, write_repo(tmp_path / "a", "A"))
-    uri_x, digest_x = publish(s3_bucket, s3_endpoint, write_repo(tmp_path / "x", "X", broken=True))
-    old = deploy(client, request_for(deployment, image, uri_a, digest_a, ports), Lines())
+    uri_x, digest_x = publish(
+        s3_bucket, s3_endpoint, write_repo(tmp_path / "x", "X", broken=True)
+    )
+    old = deploy(
+        client, request_for(deployment, image, uri_a, digest_a, ports), Lines()
+    )
 
     t0 = time.monotonic()
     with pytest.raises(NotReady) as err:
         deploy(client, request_for(deployment, image, uri_x, digest_x, ports), Lines())
-    assert time.monotonic() - t0 < 60, "a container that exits must fail fast, not at the deadline"
+    assert time.monotonic() - t0 < 60, (
+        "a container that exits must fail fast, not at the deadline"
+    )
 
     first_line, _, rest = str(err.value).partition("\n")
-    assert first_line.startswith(f"stoker-{deployment}-green never became ready: container exited")
+    assert first_line.startswith(
+        f"stoker-{deployment}-green never became ready: container exited"
+    )
     assert first_line.endswith(f"{old.container_name} keeps serving")
     assert "model.py raising on purpose" in rest  # Triton's log tail explains why
     assert SECRET not in str(err.value)
@@ -344,30 +426,48 @@ def test_broken_repo_is_not_ready_and_old_keeps_serving(client, image, s3_endpoi
     assert served_tag(old.http_url) == "A"
 
 
-def test_port_held_by_another_process_fails_before_starting(client, image, s3_endpoint, s3_bucket,
-                                                           deployment, ports, tmp_path):
+def test_port_held_by_another_process_fails_before_starting(
+    client, image, s3_endpoint, s3_bucket, deployment, ports, tmp_path
+):
     uri, digest = publish(s3_bucket, s3_endpoint, write_repo(tmp_path / "a", "A"))
     with socket.socket() as squatter:
         squatter.bind(("127.0.0.1", ports.http))
         squatter.listen()
         with pytest.raises(PortInUse) as err:
             deploy(client, request_for(deployment, image, uri, digest, ports), Lines())
-    assert str(err.value) == f"port {ports.http} (deploy.ports.http) is in use by another process"
+    assert (
+        str(err.value)
+        == f"port {ports.http} (deploy.ports.http) is in use by another process"
+    )
     assert managed(client, deployment) == []
 
 
-def test_refused_ulimit_fails_start_and_leaves_nothing(client, image, deployment, ports):
+def test_refused_ulimit_fails_start_and_leaves_nothing(
+    client, image, deployment, ports
+):
     # dockerd here caps memlock at 8 MiB; -1 (what GPU guides use) is refused at start.
-    req = request_for(deployment, image, "s3://127.0.0.1:1/b/p", "d", ports,
-                      ulimits={"memlock": (-1, -1)})
-    with pytest.raises(NotReady, match=f"^stoker-{deployment}-blue failed to start: .*rlimit"):
+    req = request_for(
+        deployment,
+        image,
+        "s3://127.0.0.1:1/b/p",
+        "d",
+        ports,
+        ulimits={"memlock": (-1, -1)},
+    )
+    with pytest.raises(
+        NotReady, match=f"^stoker-{deployment}-blue failed to start: .*rlimit"
+    ):
         deploy(client, req, Lines())
     assert managed(client, deployment) == []
 
 
 def test_missing_image_is_reported(client, deployment, ports):
-    req = request_for(deployment, "stoker/no-such-image:0", "s3://127.0.0.1:1/b/p", "d", ports)
-    with pytest.raises(ImageMissing, match="^image stoker/no-such-image:0 is not in the Docker"):
+    req = request_for(
+        deployment, "stoker/no-such-image:0", "s3://127.0.0.1:1/b/p", "d", ports
+    )
+    with pytest.raises(
+        ImageMissing, match="^image stoker/no-such-image:0 is not in the Docker"
+    ):
         deploy(client, req, Lines())
     assert managed(client, deployment) == []
 
@@ -378,21 +478,46 @@ def test_image_is_current_and_not_rebuilt(client, image):
     assert image_id == client.images.get(image).id
     assert client.images.get(image).labels[RECIPE_LABEL] == recipe_digest()
     assert lines == [f"image {image} is up to date (recipe {recipe_digest()[:12]})"]
-    assert client.images.get(image).attrs["Config"]["Entrypoint"] == ["/opt/tritonserver/bin/tritonserver"]
+    assert client.images.get(image).attrs["Config"]["Entrypoint"] == [
+        "/opt/tritonserver/bin/tritonserver"
+    ]
+
+
+def test_failed_build_raises_with_build_output(client, tmp_path, monkeypatch):
+    monkeypatch.setenv("STOKER_WHEELS_DIR", str(tmp_path / "no-wheels"))
+    monkeypatch.setenv("STOKER_CACHE_DIR", str(tmp_path / "cache"))
+    lines = Lines()
+    with pytest.raises(ImageBuildFailed) as err:
+        ensure_image("stoker/triton-cpu:never-built", None, lines)
+    first = str(err.value).splitlines()[0]
+    assert first.startswith(
+        "image build of stoker/triton-cpu:never-built failed (exit status 1): "
+        "build.sh: torch CPU wheel missing:"
+    )
+    assert any("torch CPU wheel missing" in line for line in lines)
+    with pytest.raises(docker.errors.ImageNotFound):
+        client.images.get("stoker/triton-cpu:never-built")
 
 
 def test_ensure_daemon_leaves_a_running_daemon_alone(client, tmp_path):
     assert ensure_daemon(None, tmp_path) is False
     assert not (tmp_path / "dockerd.pid").exists()
     assert stop_daemon(tmp_path) is False
-    assert subprocess.run([str(DOCKERD_SH)], capture_output=True).returncode == 0  # idempotent
-    with pytest.raises(DockerUnavailable, match="^no Docker daemon answers at unix:///nonexistent"):
+    assert (
+        subprocess.run([str(DOCKERD_SH)], capture_output=True, check=False).returncode
+        == 0
+    )  # idempotent
+    with pytest.raises(
+        DockerUnavailable, match="^no Docker daemon answers at unix:///nonexistent"
+    ):
         ensure_daemon("unix:///nonexistent/docker.sock", tmp_path, start=False)
     with pytest.raises(DockerUnavailable, match="is not started by stoker"):
         ensure_daemon("tcp://127.0.0.1:1", tmp_path, start=True)
 
 
-def test_ensure_daemon_starts_and_stops_only_its_own_daemon(client, tmp_path, monkeypatch):
+def test_ensure_daemon_starts_and_stops_only_its_own_daemon(
+    client, tmp_path, monkeypatch
+):
     """A second, private dockerd (own socket, roots and bridge) next to the main one."""
     if shutil.which("ip") is None:
         pytest.skip("needs iproute2 to give the private daemon its own bridge")
@@ -400,13 +525,25 @@ def test_ensure_daemon_starts_and_stops_only_its_own_daemon(client, tmp_path, mo
     bridge = f"stk{uuid.uuid4().hex[:8]}"
     subprocess.run(["ip", "link", "add", "name", bridge, "type", "bridge"], check=True)
     root = tmp_path / "dd"
-    monkeypatch.setenv("DOCKERD_EXTRA_ARGS", " ".join([
-        f"--data-root={root}/data", f"--exec-root={root}/exec", f"--pidfile={root}/docker.pid",
-        f"--bridge={bridge}", "--iptables=false", "--ip-masq=false"]))
+    monkeypatch.setenv(
+        "DOCKERD_EXTRA_ARGS",
+        " ".join(
+            [
+                f"--data-root={root}/data",
+                f"--exec-root={root}/exec",
+                f"--pidfile={root}/docker.pid",
+                f"--bridge={bridge}",
+                "--iptables=false",
+                "--ip-masq=false",
+            ]
+        ),
+    )
     host = f"unix://{root}/docker.sock"
     state = tmp_path / "state"
     try:
-        subprocess.run(["ip", "addr", "add", "10.213.77.1/24", "dev", bridge], check=True)
+        subprocess.run(
+            ["ip", "addr", "add", "10.213.77.1/24", "dev", bridge], check=True
+        )
         assert ensure_daemon(host, state) is True
         pid = int((state / "dockerd.pid").read_text())
         assert connect(host).ping()
