@@ -111,7 +111,15 @@ def read_quant_config(directory: Path) -> dict:
     config = directory / "config.json"
     if not config.exists():
         raise QuantCheckError(f"{directory}: no config.json")
-    return dict(json.loads(config.read_text()).get("quantization_config") or {})
+    section = dict(json.loads(config.read_text()).get("quantization_config") or {})
+    # config.json spells the KV cache as a compressed-tensors style scheme instead.
+    scheme = section.get("kv_cache_scheme")
+    if "kv_cache_quant_algo" not in section and isinstance(scheme, dict):
+        if scheme.get("type") == "float" and scheme.get("num_bits") == 8:
+            section["kv_cache_quant_algo"] = "FP8"
+        elif scheme.get("type") == "int" and scheme.get("num_bits") == 8:
+            section["kv_cache_quant_algo"] = "INT8"
+    return section
 
 
 def _expect(tensors: dict[str, TensorInfo], name: str, dtypes: tuple[str, ...], shape: tuple[int, ...] | None) -> None:

@@ -72,6 +72,9 @@ class Quantization(_Section):
     def _kv_needs_quant(self) -> Quantization:
         if self.kv_cache_dtype != "none" and self.format == "none":
             raise ValueError("kv_cache_dtype needs a weight format other than 'none'")
+        if self.kv_cache_dtype == "int8":
+            # export_hf_checkpoint asserts "Invalid KV cache quantization format" for int8 KV.
+            raise ValueError("kv_cache_dtype 'int8' cannot be exported by nvidia-modelopt 0.47; use 'fp8'")
         return self
 
 

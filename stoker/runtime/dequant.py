@@ -22,6 +22,7 @@ import torch
 from safetensors import safe_open
 
 from ..errors import StokerError
+from ..quant_check import read_quant_config
 
 # quant_algo (hf_quant_config.json) -> stoker format name.
 FORMATS = {
@@ -42,12 +43,7 @@ class DequantError(StokerError):
 
 def read_quantization(directory: Path) -> tuple[str, str | None, int | None]:
     """(stoker format, kv cache dtype or None, group size or None) from the exporter's config."""
-    directory = Path(directory)
-    hf_quant = directory / "hf_quant_config.json"
-    if hf_quant.exists():
-        qcfg = json.loads(hf_quant.read_text()).get("quantization") or {}
-    else:
-        qcfg = json.loads((directory / "config.json").read_text()).get("quantization_config") or {}
+    qcfg = read_quant_config(Path(directory))
     algo = qcfg.get("quant_algo")
     if algo is None:
         return "none", None, None

@@ -198,6 +198,15 @@ def test_config_json_quantization_config_is_the_fallback(tmp_path):
     assert check_checkpoint(ckpt, "fp8", None).quant_algo == "FP8"
 
 
+def test_config_json_kv_cache_scheme_means_fp8_kv(tmp_path):
+    ckpt = make_checkpoint(tmp_path, "fp8", kv=True)
+    (ckpt / "hf_quant_config.json").unlink()
+    config = json.loads((ckpt / "config.json").read_text())
+    config["quantization_config"]["kv_cache_scheme"] = {"dynamic": False, "num_bits": 8, "type": "float"}
+    (ckpt / "config.json").write_text(json.dumps(config))
+    assert check_checkpoint(ckpt, "fp8", "fp8").kv_cache_quant_algo == "FP8"
+
+
 def test_unquantized_checkpoint(tmp_path):
     report = check_checkpoint(make_checkpoint(tmp_path, "none"), "none", None)
     assert report.quant_algo is None and report.quantized_weights == 0

@@ -28,6 +28,7 @@ def test_defaults_fill_every_section():
     ({"surprise": 1}, "surprise: unknown key"),
     ({"storage": {"bucket": "Bad_Bucket"}}, "storage.bucket: 'Bad_Bucket' is not a valid bucket name"),
     ({"quantization": {"kv_cache_dtype": "fp8"}}, "quantization: kv_cache_dtype needs a weight format"),
+    ({"quantization": {"format": "fp8", "kv_cache_dtype": "int8"}}, "quantization: kv_cache_dtype 'int8' cannot be exported"),
     ({"deploy": {"ports": {"http": 9000, "grpc": 9000}}}, "deploy.ports: http, grpc and metrics ports must differ"),
     ({"model": {"local_path": "/tmp/x"}}, "model: set exactly one of model.repo_id or model.local_path"),
     ({"model": {"repo_id": "no-slash"}}, "model.repo_id: 'no-slash' is not an 'org/name' repo id"),
