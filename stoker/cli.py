@@ -34,6 +34,7 @@ def _run(args) -> int:
 def run_flow(spec) -> dict:
     """Run build_and_deploy on whatever Prefect API is configured (ephemeral when none)."""
     from flows.build_and_deploy import build_and_deploy
+
     from .run import RunContext
 
     return build_and_deploy(spec, home=str(RunContext.new().home))
@@ -79,8 +80,8 @@ def _down(args) -> int:
 
 
 def _image(args) -> int:
-    from .stack.image import ensure_image
     from .spec import Deploy
+    from .stack.image import ensure_image
 
     image_id = ensure_image(args.name or Deploy().image, None, print)
     print(f"image: {args.name or Deploy().image} ({image_id[:19]})")

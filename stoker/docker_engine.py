@@ -14,8 +14,6 @@ is the cause (``DockerUnavailable``, ``ImageMissing``, ``PortInUse``, ``NotReady
 
 from __future__ import annotations
 
-from .errors import StokerError
-
 import re
 import socket
 import threading
@@ -30,6 +28,8 @@ import docker.errors
 import requests
 from docker.models.containers import Container
 from docker.types import Ulimit
+
+from .errors import StokerError
 
 Log = Callable[[str], None]
 

@@ -8,10 +8,7 @@ one-line message; the access token never appears in a message.
 
 from __future__ import annotations
 
-from .errors import StokerError, TransientError
-
 import glob
-import hashlib
 import re
 import shutil
 import tempfile
@@ -23,6 +20,9 @@ from pathlib import Path, PurePosixPath
 from huggingface_hub import HfApi, RepoFile, snapshot_download
 from huggingface_hub import errors as hf_errors
 from tqdm.auto import tqdm
+
+from .digest import file_sha256 as sha256_file
+from .errors import StokerError, TransientError
 
 SAFETENSORS_SUFFIXES = (".safetensors", ".safetensors.index.json")
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".bin.index.json")
@@ -217,13 +217,6 @@ def select_files(filenames: list[str], allow_pickle: bool = False) -> list[str]:
     support = [n for n in top if n in CONFIG_FILES or n in TOKENIZER_FILES]
     return sorted(set(weights) | set(support))
 
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def fetch(

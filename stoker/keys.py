@@ -5,7 +5,11 @@ A changed byte anywhere in what a step consumes changes its key. Pure.
 
 from __future__ import annotations
 
-from .digest import json_digest
+from pathlib import Path
+
+from .digest import file_sha256, json_digest
+from .spec import Spec
+from .versions import code_digest, pick
 
 
 def step_key(step: str, *, inputs: dict[str, str], config: dict, versions: dict[str, str]) -> str:
@@ -14,12 +18,6 @@ def step_key(step: str, *, inputs: dict[str, str], config: dict, versions: dict[
 
 
 # ---- the pipeline's keys; `stoker plan` and the tasks share these ----
-
-from pathlib import Path  # noqa: E402
-
-from .digest import file_sha256  # noqa: E402
-from .spec import Spec  # noqa: E402
-from .versions import code_digest, pick  # noqa: E402
 
 DEFAULT_CALIBRATION = Path(__file__).resolve().parent / "data" / "calibration.txt"
 

@@ -8,8 +8,6 @@ come from stoker.bench.metrics.
 
 from __future__ import annotations
 
-from ..errors import StokerError
-
 import asyncio
 import itertools
 import time
@@ -25,6 +23,8 @@ from tritonclient.utils import InferenceServerException
 
 from stoker.bench.metrics import LevelSummary, RequestRecord, summarize
 from stoker.bench.workload import Prompt
+
+from ..errors import StokerError
 
 TEXT_INPUT = "text_input"
 MAX_TOKENS = "max_tokens"

@@ -8,8 +8,6 @@ start time is stored next to the pid, so a recycled pid is never mistaken for ou
 
 from __future__ import annotations
 
-from ..errors import StokerError
-
 import json
 import os
 import signal
@@ -19,6 +17,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
+
+from ..errors import StokerError
 
 LOG_TAIL_LINES = 20
 _POLL_S = 0.1

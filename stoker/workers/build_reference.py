@@ -12,7 +12,6 @@ JSON line ({"out", "files": {name: sha256}}) to stdout; failures exit 1 with a o
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import shutil
 import sys
@@ -20,6 +19,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from stoker.digest import file_sha256 as _sha256
 from stoker.errors import StokerError
 
 ARTIFACT_FORMAT = "stoker-reference/1"
@@ -85,13 +85,6 @@ def special_ids(checkpoint: Path, config: dict[str, Any], generation: dict[str, 
         pad_id = _tokenizer_id(checkpoint, "pad_token")
     return end_id, end_id if pad_id is None else pad_id
 
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:

@@ -11,12 +11,13 @@ byte-identical files, so the checkpoint can stand in for a pinned Hub revision i
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+
+from stoker.digest import file_sha256 as sha256_file
 
 CORPUS = Path(__file__).resolve().parent.parent / "data" / "tokenizer_corpus.txt"
 
@@ -38,13 +39,6 @@ UNK_ID, BOS_ID, EOS_ID, PAD_ID = 0, 1, 2, 3
 class TinyModelError(RuntimeError):
     """The tiny-model worker failed."""
 
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _train_tokenizer():  # -> tokenizers.Tokenizer
