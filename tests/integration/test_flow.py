@@ -103,7 +103,9 @@ def test_demo_spec_end_to_end_then_a_rerun_of_cache_hits(tmp_path, local_stack, 
         assert level["ttft_ms"]["p50"] > 0 and level["output_tokens_per_s"] > 0
 
     # The repository and the manifest are in S3; the manifest there equals the local one.
-    s3 = boto3.client("s3", endpoint_url=local_stack["s3"], region_name="us-east-1")
+    aws = local_stack["aws_env"]
+    s3 = boto3.client("s3", endpoint_url=local_stack["s3"], region_name="us-east-1",
+                      aws_access_key_id=aws["AWS_ACCESS_KEY_ID"], aws_secret_access_key=aws["AWS_SECRET_ACCESS_KEY"])
     bucket = data["storage"]["bucket"]
     keys = {o["Key"] for o in s3.list_objects_v2(Bucket=bucket)["Contents"]}
     assert any(k.endswith("tensorrt_llm/config.pbtxt") for k in keys)
