@@ -23,6 +23,7 @@ docker:
 	bash infra/dockerd.sh
 
 image: venv docker
+	bash infra/system-deps.sh
 	$(VENV)/bin/stoker image --name $(IMAGE)
 
 demo: setup

@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Debian packages the image build needs (debootstrap). Idempotent; Docker itself is infra/dockerd.sh's job.
+set -euo pipefail
+missing=()
+command -v debootstrap >/dev/null || missing+=(debootstrap)
+[ ${#missing[@]} -eq 0 ] && exit 0
+[ "$(id -u)" = 0 ] || { echo "system-deps.sh: need root to apt-get install ${missing[*]}" >&2; exit 1; }
+echo "system-deps.sh: installing ${missing[*]} (apt)" >&2
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq >/dev/null || { echo "system-deps.sh: apt-get update failed" >&2; exit 1; }
+apt-get install -y -qq "${missing[@]}" >/dev/null || { echo "system-deps.sh: apt-get install ${missing[*]} failed" >&2; exit 1; }
