@@ -104,6 +104,12 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("image", help="build the CPU Triton image if missing or out of date")
     s.add_argument("--name", default=None)
     s.set_defaults(fn=_image)
+    import importlib
+
+    from .commands import MODULES
+
+    for name in MODULES:
+        importlib.import_module(f".commands.{name}", __package__).register(sub)
     return p
 
 
