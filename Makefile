@@ -6,7 +6,7 @@ PY     := $(VENV)/bin/python
 IMAGE  ?= stoker/triton-cpu:2.51.0-cpu
 export STOKER_HOME ?= $(HOME)/.stoker
 
-.PHONY: setup venv docker image demo test test-unit down clean
+.PHONY: setup venv docker image demo test test-unit down clean stack stack-down deploy-flows
 
 setup: venv docker image
 
@@ -37,6 +37,16 @@ test-unit: venv
 
 down:
 	$(VENV)/bin/stoker down
+
+# The self-hosted Prefect stack (PostgreSQL 15 from Debian, basic auth, process worker) + deploy-flows.
+stack: venv
+	bash infra/prefect/stack.sh
+
+stack-down:
+	bash infra/prefect/stack.sh down
+
+deploy-flows: venv
+	$(VENV)/bin/stoker deploy-flows deployments/deployments.yaml
 
 clean: down
 	rm -rf $(VENV)

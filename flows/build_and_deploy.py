@@ -8,19 +8,23 @@ from typing import Callable
 
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_link_artifact, create_markdown_artifact, create_table_artifact
+from prefect.transactions import transaction
 
+from stoker.gpu_slot import gpu_slot
 from stoker.manifest import build_manifest, write_atomic, write_local
 from stoker.report import benchmark_rows, markdown
 from stoker.run import RunContext, StepResult
 from stoker.spec import Spec
-from tasks.docker import deploy_endpoint
 from tasks.hub import fetch_weights
 from tasks.modelopt import quantize_weights
 from tasks.preflight import preflight_checks
 from tasks.reference import build_reference
+from tasks.rollout import deploy_endpoint, emit_failure, read_rollback, scrape_metrics, verify_endpoint
 from tasks.s3 import store_manifest, upload_repository
+from tasks.gate import gate_benchmark, promote_run
 from tasks.triton_client import benchmark_endpoint
 from tasks.triton_repo import package_repository
+from tasks.trtllm import build_gpu, deploy_gpu, package_gpu
 
 
 class Steps(dict[str, StepResult]):
@@ -48,23 +52,44 @@ def build_and_deploy(spec: Spec, home: str | None = None) -> dict:
     """Turn the spec's model revision into a benchmarked Triton endpoint; returns the run manifest."""
     ctx = RunContext.new(Path(home) if home else None)
     started, t0 = time.time(), time.perf_counter()
-    steps, error = Steps(), None
+    steps, error, metrics = Steps(), None, []
     try:
         preflight_checks(spec)
         fetched = steps.run("fetch", fetch_weights, spec, ctx)
-        quantized = steps.run("quantize", quantize_weights, spec, fetched, ctx)
-        built = steps.run("build", build_reference, spec, quantized, ctx)
-        packaged = steps.run("package", package_repository, spec, built, ctx)
+        with gpu_slot(spec.target):  # a global concurrency limit per GPU (stoker/gpu_slot.py); CPU: no slot
+            if spec.target == "reference":
+                quantized = steps.run("quantize", quantize_weights, spec, fetched, ctx)
+                built = steps.run("build", build_reference, spec, quantized, ctx)
+            else:  # GPU targets: quantize + checkpoint + engine in the pinned serving image, one cache key
+                built = steps.run("build", build_gpu, spec, fetched, ctx)
+        if spec.target == "reference":
+            packaged = steps.run("package", package_repository, spec, built, ctx)
+        else:
+            packaged = steps.run("package", package_gpu, spec, fetched, built, ctx)
         uploaded = steps.run("upload", upload_repository, spec, packaged, ctx)
-        deployed = steps.run("deploy", deploy_endpoint, spec, uploaded, ctx)
-        steps.run("benchmark", benchmark_endpoint, spec, deployed, built, ctx)
+        # Anything failing after deploy (health gate, benchmark, a gate) rolls the endpoint back to
+        # what served before: deploy_endpoint's on_rollback hook (tasks/rollout.py).
+        with transaction():
+            if spec.target == "reference":
+                deployed = steps.run("deploy", deploy_endpoint, spec, uploaded, ctx)
+            else:  # GPUs: device requests, shm, ulimits, MPI launch for TP×PP > 1 (tasks/trtllm.py)
+                deployed = steps.run("deploy", deploy_gpu, spec, packaged, ctx)
+            verify_endpoint(spec, deployed)
+            benchmarked = steps.run("benchmark", benchmark_endpoint, spec, deployed, built, ctx)
+            metrics = scrape_metrics(deployed)  # before the gate: a failed run's report shows them too
+            # A failed gate fails the run with a table of what regressed; the build is not promoted.
+            steps.run("gate", gate_benchmark, spec, benchmarked, ctx)
+        steps.run("promote", promote_run, spec, benchmarked, ctx)  # its summary becomes the baseline
     except Exception as exc:
         error = one_line(exc)
         raise
     finally:
         source = steps["fetch"].detail if "fetch" in steps else {}
+        rollback = read_rollback(ctx)
         manifest = build_manifest(spec, ctx, steps, source, started, time.perf_counter() - t0,
-                                  "failed" if error else "completed", error)
+                                  "failed" if error else "completed", error, rollback=rollback, metrics=metrics)
+        if error:
+            emit_failure(spec, ctx, error, rollback)
         publish_run(spec, ctx, manifest, s3_ok="upload" in steps and steps["upload"].status == "completed")
     return manifest
 

@@ -55,3 +55,34 @@ def package_key(spec: Spec, build_digest: str) -> str:
     return step_key("package", inputs={"build": build_digest}, config=spec.triton.model_dump(mode="json"),
                     versions=pick("tritonclient") | {
                         "code": code_digest("triton_models", "runtime", "triton_config.py", "triton_repo.py")})
+
+
+# ---- GPU targets (tensorrt, pytorch): one key covers all GPU work (quantize + checkpoint + engine) ----
+
+def gpu_build_key(spec: Spec, weights_digest: str) -> str:
+    """Weights digest + quant config (+ calibration text) + build config + image digest/TRT-LLM version +
+    GPU architecture: engines are tied to all of them. A hit skips every GPU step."""
+    from .gpu import matrix
+
+    q = spec.quantization
+    inputs = {"weights": weights_digest}
+    if q.format != "none":
+        inputs["calibration"] = file_sha256(calibration_file(spec))
+    image = matrix.image_info(spec.deploy.image)
+    gpu = matrix.gpu_info(spec.gpus.type) if spec.gpus else None
+    config = {"target": spec.target, "quantization": q.model_dump(mode="json", exclude={"calibration": {"text_file"}}),
+              "parallel": spec.parallel.model_dump(mode="json"),
+              # The LLM-API target builds nothing: its build limits apply at load time (package key).
+              "build": spec.build.model_dump(mode="json", exclude={"image"}) if spec.target == "tensorrt" else None}
+    versions = {"image": spec.deploy.image_digest or spec.deploy.image, "trtllm": image.trtllm if image else None,
+                "gpu_arch": gpu.arch if gpu and spec.target == "tensorrt" else None,
+                "code": code_digest("gpu/quantize_worker.py", "gpu/checkpoint_check.py", "gpu/trtllm.py")}
+    return step_key("gpu-build", inputs=inputs, config=config, versions=versions)
+
+
+def gpu_package_key(spec: Spec, build_digest: str) -> str:
+    return step_key("gpu-package", inputs={"build": build_digest},
+                    config={"target": spec.target, "triton": spec.triton.model_dump(mode="json"),
+                            "runtime": spec.runtime.model_dump(mode="json"), "build": spec.build.model_dump(mode="json"),
+                            "parallel": spec.parallel.model_dump(mode="json")},
+                    versions=pick("tritonclient") | {"code": code_digest("gpu", "triton_models", "triton_config.py")})

@@ -13,12 +13,13 @@ from .spec import Spec
 from .versions import tool_versions
 
 LEVEL_FIELDS = ("concurrency", "requests", "completed", "errors", "ttft_ms", "itl_ms", "e2e_ms", "output_tokens_per_s",
-                "requests_per_s")
+                "requests_per_s", "mode", "request_rate", "short_outputs", "client_saturated")
 STAT_FIELDS = ("mean", "p50", "p90", "p99")
 
 
 def build_manifest(spec: Spec, ctx: RunContext, steps: dict[str, StepResult], source: dict,
-                   started_at: float, wall_s: float, status: str, error: str | None = None) -> dict:
+                   started_at: float, wall_s: float, status: str, error: str | None = None,
+                   rollback: dict | None = None, metrics: list[dict] | None = None) -> dict:
     deploy = steps.get("deploy")
     bench = steps.get("benchmark")
     levels = bench.detail.get("levels", []) if bench and bench.status == "completed" else []
@@ -33,8 +34,14 @@ def build_manifest(spec: Spec, ctx: RunContext, steps: dict[str, StepResult], so
         "versions": tool_versions(),
         "endpoint": ({"http": deploy.detail.get("http"), "grpc": deploy.detail.get("grpc")}
                      if deploy and deploy.status == "completed" else None),
-        "steps": {name: steps[name].manifest_entry() for name in STEPS if name in steps},
+        # Steps after the pipeline's own (gate, promote, ...) follow in the order they ran.
+        "steps": {name: steps[name].manifest_entry() for name in (*STEPS, *(n for n in steps if n not in STEPS))
+                  if name in steps},
         "benchmark": {"levels": [_level(lv) for lv in levels]},
+        "rollout": ({"strategy": deploy.detail.get("strategy"), "previous": deploy.detail.get("previous"),
+                     "version": deploy.detail.get("version")} if deploy and deploy.status == "completed" else None),
+        "rollback": rollback,  # set when a failure after deploy returned the endpoint to what served before
+        "triton_metrics": metrics or [],  # per model, cumulative since the server started
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started_at)),
         "wall_s": round(wall_s, 3),
         "overhead_s": round(wall_s - sum(s.duration_s for s in steps.values()), 3),

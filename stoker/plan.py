@@ -26,6 +26,12 @@ class PlannedStep:
 def plan(spec: Spec, ctx: RunContext) -> list[PlannedStep]:
     from .source import resolve_source
 
+    if spec.target != "reference":
+        # GPU targets: version matrix + GPU rules refuse bad specs here, before any GPU time.
+        from .gpu.planning import plan_gpu
+
+        return plan_gpu(spec, ctx)
+
     store = ctx.store
     out: list[PlannedStep] = []
     source_id, source = resolve_source(spec)

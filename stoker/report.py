@@ -49,6 +49,20 @@ def markdown(manifest: dict, manifest_uris: list[str]) -> str:
         lines.append(f"| {name} | {st['status']} | {'yes' if st['cache_hit'] else 'no'} | {st['duration_s']:.2f} | "
                      f"{len(st['outputs'])} files, {size / 1e6:.2f} MB | `{(st.get('digest') or '-')[:16]}` |")
     lines += ["", "## Benchmark", ""] + _table(benchmark_rows(manifest))
+    if manifest.get("rollout"):
+        ro = manifest["rollout"]
+        prev = (ro.get("previous") or {}).get("digest")
+        lines += ["", "## Rollout", "", f"- strategy `{ro.get('strategy')}`"
+                  + (f", live version {ro['version']}" if ro.get("version") else "")
+                  + f", previous `{(prev or 'nothing')[:16]}`"]
+    if manifest.get("rollback"):
+        rb = manifest["rollback"]
+        lines += ["", "## Rollback", "", f"- **{rb.get('status')}**: {rb.get('action')}"
+                  + (f" ({rb['duration_s']:.1f} s)" if rb.get("duration_s") else "")]
+        if rb.get("error"):
+            lines.append(f"- error: {rb['error']}")
+    if manifest.get("triton_metrics"):
+        lines += ["", "## Triton metrics (since server start)", ""] + _table(manifest["triton_metrics"])
     lines += ["", "## Versions", ""] + [f"- {k}: {v}" for k, v in manifest["versions"].items()]
     lines += ["", "## Manifest", ""] + [f"- {u}" for u in manifest_uris]
     return "\n".join(lines) + "\n"

@@ -172,3 +172,30 @@ def put_json(s3, storage: Storage, key: str, obj: dict) -> str:
     s3.put_object(Bucket=storage.bucket, Key=key, Body=json.dumps(obj, indent=1, sort_keys=True).encode(),
                   ContentType="application/json")
     return f"s3://{storage.bucket}/{key}"
+
+
+def baseline_key(storage: Storage, deployment: str) -> str:
+    """The deployment's benchmark baseline: the summary of its last promoted run."""
+    return f"{storage.prefix}/deployments/{deployment}/baseline.json"
+
+
+def run_key(storage: Storage, run_id: str, name: str) -> str:
+    return f"{storage.prefix}/runs/{run_id}/{name}"
+
+
+def get_json(s3, storage: Storage, key: str) -> dict | None:
+    """The JSON object at `key`, or None when there is none."""
+    try:
+        body = s3.get_object(Bucket=storage.bucket, Key=key)["Body"].read()
+    except EndpointConnectionError:
+        raise S3Unreachable(f"S3 endpoint {_where(storage)} is unreachable") from None
+    except ClientError as err:
+        if err.response.get("Error", {}).get("Code", "") in ("NoSuchKey", "404", "NotFound"):
+            return None
+        raise S3Error(f"s3://{storage.bucket}/{key}: {err.response.get('Error', {}).get('Code', err)}") from None
+    return json.loads(body)
+
+
+def put_file(s3, storage: Storage, key: str, path: Path, content_type: str) -> str:
+    s3.put_object(Bucket=storage.bucket, Key=key, Body=path.read_bytes(), ContentType=content_type)
+    return f"s3://{storage.bucket}/{key}"

@@ -14,13 +14,18 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from .errors import SpecError
+from .gpu.sections import Build, Gpus, Parallel, Runtime, check_image_digest
 
-QuantFormat = Literal["none", "fp8", "int4_awq", "int8_sq", "w4a8_awq"]
+# The first five run on the CPU reference path too; the last four are GPU-target only.
+QuantFormat = Literal["none", "fp8", "int4_awq", "int8_sq", "w4a8_awq", "nvfp4", "int8_wo", "int4_wo", "fp8_pc_pt"]
+REFERENCE_FORMATS = ("none", "fp8", "int4_awq", "int8_sq", "w4a8_awq")
 KvCacheDtype = Literal["none", "fp8", "int8"]
-Target = Literal["reference"]
+# reference: our CPU runtime; tensorrt: TRT-LLM engine + tensorrtllm backend; pytorch: LLM-API (llmapi model).
+Target = Literal["reference", "tensorrt", "pytorch"]
+GPU_TARGETS = ("tensorrt", "pytorch")
 
 _BUCKET = re.compile(r"^[0-9a-z][0-9a-z.-]{1,61}[0-9a-z]$")
 _NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,40}$")
@@ -72,9 +77,7 @@ class Quantization(_Section):
     def _kv_needs_quant(self) -> Quantization:
         if self.kv_cache_dtype != "none" and self.format == "none":
             raise ValueError("kv_cache_dtype needs a weight format other than 'none'")
-        if self.kv_cache_dtype == "int8":
-            # export_hf_checkpoint asserts "Invalid KV cache quantization format" for int8 KV.
-            raise ValueError("kv_cache_dtype 'int8' cannot be exported by nvidia-modelopt 0.47; use 'fp8'")
+        # kv int8 and the GPU-only formats are refused per target in Spec._quant_for_target.
         return self
 
 
@@ -134,11 +137,17 @@ class Deploy(_Section):
     name: str = "stoker"
     docker_host: str | None = Field(None, description="default: $DOCKER_HOST or the local socket")
     image: str = "stoker/triton-cpu:2.51.0-cpu"
+    image_digest: str | None = Field(None, description="sha256:… of the image; pins it beyond its tag")
     ports: Ports = Ports()
     standby_port_offset: int = Field(10, ge=3, le=1000, description="blue/green: the new container's ports while the old one serves")
     shm_size: str = "256m"
     ulimits: dict[str, Ulimit] = Field(default_factory=dict, description="e.g. memlock: {soft: 8388608, hard: 8388608}")
     ready_timeout_s: float = Field(180, gt=0, le=3600)
+    rollout: Literal["replace", "reload"] = Field(
+        "replace", description="replace: new container, then the old one goes; reload: load the new model version "
+        "into the running server (Triton model-control API, no restart)")
+    auto_rollback: bool = Field(True, description="return to the previous deployment when the health check or "
+                                "a later step (benchmark, gate) fails")
 
     @field_validator("name")
     @classmethod
@@ -154,6 +163,22 @@ class Deploy(_Section):
             raise ValueError(f"{v!r} is not a size like 256m or 1g")
         return v
 
+    @field_validator("image_digest")
+    @classmethod
+    def _image_digest(cls, v: str | None) -> str | None:
+        return check_image_digest(v)
+
+
+class BenchmarkGate(_Section):
+    """Regression gate against the deployment's last promoted run (stoker/bench/gate.py); percentages."""
+
+    enabled: bool = Field(False, description="a failed gate fails the run and the build is not promoted")
+    output_tokens_per_s_drop_pct: float | None = Field(5.0, ge=0)
+    ttft_p99_rise_pct: float | None = Field(10.0, ge=0)
+    itl_p99_rise_pct: float | None = Field(None, ge=0)
+    e2e_p99_rise_pct: float | None = Field(None, ge=0)
+    max_error_rate_pct: float | None = Field(0.0, ge=0, le=100, description="absolute, no baseline needed")
+
 
 class Benchmark(_Section):
     input_tokens: int = Field(32, ge=1, le=32768)
@@ -163,6 +188,16 @@ class Benchmark(_Section):
     warmup_requests: int = Field(2, ge=0, le=1000)
     timeout_s: float = Field(120, gt=0)
     seed: int = 0
+    protocol: Literal["grpc", "http"] = Field("grpc", description="gRPC stream_infer or HTTP generate_stream (SSE)")
+    mode: Literal["concurrency", "rate"] = "concurrency"
+    request_rates: list[float] = Field(default_factory=list, description="requests/s per level (mode: rate)")
+    arrival: Literal["poisson", "constant"] = "poisson"
+    duration_s: float | None = Field(None, gt=0, description="per level, instead of requests_per_level")
+    input_tokens_stddev: float = Field(0, ge=0)
+    output_tokens_stddev: float = Field(0, ge=0)
+    ignore_eos: bool = Field(False, description="send min_tokens = max_tokens so every output has the asked length")
+    workers: int = Field(1, ge=1, le=64, description="load-generator processes")
+    gate: BenchmarkGate = BenchmarkGate()
 
     @field_validator("concurrency")
     @classmethod
@@ -171,14 +206,24 @@ class Benchmark(_Section):
             raise ValueError("give at least one concurrency level, each 1..4096")
         return v
 
+    @model_validator(mode="after")
+    def _rates(self) -> Benchmark:
+        if self.mode == "rate" and (not self.request_rates or any(r <= 0 for r in self.request_rates)):
+            raise ValueError("mode 'rate' needs request_rates, each > 0 requests/s")
+        return self
+
 
 class Spec(_Section):
     """A whole run: model → quantization → target → Triton → storage → deploy → benchmark."""
 
     version: Literal[1] = 1
     model: ModelSource
+    target: Target = "reference"  # before quantization: its validator depends on the target
     quantization: Quantization = Quantization()
-    target: Target = "reference"
+    gpus: Gpus | None = Field(None, validate_default=True, description="required for GPU targets")
+    parallel: Parallel = Parallel()
+    build: Build = Build()
+    runtime: Runtime = Runtime()
     triton: Triton = Triton()
     storage: Storage
     deploy: Deploy = Deploy()
@@ -186,6 +231,27 @@ class Spec(_Section):
 
     def digest(self) -> str:
         return section_digest(self)
+
+    @field_validator("quantization")
+    @classmethod
+    def _quant_for_target(cls, q: Quantization, info: ValidationInfo) -> Quantization:
+        if info.data.get("target", "reference") != "reference":
+            return q
+        if q.format not in REFERENCE_FORMATS:
+            raise ValueError(f"format {q.format!r} needs a GPU target (tensorrt or pytorch); "
+                             f"the reference path runs {', '.join(REFERENCE_FORMATS)}")
+        if q.kv_cache_dtype == "int8":
+            # export_hf_checkpoint asserts "Invalid KV cache quantization format" for int8 KV (CPU, 0.47).
+            raise ValueError("kv_cache_dtype 'int8' cannot be exported by nvidia-modelopt 0.47; use 'fp8'")
+        return q
+
+    @field_validator("gpus")
+    @classmethod
+    def _gpus_for_target(cls, g: Gpus | None, info: ValidationInfo) -> Gpus | None:
+        target = info.data.get("target", "reference")
+        if g is None and target in GPU_TARGETS:
+            raise ValueError(f"required for target {target!r} (e.g. gpus: {{type: h100-80gb, count: 1}})")
+        return g
 
 
 def section_digest(section: BaseModel) -> str:

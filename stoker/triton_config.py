@@ -42,6 +42,7 @@ MODEL_IN: tuple[Tensor, ...] = (
     ("repetition_penalty", "TYPE_FP32", (1,), True),
     ("seed", "TYPE_UINT64", (1,), True),
     ("exclude_input_in_output", "TYPE_BOOL", (1,), True),
+    ("min_tokens", "TYPE_INT32", (1,), True),
 )
 MODEL_OUT: tuple[Tensor, ...] = (
     ("output_ids", "TYPE_INT32", (-1, -1), False),
@@ -64,6 +65,7 @@ ENSEMBLE_IN: tuple[Tensor, ...] = (
     ("repetition_penalty", "TYPE_FP32", (1,), True),
     ("seed", "TYPE_UINT64", (1,), True),
     ("exclude_input_in_output", "TYPE_BOOL", (1,), True),
+    ("min_tokens", "TYPE_INT32", (1,), True),  # lets a benchmark ask for an exact OSL (ignore EOS)
 )
 ENSEMBLE_OUT: tuple[Tensor, ...] = (("text_output", "TYPE_STRING", (-1,), False),)
 
@@ -136,7 +138,7 @@ def ensemble(s: RepoSettings) -> mc.ModelConfig:
                           "runtime_top_p": "top_p", "temperature": "temperature",
                           "repetition_penalty": "repetition_penalty", "seed": "seed",
                           # Like TensorRT-LLM, a non-streamed answer includes the prompt unless asked not to.
-                          "exclude_input_in_output": "exclude_input_in_output"})
+                          "exclude_input_in_output": "exclude_input_in_output", "min_tokens": "min_tokens"})
     gen.output_map.update({"output_ids": "_TOKENS_BATCH", "sequence_length": "_SEQUENCE_LENGTH"})
     post = steps.add(model_name="postprocessing", model_version=-1)
     post.input_map.update({"TOKENS_BATCH": "_TOKENS_BATCH", "SEQUENCE_LENGTH": "_SEQUENCE_LENGTH"})

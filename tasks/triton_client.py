@@ -1,16 +1,15 @@
-"""benchmark: streaming load against the deployed ensemble (tritonclient gRPC aio)."""
+"""benchmark: streaming load against the deployed ensemble, with the same library code as `stoker bench`."""
 
 from __future__ import annotations
 
-import json
 import time
-from dataclasses import asdict
 
 from prefect import get_run_logger
-from tokenizers import Tokenizer
+from prefect.artifacts import create_link_artifact, create_markdown_artifact
 
-from stoker.bench.client import run_benchmark
-from stoker.bench.workload import make_prompts
+from stoker import s3
+from stoker.bench.output import PLOT_PNG, markdown_table
+from stoker.bench.session import execute, from_spec
 from stoker.digest import tree_records
 from stoker.run import Output, RunContext, StepResult
 from stoker.spec import Spec
@@ -18,29 +17,39 @@ from stoker.triton_config import ENSEMBLE_NAME
 
 from . import step_task
 
+_TYPES = {".png": "image/png", ".json": "application/json", ".jsonl": "application/x-ndjson", ".csv": "text/csv",
+          ".md": "text/markdown"}
+
 
 @step_task("benchmark", retries=0)
 def benchmark_endpoint(spec: Spec, deployed: StepResult, built: StepResult, ctx: RunContext) -> StepResult:
-    """Warm up, then a fixed number of streamed requests at each concurrency level; never cached."""
-    log = get_run_logger().info
+    """Warm up, then each load level; records, summary, table and plot on disk, in S3 and as artifacts."""
+    logger = get_run_logger()
     t0 = time.perf_counter()
-    b = spec.benchmark
-    tokenizer_json = built.path / "tokenizer.json"
-    tok = Tokenizer.from_file(str(tokenizer_json))
-    total = b.warmup_requests + b.requests_per_level * len(b.concurrency)
-    prompts = make_prompts(max(total, 1), b.input_tokens, b.seed, tokenizer_json)
-    result = run_benchmark(
-        url=deployed.detail["grpc"], model=ENSEMBLE_NAME, prompts=prompts, max_tokens=b.output_tokens,
-        concurrency_levels=b.concurrency, requests_per_level=b.requests_per_level,
-        warmup_requests=b.warmup_requests, timeout_s=b.timeout_s,
-        count_tokens=lambda text: len(tok.encode(text, add_special_tokens=False).ids), progress=log)
+    config, workload = from_spec(spec.benchmark, deployed.detail["grpc"], deployed.detail["http"], ENSEMBLE_NAME,
+                                 built.path / "tokenizer.json")
     out = ctx.run_dir / "benchmark"
-    out.mkdir(parents=True, exist_ok=True)
-    with open(out / "records.jsonl", "w") as f:  # raw records first, the summary is derived from them
-        for r in result.records:
-            f.write(json.dumps(asdict(r)) + "\n")
-    levels = [lv.to_dict() for lv in result.levels]
-    (out / "summary.json").write_text(json.dumps({"levels": levels}, indent=1))
+    result, summary, files = execute(config, workload, out, progress=logger.info,
+                                     title=f"{spec.deploy.name}: run {ctx.run_id}",
+                                     meta={"run_id": ctx.run_id, "deployment": spec.deploy.name})
+    for warning in result.warnings:
+        logger.warning(warning)
+    st, uris = spec.storage, {}
+    try:  # the run's record: next to its manifest in S3
+        client = s3.client(st)
+        for path in files:
+            uris[path.name] = s3.put_file(client, st, s3.run_key(st, ctx.run_id, f"benchmark/{path.name}"), path,
+                                          _TYPES.get(path.suffix, "application/octet-stream"))
+    except Exception as exc:  # noqa: BLE001 -- local files still hold the results; say so, do not fail the run
+        logger.warning(f"benchmark files not stored in S3: {type(exc).__name__}: {exc}")
+    key = f"stoker-{spec.deploy.name}"
+    plot = uris.get(PLOT_PNG) or (out / PLOT_PNG).as_uri()
+    notes = "".join(f"\n- warning: {w}" for w in result.warnings)
+    create_markdown_artifact(f"## Benchmark, run `{ctx.run_id}`\n\n{markdown_table(summary['levels'])}\n"
+                             f"latency–throughput plot: {plot}{notes}\n", key=f"{key}-benchmark-table",
+                             description="benchmark by level (GenAI-Perf definitions)")
+    create_link_artifact(plot, link_text="latency–throughput plot (PNG)", key=f"{key}-benchmark-plot")
     outputs = [Output(uri=(out / r.path).as_uri(), sha256=r.sha256, bytes=r.bytes) for r in tree_records(out)]
     return StepResult(name="benchmark", duration_s=time.perf_counter() - t0, outputs=outputs,
-                      detail={"levels": levels})
+                      detail={"levels": summary["levels"], "workload": summary["workload"],
+                              "warnings": summary["warnings"], "s3": uris})

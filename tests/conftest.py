@@ -14,6 +14,9 @@ def _isolated_homes(tmp_path, monkeypatch):
     monkeypatch.setenv("STOKER_HOME", str(tmp_path / "stoker-home"))
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
     monkeypatch.delenv("HF_TOKEN", raising=False)
+    # Loaded CI machines can take longer than Prefect's default 20 s to start the ephemeral API.
+    monkeypatch.setenv("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS",
+                       os.environ.get("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180"))
 
 
 @pytest.fixture(scope="session")

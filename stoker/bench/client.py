@@ -1,298 +1,279 @@
-"""Closed-loop streaming benchmark of a Triton LLM endpoint (TensorRT-LLM ensemble interface) over gRPC.
+"""The benchmark runner: preflight, a probe, warm-up, then each load level; the same code for the flow
+and `stoker bench`.
 
-Each request is its own `stream_infer` call, so a stream's end is that request's end, and a slow or failed
-request never holds up another. `concurrency` workers each keep one request in flight until the level's
-request count is reached (GenAI-Perf's "concurrency" mode). Raw per-request records are kept; statistics
-come from stoker.bench.metrics.
+Raw per-request records are kept (failed requests included, never dropped); statistics come from
+stoker.bench.metrics. Output tokens are counted with the model's tokenizer after each level, so the
+counting costs nothing while requests are in flight.
 """
 
 from __future__ import annotations
 
 import asyncio
-import itertools
-import time
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+import dataclasses
+import sys
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-import grpc
-import numpy as np
-from tritonclient.grpc import InferInput, InferRequestedOutput
-from tritonclient.grpc.aio import InferenceServerClient
-from tritonclient.utils import InferenceServerException
+from .errors import (
+    BenchmarkError,
+    EndpointUnreachable,
+    InvalidBenchmarkConfig,
+    ModelUnavailable,
+    OutputLengthUnsupported,
+    StreamingUnsupported,
+)
+from .load import Arrival, Level, LoadPool, LoadSettings, Sent, drive_level
+from .metrics import LevelSummary, RequestRecord, summarize
+from .transport import Protocol_, TransportSpec, open_transport
+from .workload import Prompt
 
-from stoker.bench.metrics import LevelSummary, RequestRecord, summarize
-from stoker.bench.workload import Prompt
+__all__ = [
+    "BenchConfig",
+    "BenchmarkError",
+    "BenchmarkResult",
+    "EndpointUnreachable",
+    "InvalidBenchmarkConfig",
+    "ModelUnavailable",
+    "OutputLengthUnsupported",
+    "StreamingUnsupported",
+    "run_benchmark",
+    "run_level",
+    "run_sweep",
+    "warmup",
+]
 
-from ..errors import StokerError
-
-TEXT_INPUT = "text_input"
-MAX_TOKENS = "max_tokens"
-STREAM = "stream"
-TEXT_OUTPUT = "text_output"
-_PREFLIGHT_TIMEOUT_S = 10.0
-
-
-class BenchmarkError(StokerError):
-    """A benchmark could not run; the message is one line saying why."""
-
-
-class InvalidBenchmarkConfig(BenchmarkError, ValueError):
-    """Arguments that cannot produce a measurement (no requests, no prompts, ...)."""
-
-
-class EndpointUnreachable(BenchmarkError):
-    """No live Triton server answers at the URL."""
-
-
-class ModelUnavailable(BenchmarkError):
-    """The model is not in the repository, not ready, or lacks the LLM ensemble's inputs/outputs."""
+CountTokens = Callable[[str], int]
 
 
-class StreamingUnsupported(BenchmarkError):
-    """The model cannot answer a streaming (decoupled) request."""
+@dataclass(frozen=True)
+class BenchConfig:
+    """One benchmark: where, what load, how long. Levels run in the order given."""
+
+    url: str
+    model: str
+    levels: Sequence[Level]
+    max_tokens: int
+    requests_per_level: int | None = 16
+    duration_s: float | None = None  # per level; replaces requests_per_level when set
+    warmup_requests: int = 2
+    timeout_s: float = 120.0
+    protocol: Protocol_ = "grpc"
+    arrival: Arrival = "poisson"
+    seed: int = 0
+    workers: int = 1
+    ignore_eos: bool = False  # send min_tokens = max_tokens (models that accept min_tokens)
+    http_streaming: bool = True  # HTTP: generate_stream (SSE); False: /generate, one response (TTFT = e2e)
+    extra_inputs: Mapping[str, int | float | bool] = field(default_factory=dict)
+
+    def transport_spec(self) -> TransportSpec:
+        return TransportSpec(protocol=self.protocol, url=self.url, model=self.model,
+                             extra_inputs=dict(self.extra_inputs), min_tokens=self.ignore_eos,
+                             streaming=self.http_streaming or self.protocol == "grpc")
+
+    def settings(self) -> LoadSettings:
+        return LoadSettings(max_tokens=self.max_tokens, timeout_s=self.timeout_s,
+                            requests=None if self.duration_s is not None else self.requests_per_level,
+                            duration_s=self.duration_s, arrival=self.arrival, seed=self.seed)
 
 
 @dataclass(frozen=True)
 class BenchmarkResult:
     levels: list[LevelSummary]
     records: list[RequestRecord] = field(repr=False)
+    warnings: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"levels": [lvl.to_dict() for lvl in self.levels], "records": [asdict(r) for r in self.records]}
+        return {"levels": [lvl.to_dict() for lvl in self.levels], "records": [asdict(r) for r in self.records],
+                "warnings": list(self.warnings)}
 
 
-@dataclass(frozen=True)
-class _ModelInterface:
-    """Datatypes and request shapes of the model's inputs, read from its metadata."""
-
-    model: str
-    inputs: Mapping[str, tuple[str, tuple[int, ...]]]
-
-    def build(self, text: str, max_tokens: int, extra: Mapping[str, int | float | bool]) -> list[InferInput]:
-        values: dict[str, Any] = {TEXT_INPUT: text.encode("utf-8"), MAX_TOKENS: max_tokens, **extra}
-        if STREAM in self.inputs:
-            values[STREAM] = True
-        tensors = []
-        for name, value in values.items():
-            datatype, shape = self.inputs[name]
-            tensor = InferInput(name, list(shape), datatype)
-            dtype = object if datatype == "BYTES" else _NUMPY_TYPES[datatype]
-            tensor.set_data_from_numpy(np.full(shape, value, dtype=dtype))
-            tensors.append(tensor)
-        return tensors
-
-
-_NUMPY_TYPES = {
-    "BOOL": np.bool_,
-    "INT8": np.int8,
-    "INT16": np.int16,
-    "INT32": np.int32,
-    "INT64": np.int64,
-    "UINT8": np.uint8,
-    "UINT16": np.uint16,
-    "UINT32": np.uint32,
-    "UINT64": np.uint64,
-    "FP16": np.float16,
-    "FP32": np.float32,
-    "FP64": np.float64,
-}
-
-
-def _grpc_target(url: str) -> str:
-    """tritonclient wants host:port; accept grpc:// URLs too."""
-    return url.removeprefix("grpc://")
-
-
-def _one_line(text: str) -> str:
-    return " ".join(str(text).split())
-
-
-def _describe_exception(exc: BaseException) -> str:
-    if isinstance(exc, grpc.aio.AioRpcError):
-        return _one_line(f"{exc.code().name}: {exc.details()}")
-    if isinstance(exc, InferenceServerException):
-        return _one_line(exc.message() or str(exc))
-    return _one_line(f"{type(exc).__name__}: {exc}")
-
-
-def _validate(prompts: Sequence[Prompt], max_tokens: int, concurrency: int, requests: int, timeout_s: float) -> None:
-    if requests < 1:
-        raise InvalidBenchmarkConfig(f"zero requests: requests per level must be >= 1, got {requests}")
+def validate(config: BenchConfig, prompts: Sequence[Prompt]) -> None:
+    """One-line InvalidBenchmarkConfig for arguments that cannot produce a measurement."""
+    if config.duration_s is None and (config.requests_per_level is None or config.requests_per_level < 1):
+        raise InvalidBenchmarkConfig(f"zero requests: requests per level must be >= 1, got {config.requests_per_level}")
+    if config.duration_s is not None and config.duration_s <= 0:
+        raise InvalidBenchmarkConfig(f"duration must be > 0 s, got {config.duration_s}")
     if not prompts:
         raise InvalidBenchmarkConfig("no prompts to send")
-    if concurrency < 1:
-        raise InvalidBenchmarkConfig(f"concurrency must be >= 1, got {concurrency}")
-    if max_tokens < 1:
-        raise InvalidBenchmarkConfig(f"max_tokens must be >= 1, got {max_tokens}")
-    if timeout_s <= 0:
-        raise InvalidBenchmarkConfig(f"timeout_s must be > 0, got {timeout_s}")
+    if not config.levels:
+        raise InvalidBenchmarkConfig("no load levels to measure (give concurrency levels or request rates)")
+    for level in config.levels:
+        if level.concurrency is not None and level.concurrency < 1:
+            raise InvalidBenchmarkConfig(f"concurrency must be >= 1, got {level.concurrency}")
+        if level.request_rate is not None and not level.request_rate > 0:
+            raise InvalidBenchmarkConfig(f"request rate must be > 0 requests/s, got {level.request_rate}")
+        if level.concurrency is None and level.request_rate is None:
+            raise InvalidBenchmarkConfig("a level needs a concurrency or a request rate")
+    if config.max_tokens < 1:
+        raise InvalidBenchmarkConfig(f"max_tokens must be >= 1, got {config.max_tokens}")
+    if config.timeout_s <= 0:
+        raise InvalidBenchmarkConfig(f"timeout_s must be > 0, got {config.timeout_s}")
+    if config.warmup_requests < 0:
+        raise InvalidBenchmarkConfig(f"warm-up requests must be >= 0, got {config.warmup_requests}")
+    if config.workers < 1:
+        raise InvalidBenchmarkConfig(f"workers must be >= 1, got {config.workers}")
 
 
-async def preflight(
-    client: InferenceServerClient, url: str, model: str, extra_inputs: Mapping[str, Any] | None = None
-) -> _ModelInterface:
-    """Check the server is live and the model ready with the ensemble's interface; raise BenchmarkError if not."""
-    try:
-        live = await client.is_server_live(client_timeout=_PREFLIGHT_TIMEOUT_S)
-    except InferenceServerException as exc:
-        raise EndpointUnreachable(f"Triton at {url} is unreachable: {_describe_exception(exc)}") from None
-    if not live:
-        raise EndpointUnreachable(f"Triton at {url} answers but is not live")
-    try:
-        ready = await client.is_model_ready(model, client_timeout=_PREFLIGHT_TIMEOUT_S)
-    except InferenceServerException:
-        ready = False
-    if not ready:
-        raise ModelUnavailable(await _why_not_ready(client, url, model))
-    try:
-        meta = await client.get_model_metadata(model, as_json=True, client_timeout=_PREFLIGHT_TIMEOUT_S)
-    except InferenceServerException as exc:
-        raise ModelUnavailable(f"model '{model}' metadata unavailable: {_describe_exception(exc)}") from None
-    inputs = {
-        i["name"]: (i["datatype"], tuple(1 if int(d) < 0 else int(d) for d in i.get("shape", [])))
-        for i in meta.get("inputs", [])
-    }
-    outputs = {o["name"] for o in meta.get("outputs", [])}
-    wanted = [TEXT_INPUT, MAX_TOKENS, *(extra_inputs or {})]
-    missing = [name for name in wanted if name not in inputs]
-    if missing or TEXT_OUTPUT not in outputs:
-        lacks = ", ".join(missing + ([] if TEXT_OUTPUT in outputs else [f"output {TEXT_OUTPUT}"]))
-        raise ModelUnavailable(f"model '{model}' lacks the LLM ensemble interface: no {lacks}")
-    return _ModelInterface(model=model, inputs=inputs)
+def count_output(sent: Sequence[Sent], count_tokens: CountTokens | None) -> list[RequestRecord]:
+    """Records with OSL counted by the tokenizer (default: non-empty responses); a counting failure is
+    that request's failure, like any other."""
+    out = []
+    for s in sent:
+        r = s.record
+        if r.ok and count_tokens is not None:
+            try:
+                r = dataclasses.replace(r, output_tokens=count_tokens(s.text.decode("utf-8", errors="replace")))
+            except Exception as exc:  # noqa: BLE001 -- caller code; recorded like any request failure
+                r = dataclasses.replace(r, ok=False, output_tokens=0,
+                                        error=f"counting output tokens failed: {type(exc).__name__}: {exc}")
+        out.append(r)
+    return out
 
 
-async def _why_not_ready(client: InferenceServerClient, url: str, model: str) -> str:
-    try:
-        index = await client.get_model_repository_index(as_json=True, client_timeout=_PREFLIGHT_TIMEOUT_S)
-    except InferenceServerException as exc:
-        return f"model '{model}' is not ready at {url} ({_describe_exception(exc)})"
-    entries = {m.get("name"): m for m in index.get("models", [])}
-    if model not in entries:
-        known = ", ".join(sorted(str(n) for n in entries)) or "none"
-        return f"model '{model}' is not in the repository served at {url} (models: {known})"
-    entry = entries[model]
-    state = entry.get("state", "UNKNOWN")
-    reason = _one_line(entry.get("reason", ""))
-    return f"model '{model}' is not ready at {url}: state {state}" + (f" ({reason})" if reason else "")
+def _probe_error(model: str, error: str) -> BenchmarkError:
+    if "UNIMPLEMENTED" in error or "decoupled" in error.lower():
+        return StreamingUnsupported(
+            f"model '{model}' cannot stream (needs a decoupled model behind it, or gRPC streaming): {error}"
+        )
+    return BenchmarkError(f"first request to model '{model}' failed: {error}")
 
 
-async def _one_request(
-    client: InferenceServerClient,
-    interface: _ModelInterface,
-    prompt: Prompt,
-    request_id: int,
-    concurrency: int,
-    max_tokens: int,
-    timeout_s: float,
-    count_tokens: Callable[[str], int] | None,
-    extra_inputs: Mapping[str, Any],
-) -> RequestRecord:
-    """Send one streaming request and time every response; never raises (errors go in the record).
+def check_probe(config: BenchConfig, record: RequestRecord) -> None:
+    """The first request decides whether anything can be measured at all."""
+    if not record.ok:
+        raise _probe_error(config.model, record.error or "unknown error")
+    asked = record.requested_output_tokens or config.max_tokens
+    if config.ignore_eos and record.output_tokens < asked:
+        raise OutputLengthUnsupported(
+            f"output length {asked} is larger than model '{config.model}' allows: with min_tokens={asked} "
+            f"the first request returned {record.output_tokens} tokens (sequence limit reached)"
+        )
 
-    `chunk_times_s` holds the arrival of every response; a failed request's `end_s` is when the
-    failure was seen, so its time in flight still counts in the level's duration.
+
+async def _warmup(transport: Any, config: BenchConfig, prompts: Sequence[Prompt],
+                  count_tokens: CountTokens | None) -> list[RequestRecord]:
+    probe_settings = dataclasses.replace(config.settings(), requests=1, duration_s=None)
+    sent, _ = await drive_level(transport, Level(concurrency=1), probe_settings, prompts)
+    probe = count_output(sent, count_tokens)[0]
+    check_probe(config, probe)
+    if config.warmup_requests <= 1:
+        return [probe]
+    levels = [lv.concurrency for lv in config.levels if lv.concurrency]
+    warm = Level(concurrency=max(1, min(levels, default=1)))
+    settings = dataclasses.replace(config.settings(), requests=config.warmup_requests - 1, duration_s=None)
+    rest, _ = await drive_level(transport, warm, settings, prompts[1:] or prompts)
+    return [probe, *(s.record for s in rest)]
+
+
+def _bar(enabled: bool, total: int | None, label: str) -> Any:
+    from tqdm import tqdm  # comes with huggingface_hub
+
+    return tqdm(total=total, desc=label, unit="req", disable=not enabled, file=sys.stderr, leave=False)
+
+
+def run_sweep(
+    config: BenchConfig,
+    prompts: Sequence[Prompt],
+    count_tokens: CountTokens | None = None,
+    progress: Callable[[str], None] | None = None,
+    progress_bar: bool = False,
+) -> BenchmarkResult:
+    """Preflight, one probe request (always) plus warm-up, then each level in order.
+
+    Raises BenchmarkError subclasses (one-line message) when nothing can be measured: unreachable
+    endpoint, missing or non-LLM model, a model that cannot stream, an OSL beyond the model's limit.
+    Per-request failures are counted in each level's `errors`.
     """
-    attempted = time.perf_counter()
-    sent: list[float] = []
-    chunks: list[bytes] = []
-    times: list[float] = []
-    first: float | None = None
-    error: str | None = None
-    failed_at: float | None = None
-    finished = False
-    stream = None
-    try:
-        request = {
-            "model_name": interface.model,
-            "inputs": interface.build(prompt.text, max_tokens, extra_inputs),
-            "outputs": [InferRequestedOutput(TEXT_OUTPUT)],
-            "request_id": str(request_id),
-        }
+    validate(config, prompts)
+    say = progress or (lambda _msg: None)
+    settings = config.settings()
 
-        async def request_stream() -> AsyncIterator[dict[str, Any]]:
-            # Stamped as late as we can: gRPC serializes and writes the request right after this yield.
-            sent.append(time.perf_counter())
-            yield request
-
-        async with asyncio.timeout(timeout_s):
-            stream = client.stream_infer(request_stream())
-            async for result, err in stream:
-                now = time.perf_counter()
-                if err is not None:
-                    error, failed_at = _describe_exception(err), now
-                    break
-                piece = _text_bytes(result.as_numpy(TEXT_OUTPUT))
-                times.append(now)
-                if piece:
-                    chunks.append(piece)
-                    if first is None:
-                        first = now
-            else:
-                finished = True
-    except TimeoutError:
-        error, failed_at = f"timed out after {timeout_s:g} s", time.perf_counter()
-    except Exception as exc:  # noqa: BLE001 -- one request's failure must not stop the level
-        error, failed_at = _describe_exception(exc), time.perf_counter()
-    finally:
-        if stream is not None and not finished:
-            stream.cancel()  # frees the server slot of an abandoned request
-
-    osl = 0
-    if error is None:
-        text = b"".join(chunks).decode("utf-8", errors="replace")
+    async def main() -> BenchmarkResult:
+        transport = open_transport(config.transport_spec())
+        pool: LoadPool | None = None
         try:
-            osl = count_tokens(text) if count_tokens is not None else len(chunks)
-        except Exception as exc:  # noqa: BLE001 -- caller code; recorded like any request failure
-            error, failed_at = f"counting output tokens failed: {_describe_exception(exc)}", times[-1]
-    end = failed_at if error is not None else (times[-1] if times else None)
-    return RequestRecord(
-        request_id=request_id,
-        concurrency=concurrency,
-        start_s=sent[0] if sent else attempted,
-        first_response_s=first,
-        end_s=end,
-        chunk_times_s=tuple(times),
-        input_tokens=prompt.input_tokens,
-        output_tokens=osl if error is None else 0,
-        ok=error is None,
-        error=error,
+            spec = await transport.preflight()
+            warm = await _warmup(transport, config, prompts, count_tokens)
+            say(f"warm-up: {len(warm)} requests, {sum(not r.ok for r in warm)} errors (not measured)")
+            if config.workers > 1:
+                pool = await asyncio.to_thread(LoadPool, spec, config.workers)
+            levels: list[LevelSummary] = []
+            records: list[RequestRecord] = []
+            warnings: list[str] = []
+            for level in config.levels:
+                bar = _bar(progress_bar, settings.requests, level.label)
+                try:
+                    if pool is not None:
+                        sent, load = await asyncio.to_thread(
+                            pool.run_level, level, settings, prompts, lambda n, bar=bar: bar.update(n - bar.n))
+                    else:
+                        sent, load = await drive_level(transport, level, settings, prompts, on_done=lambda bar=bar: bar.update(1))
+                finally:
+                    bar.close()
+                level_records = count_output(sent, count_tokens)
+                summary = summarize(level_records, level.concurrency or 0, level.mode, level.request_rate,
+                                    dataclasses.replace(load, workers=config.workers))
+                say(progress_line(summary))
+                for warning in level_warnings(summary):
+                    warnings.append(warning)
+                    say(f"warning: {warning}")
+                levels.append(summary)
+                records.extend(level_records)
+            return BenchmarkResult(levels=levels, records=records, warnings=warnings)
+        finally:
+            if pool is not None:
+                await asyncio.to_thread(pool.close)
+            await transport.close()
+
+    return asyncio.run(main())
+
+
+def level_warnings(s: LevelSummary) -> list[str]:
+    out = []
+    if s.client_saturated:
+        out.append(f"{s.label}: the client was saturated ({s.client_saturated}); these numbers describe the "
+                   f"client rather than the server: use more worker processes")
+    if s.errors:
+        kinds = "; ".join(f"{n}x {msg}" for msg, n in (s.error_counts or {}).items())
+        out.append(f"{s.label}: {s.errors}/{s.requests} requests failed ({kinds})")
+    if s.short_outputs:
+        out.append(f"{s.label}: {s.short_outputs} requests ended before max_tokens (EOS; --ignore-eos sends min_tokens)")
+    return out
+
+
+def progress_line(s: LevelSummary) -> str:
+    ttft = f"{s.ttft_ms.p50:.1f} ms" if s.ttft_ms else "n/a"
+    itl = f"{s.itl_ms.p50:.2f} ms" if s.itl_ms else "n/a"
+    return (
+        f"{s.label}: {s.completed}/{s.requests} ok, {s.errors} errors, "
+        f"{s.output_tokens_per_s:.1f} output tok/s, {s.requests_per_s:.2f} req/s, TTFT p50 {ttft}, ITL p50 {itl}"
     )
 
 
-def _text_bytes(array: np.ndarray | None) -> bytes:
-    """The response's text_output as raw bytes; joined before decoding, as a token may split a character."""
-    if array is None:
-        return b""
-    return b"".join(v if isinstance(v, bytes) else str(v).encode("utf-8") for v in array.ravel())
+# --- the earlier, concurrency-only entry points (kept: the flow and tests call them) ----------------------
 
 
-async def _run_level(
-    client: InferenceServerClient,
-    interface: _ModelInterface,
+def run_benchmark(
+    url: str,
+    model: str,
     prompts: Sequence[Prompt],
     max_tokens: int,
-    concurrency: int,
-    requests: int,
+    concurrency_levels: Sequence[int],
+    requests_per_level: int,
+    warmup_requests: int,
     timeout_s: float,
-    count_tokens: Callable[[str], int] | None,
-    extra_inputs: Mapping[str, Any],
-    first_prompt: int = 0,
-) -> list[RequestRecord]:
-    ids = itertools.count()
-    records: list[RequestRecord] = []
-
-    async def worker() -> None:
-        while (i := next(ids)) < requests:
-            prompt = prompts[(first_prompt + i) % len(prompts)]
-            records.append(
-                await _one_request(
-                    client, interface, prompt, i, concurrency, max_tokens, timeout_s, count_tokens, extra_inputs
-                )
-            )
-
-    await asyncio.gather(*(worker() for _ in range(min(concurrency, requests))))
-    return sorted(records, key=lambda r: r.request_id)
+    count_tokens: CountTokens | None = None,
+    progress: Callable[[str], None] | None = None,
+    extra_inputs: Mapping[str, int | float | bool] | None = None,
+) -> BenchmarkResult:
+    """Concurrency sweep over gRPC; see run_sweep."""
+    if not concurrency_levels:
+        raise InvalidBenchmarkConfig("no concurrency levels to measure")
+    config = BenchConfig(url=url, model=model, levels=[Level(concurrency=c) for c in concurrency_levels],
+                         max_tokens=max_tokens, requests_per_level=requests_per_level,
+                         warmup_requests=warmup_requests, timeout_s=timeout_s, extra_inputs=dict(extra_inputs or {}))
+    return run_sweep(config, prompts, count_tokens, progress)
 
 
 async def run_level(
@@ -303,21 +284,22 @@ async def run_level(
     concurrency: int,
     requests: int,
     timeout_s: float,
-    count_tokens: Callable[[str], int] | None = None,
+    count_tokens: CountTokens | None = None,
     extra_inputs: Mapping[str, int | float | bool] | None = None,
+    protocol: Protocol_ = "grpc",
 ) -> list[RequestRecord]:
-    """Run `requests` streaming requests, `concurrency` in flight at a time; one record per request.
-
-    `extra_inputs` sets optional scalar inputs (end_id, pad_id, temperature, ...), typed from model metadata.
-    Raises BenchmarkError subclasses only for arguments or preflight; request failures are recorded.
-    """
-    _validate(prompts, max_tokens, concurrency, requests, timeout_s)
-    extra = dict(extra_inputs or {})
-    async with InferenceServerClient(_grpc_target(url)) as client:
-        interface = await preflight(client, url, model, extra)
-        return await _run_level(
-            client, interface, prompts, max_tokens, concurrency, requests, timeout_s, count_tokens, extra
-        )
+    """`requests` streaming requests, `concurrency` in flight at a time, without warm-up; one record each."""
+    config = BenchConfig(url=url, model=model, levels=[Level(concurrency=concurrency)], max_tokens=max_tokens,
+                         requests_per_level=requests, timeout_s=timeout_s, protocol=protocol,
+                         extra_inputs=dict(extra_inputs or {}))
+    validate(config, prompts)
+    transport = open_transport(config.transport_spec())
+    try:
+        await transport.preflight()
+        sent, _ = await drive_level(transport, config.levels[0], config.settings(), prompts)
+    finally:
+        await transport.close()
+    return count_output(sent, count_tokens)
 
 
 async def warmup(
@@ -330,110 +312,14 @@ async def warmup(
     concurrency: int = 1,
     extra_inputs: Mapping[str, int | float | bool] | None = None,
 ) -> list[RequestRecord]:
-    """Unmeasured requests that bring the server to steady state; raises StreamingUnsupported/BenchmarkError
-    when the first one fails, since every measured request would fail the same way."""
-    _validate(prompts, max_tokens, concurrency, max(requests, 1), timeout_s)
-    extra = dict(extra_inputs or {})
-    async with InferenceServerClient(_grpc_target(url)) as client:
-        interface = await preflight(client, url, model, extra)
-        return await _warmup(client, interface, prompts, max_tokens, requests, timeout_s, concurrency, extra)
-
-
-async def _warmup(
-    client: InferenceServerClient,
-    interface: _ModelInterface,
-    prompts: Sequence[Prompt],
-    max_tokens: int,
-    requests: int,
-    timeout_s: float,
-    concurrency: int,
-    extra: Mapping[str, Any],
-) -> list[RequestRecord]:
-    probe = await _one_request(client, interface, prompts[0], 0, 1, max_tokens, timeout_s, None, extra)
-    if not probe.ok:
-        raise _probe_error(interface.model, probe.error or "unknown error")
-    if requests <= 1:
-        return [probe]
-    rest = await _run_level(
-        client, interface, prompts, max_tokens, concurrency, requests - 1, timeout_s, None, extra, first_prompt=1
-    )
-    return [probe, *rest]
-
-
-def _probe_error(model: str, error: str) -> BenchmarkError:
-    if "UNIMPLEMENTED" in error or "decoupled" in error.lower():
-        return StreamingUnsupported(
-            f"model '{model}' cannot stream (needs a decoupled model behind it, or gRPC streaming): {error}"
-        )
-    return BenchmarkError(f"first request to model '{model}' failed: {error}")
-
-
-def run_benchmark(
-    url: str,
-    model: str,
-    prompts: Sequence[Prompt],
-    max_tokens: int,
-    concurrency_levels: Sequence[int],
-    requests_per_level: int,
-    warmup_requests: int,
-    timeout_s: float,
-    count_tokens: Callable[[str], int] | None = None,
-    progress: Callable[[str], None] | None = None,
-    extra_inputs: Mapping[str, int | float | bool] | None = None,
-) -> BenchmarkResult:
-    """Preflight, one probe request (always) plus warm-up, then each concurrency level in order.
-
-    Raises BenchmarkError (one-line message) when nothing can be measured; per-request failures are
-    counted in each level's `errors`.
-    """
-    if not concurrency_levels:
-        raise InvalidBenchmarkConfig("no concurrency levels to measure")
-    for level in concurrency_levels:
-        _validate(prompts, max_tokens, level, requests_per_level, timeout_s)
-    say = progress or (lambda _msg: None)
-    extra = dict(extra_inputs or {})
-
-    async def main() -> BenchmarkResult:
-        async with InferenceServerClient(_grpc_target(url)) as client:
-            interface = await preflight(client, url, model, extra)
-            warm = await _warmup(
-                client,
-                interface,
-                prompts,
-                max_tokens,
-                warmup_requests,
-                timeout_s,
-                max(1, min(concurrency_levels)),
-                extra,
-            )
-            say(f"warm-up: {len(warm)} requests, {sum(not r.ok for r in warm)} errors")
-            levels: list[LevelSummary] = []
-            records: list[RequestRecord] = []
-            for concurrency in concurrency_levels:
-                level_records = await _run_level(
-                    client,
-                    interface,
-                    prompts,
-                    max_tokens,
-                    concurrency,
-                    requests_per_level,
-                    timeout_s,
-                    count_tokens,
-                    extra,
-                )
-                summary = summarize(level_records, concurrency)
-                say(_progress_line(summary))
-                levels.append(summary)
-                records.extend(level_records)
-            return BenchmarkResult(levels=levels, records=records)
-
-    return asyncio.run(main())
-
-
-def _progress_line(s: LevelSummary) -> str:
-    ttft = f"{s.ttft_ms.p50:.1f} ms" if s.ttft_ms else "n/a"
-    itl = f"{s.itl_ms.p50:.2f} ms" if s.itl_ms else "n/a"
-    return (
-        f"concurrency {s.concurrency}: {s.completed}/{s.requests} ok, {s.errors} errors, "
-        f"{s.output_tokens_per_s:.1f} output tok/s, TTFT p50 {ttft}, ITL p50 {itl}"
-    )
+    """Unmeasured requests; raises StreamingUnsupported/BenchmarkError when the first one fails."""
+    config = BenchConfig(url=url, model=model, levels=[Level(concurrency=concurrency)], max_tokens=max_tokens,
+                         requests_per_level=1, warmup_requests=requests, timeout_s=timeout_s,
+                         extra_inputs=dict(extra_inputs or {}))
+    validate(config, prompts)
+    transport = open_transport(config.transport_spec())
+    try:
+        await transport.preflight()
+        return await _warmup(transport, config, prompts, None)
+    finally:
+        await transport.close()

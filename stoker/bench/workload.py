@@ -2,15 +2,21 @@
 
 GenAI-Perf's synthetic default is a fixed ISL with stddev 0; we do the same: every prompt has exactly
 `input_tokens` tokens (special tokens excluded unless asked), built from random words so that no prompt
-is a prefix of another (which would flatter a server with prefix caching).
+is a prefix of another (which would flatter a server with prefix caching). With a stddev, each prompt's
+length is drawn from a normal distribution (rounded, at least 1) and then hit exactly. Output lengths
+work the same way and travel with the prompt as its `max_tokens`. Prompt files (JSONL) are the
+alternative: one object per line with "text" (or "text_input"), optionally "output_tokens".
 """
 
 from __future__ import annotations
 
+import json
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+
+from .errors import InvalidBenchmarkConfig
 
 # Plain English words; short ones first so the greedy filler finds one-token words in any BPE vocabulary.
 WORDS: tuple[str, ...] = tuple(
@@ -53,6 +59,20 @@ WORDS: tuple[str, ...] = tuple(
 class Prompt:
     text: str
     input_tokens: int
+    output_tokens: int | None = None  # this prompt's max_tokens; None: the run's default
+
+
+class PromptFileError(InvalidBenchmarkConfig):
+    """A prompt file that cannot be read as JSONL prompts."""
+
+
+def sample_lengths(count: int, mean: int, stddev: float, rng: random.Random) -> list[int]:
+    """`count` lengths ~ N(mean, stddev), rounded and at least 1; exactly `mean` when stddev is 0."""
+    if stddev < 0:
+        raise ValueError(f"stddev must be >= 0, got {stddev}")
+    if stddev == 0:
+        return [mean] * count
+    return [max(1, round(rng.gauss(mean, stddev))) for _ in range(count)]
 
 
 def token_counter(tokenizer_json: Path, add_special_tokens: bool = False) -> Callable[[str], int]:
@@ -73,27 +93,71 @@ def make_prompts(
     seed: int,
     tokenizer_json: Path | None = None,
     add_special_tokens: bool = False,
+    input_stddev: float = 0.0,
+    output_tokens: int | None = None,
+    output_stddev: float = 0.0,
 ) -> list[Prompt]:
-    """`count` distinct prompts of exactly `input_tokens` tokens each, identical for identical arguments.
+    """`count` distinct prompts of exactly the drawn number of tokens each, identical for identical arguments.
 
-    Without a tokenizer the length is `input_tokens` words, and `Prompt.input_tokens` is that nominal count.
+    Without a tokenizer the length is counted in words, and `Prompt.input_tokens` is that nominal count.
+    With `output_tokens`, each prompt carries its own max_tokens (drawn with `output_stddev`).
     Raises ValueError for non-positive sizes or when the tokenizer cannot hit the length exactly.
     """
     if count < 0:
         raise ValueError(f"prompt count must be >= 0, got {count}")
     if input_tokens < 1:
         raise ValueError(f"input_tokens must be >= 1, got {input_tokens}")
+    if output_tokens is not None and output_tokens < 1:
+        raise ValueError(f"output_tokens must be >= 1, got {output_tokens}")
     rng = random.Random(seed)
+    # Lengths come from their own stream, so stddev 0 gives the very prompts it always gave.
+    lengths_rng = random.Random(f"lengths-{seed}")
+    isl = sample_lengths(count, input_tokens, input_stddev, lengths_rng)
+    osl: list[int | None] = (
+        [None] * count if output_tokens is None else list(sample_lengths(count, output_tokens, output_stddev, lengths_rng))
+    )
     if tokenizer_json is None:
-        return [Prompt(" ".join(rng.choices(WORDS, k=input_tokens)), input_tokens) for _ in range(count)]
+        return [Prompt(" ".join(rng.choices(WORDS, k=n)), n, o) for n, o in zip(isl, osl)]
     counter = token_counter(tokenizer_json, add_special_tokens=add_special_tokens)
     prompts: list[Prompt] = []
     seen: set[str] = set()
     while len(prompts) < count:
-        text = _exact_text(rng, input_tokens, counter)
+        n, o = isl[len(prompts)], osl[len(prompts)]
+        text = _exact_text(rng, n, counter)
         if text not in seen:  # tiny lengths can repeat by chance; keep prompts distinct
             seen.add(text)
-            prompts.append(Prompt(text, input_tokens))
+            prompts.append(Prompt(text, n, o))
+    return prompts
+
+
+def load_prompt_file(path: Path, tokenizer_json: Path | None = None, add_special_tokens: bool = False) -> list[Prompt]:
+    """Prompts from a JSONL file, ISL measured with the tokenizer (words without one).
+
+    Each line: {"text": "..."} (GenAI-Perf's input-file form; "text_input" is accepted too), optionally
+    "output_tokens" (that prompt's max_tokens). Blank lines are skipped. Raises PromptFileError, one line.
+    """
+    count = token_counter(tokenizer_json, add_special_tokens) if tokenizer_json else (lambda t: len(t.split()))
+    try:
+        lines = Path(path).read_text().splitlines()
+    except OSError as exc:
+        raise PromptFileError(f"prompt file {path}: {exc.strerror or exc}") from None
+    prompts = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise PromptFileError(f"prompt file {path} line {number}: not JSON ({exc.msg})") from None
+        text = obj.get("text", obj.get("text_input")) if isinstance(obj, dict) else None
+        if not isinstance(text, str) or not text:
+            raise PromptFileError(f"prompt file {path} line {number}: needs a non-empty \"text\" string")
+        osl = obj.get("output_tokens")
+        if osl is not None and (not isinstance(osl, int) or osl < 1):
+            raise PromptFileError(f"prompt file {path} line {number}: output_tokens must be an integer >= 1")
+        prompts.append(Prompt(text, count(text), osl))
+    if not prompts:
+        raise PromptFileError(f"prompt file {path} holds no prompts")
     return prompts
 
 

@@ -66,13 +66,15 @@ def generate(
     top_p: float = 1.0,
     repetition_penalty: float = 1.0,
     seed: int | None = None,
+    min_new_tokens: int = 0,
 ) -> Iterator[int]:
     """Yield generated token ids one at a time: prefill the prompt, then decode with the cache.
 
     Stops after `max_new_tokens`, when `end_id` is sampled (not yielded), or when the sequence
     reaches the model's max_position_embeddings. Raises ValueError at call time (before any
     compute) for an empty or too long prompt, out-of-vocabulary ids or invalid sampling
-    settings. `seed` makes sampling reproducible; None draws a fresh random seed.
+    settings. `seed` makes sampling reproducible; None draws a fresh random seed. `min_new_tokens`
+    (TensorRT-LLM's min_tokens) keeps `end_id` from being sampled before that many tokens.
     """
     prompt = [int(t) for t in input_ids]
     if not prompt:
@@ -92,7 +94,8 @@ def generate(
         raise ValueError(f"input_ids must lie in 0..{vocab - 1}")
     budget = min(max_new_tokens, model.max_positions - len(prompt))
     generator = torch.Generator().manual_seed(seed if seed is not None else secrets.randbits(63))
-    return _decode(model, prompt, budget, end_id, temperature, top_k, top_p, repetition_penalty, generator)
+    return _decode(model, prompt, budget, end_id, temperature, top_k, top_p, repetition_penalty, generator,
+                   min_new_tokens)
 
 
 def _decode(
@@ -105,6 +108,7 @@ def _decode(
     top_p: float,
     repetition_penalty: float,
     generator: torch.Generator,
+    min_new_tokens: int = 0,
 ) -> Iterator[int]:
     cache = model.new_cache(len(prompt) + budget)
     seen = torch.zeros(model.spec.vocab_size, dtype=torch.bool)
@@ -113,6 +117,9 @@ def _decode(
     for step in range(budget):
         if repetition_penalty != 1.0:
             logits = _apply_repetition_penalty(logits, seen, repetition_penalty)
+        if step < min_new_tokens and 0 <= end_id < logits.shape[-1]:
+            logits = logits.clone()
+            logits[end_id] = float("-inf")  # too early to end
         token = sample_next(logits, temperature, top_k, top_p, generator)
         if token == end_id:
             return

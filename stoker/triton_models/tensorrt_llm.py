@@ -7,7 +7,7 @@ as the `stoker_runtime` package) from the reference artifact in `gpt_model_path`
 Inputs (leading batch dim): input_ids INT32 [-1], input_lengths INT32 [1], request_output_len
 INT32 [1]; optional end_id, pad_id INT32 [1], streaming BOOL [1], temperature FP32 [1],
 runtime_top_k INT32 [1], runtime_top_p FP32 [1], repetition_penalty FP32 [1], seed UINT64 [1],
-exclude_input_in_output BOOL [1].
+exclude_input_in_output BOOL [1], min_tokens INT32 [1] (end_id cannot end the output before that many tokens).
 Outputs: output_ids INT32 [-1, -1] (beam, tokens), sequence_length INT32 [-1] (per beam).
 Parameters: gpt_model_path (default "weights", relative to the version dir unless absolute),
 num_threads (torch threads, default 2), max_concurrent_requests (default 1),
@@ -118,6 +118,7 @@ class _Job:
         self.exclude_input = exclude_default if exclude is None else bool(exclude)
         seed = _scalar(request, "seed", batch, index)
         penalty = _scalar(request, "repetition_penalty", batch, index)
+        min_tokens = _scalar(request, "min_tokens", batch, index)
         self.kwargs = {
             **sampling_kwargs(
                 _scalar(request, "temperature", batch, index),
@@ -126,6 +127,7 @@ class _Job:
             ),
             "repetition_penalty": 1.0 if penalty is None else float(penalty),
             "seed": 0 if seed is None else int(seed),
+            "min_new_tokens": 0 if min_tokens is None else max(0, int(min_tokens)),
         }
 
     def tokens(self, model: LlamaModel) -> Iterator[int]:

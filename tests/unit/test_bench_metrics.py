@@ -158,7 +158,7 @@ def test_to_dict_is_json_ready() -> None:
     assert back["ttft_ms"]["p50"] == pytest.approx(150.0)
     assert back["errors"] == 1
     assert set(back["itl_ms"]) == {"mean", "min", "max", "std", "p50", "p90", "p95", "p99"}
-    assert back["input_tokens"] == {"mean": 25.0}
+    assert back["input_tokens"]["mean"] == 25.0 and back["input_tokens"]["min"] == 10.0
 
 
 # --- workload -------------------------------------------------------------------------------------

@@ -35,7 +35,7 @@ def test_defaults_fill_every_section():
     ({"benchmark": {"concurrency": []}}, "benchmark.concurrency: give at least one concurrency level"),
     ({"benchmark": {"requests_per_level": 0}}, "benchmark.requests_per_level: Input should be greater than or equal to 1"),
     ({"deploy": {"name": "Has Spaces"}}, "deploy.name: 'Has Spaces': use lowercase"),
-    ({"target": "tensorrt"}, "target: Input should be 'reference'"),
+    ({"target": "onnx"}, "target: Input should be 'reference'"),
 ])
 def test_bad_values_give_one_line_naming_the_field(sections, message):
     with pytest.raises(SpecError) as err:

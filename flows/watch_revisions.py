@@ -1,0 +1,88 @@
+"""watch_revisions: a scheduled flow that starts build_and_deploy once per new commit of each watched repo.
+
+Deduplication: every start is a flow-run creation with the idempotency key
+``stoker-watch:<deployment>:<spec name>:<sha>``. Prefect's database holds a unique
+index on (flow, idempotency key) and inserts with ON CONFLICT DO NOTHING, so two
+watchers racing on the same new sha (two schedules, a manual run, two servers'
+workers) create one run between them; the loser gets the winner's run back. We
+chose this over a global concurrency limit (a lock would serialize watchers but
+not remember what already ran) and over our own S3/DB conditional write (a second
+store to keep consistent with Prefect's): the run *is* the record, in one place.
+Each start carries a run name with this watcher's nonce, so a watcher can tell a
+run it created from one it found.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from prefect import flow, get_run_logger, task
+from prefect.artifacts import create_table_artifact
+from prefect.cache_policies import NO_CACHE
+from pydantic import BaseModel, ConfigDict, Field
+
+from stoker.spec import Spec
+from tasks import retry_transient
+
+
+class Watch(BaseModel):
+    """One watched model: the spec to build (its model.repo_id at model.revision) and the deployment to start."""
+
+    model_config = ConfigDict(extra="forbid")
+    spec: Spec
+    deployment: str = Field("build_and_deploy/stoker-cpu", description="FLOW/DEPLOYMENT to run per new sha")
+
+
+def dedup_key(watch: Watch, sha: str) -> str:
+    return f"stoker-watch:{watch.deployment}:{watch.spec.deploy.name}:{sha}"
+
+
+@task(name="resolve-revision", retries=2, retry_delay_seconds=[2, 5], retry_condition_fn=retry_transient,
+      cache_policy=NO_CACHE, persist_result=False)
+def resolve_revision(spec: Spec) -> str:
+    """The commit sha the watched branch/tag points at now (through the Hub or its mirror)."""
+    import os
+
+    from stoker.hub import resolve
+
+    endpoint = spec.model.endpoint or os.environ.get("HF_ENDPOINT") or "https://huggingface.co"
+    token = os.environ.get(spec.model.token_env) or None
+    return resolve(spec.model.repo_id, spec.model.revision, endpoint, token)
+
+
+@task(name="start-build", cache_policy=NO_CACHE, persist_result=False)
+def start_build(watch: Watch, sha: str) -> dict:
+    """Create the build run for this sha (idempotently); says whether this watcher created it."""
+    from prefect.deployments.flow_runs import run_deployment
+
+    # Pin the exact commit seen: a push between now and the fetch must not change what is built.
+    spec = watch.spec.model_copy(update={"model": watch.spec.model.model_copy(update={"revision": sha})})
+    name = f"{watch.spec.deploy.name}-{sha[:10]}-{uuid.uuid4().hex[:6]}"
+    run = run_deployment(watch.deployment, parameters={"spec": spec.model_dump(mode="json")}, timeout=0,
+                         idempotency_key=dedup_key(watch, sha), flow_run_name=name, as_subflow=False,
+                         tags=["stoker", "watcher"])
+    return {"flow_run_id": str(run.id), "flow_run_name": run.name, "created": run.name == name}
+
+
+@flow(name="watch_revisions", log_prints=True)
+def watch_revisions(watches: list[Watch]) -> list[dict]:
+    """Check every watched repo once; start one build per new sha; record what was seen and done."""
+    logger = get_run_logger()
+    rows = []
+    for w in watches:
+        row = {"spec": w.spec.deploy.name, "repo": w.spec.model.repo_id, "revision": w.spec.model.revision,
+               "sha": None, "action": None, "flow_run_id": None}
+        try:
+            sha = resolve_revision(w.spec)
+            row["sha"] = sha
+            started = start_build(w, sha)
+            row["flow_run_id"] = started["flow_run_id"]
+            row["action"] = "started" if started["created"] else "already started"
+        except Exception as exc:  # noqa: BLE001 - one broken watch must not hide the others
+            row["action"] = f"error: {type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"
+        logger.info(f"{row['repo']}@{row['revision']} = {row['sha']}: {row['action']} {row['flow_run_id'] or ''}")
+        rows.append(row)
+    create_table_artifact(rows, key="stoker-watch", description="what the revision watcher saw and did")
+    if any((r["action"] or "").startswith("error") for r in rows):
+        raise RuntimeError(f"{sum(1 for r in rows if r['action'].startswith('error'))} watch(es) failed")
+    return rows

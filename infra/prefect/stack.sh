@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# The self-hosted Prefect stack on this host, with no image registry: Debian's PostgreSQL 15 (installed with
+# apt when missing), `prefect server start` on it with API basic auth, and a process worker for CPU work.
+# Then `stoker deploy-flows` registers the flows. Everything listens on 127.0.0.1.
+#   infra/prefect/stack.sh            start (or reuse) it all; prints the env a client needs
+#   infra/prefect/stack.sh down       stop what it started (only that)
+# State (DB cluster, credentials 0600, logs): $STOKER_HOME/prefect-stack. UI: add STOKER_PREFECT_UI=1.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+PY=${PY:-.venv/bin/python}
+STATE=${STOKER_HOME:-$HOME/.stoker}/prefect-stack
+PORT=${STOKER_PREFECT_PORT:-4200}
+
+if [[ "${1:-up}" == down ]]; then
+  exec "$PY" -c "from stoker.stack.services import stop_all; print('stopped:', stop_all('$STATE') or 'nothing')"
+fi
+
+if [[ ! -x /usr/lib/postgresql/15/bin/initdb ]]; then
+  echo "installing Debian's PostgreSQL 15" >&2
+  apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q postgresql-15
+fi
+
+"$PY" - "$STATE" "$PORT" <<'PYEOF'
+import sys
+from pathlib import Path
+from stoker.stack.prefect_stack import ensure_postgres, ensure_server, ensure_worker
+import os
+
+state, port = Path(sys.argv[1]), int(sys.argv[2])
+db = ensure_postgres(state)
+api = ensure_server(state, port=port, database_url=db, ui=os.environ.get("STOKER_PREFECT_UI") == "1")
+ensure_worker(state, api, "stoker-cpu", cwd=Path.cwd())
+(state / "client.env").write_text(f"export PREFECT_API_URL={api.url}\nexport PREFECT_API_AUTH_STRING='{api.auth}'\n")
+(state / "client.env").chmod(0o600)
+print(f"Prefect API {api.url} (PostgreSQL), process worker on pool stoker-cpu")
+print(f"client settings: source {state / 'client.env'}")
+PYEOF
+set -a; source "$STATE/client.env"; set +a
+.venv/bin/stoker deploy-flows deployments/deployments.yaml

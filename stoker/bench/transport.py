@@ -1,0 +1,128 @@
+"""What a benchmark needs from a protocol: preflight, then one timed streaming request at a time.
+
+Two transports implement it: gRPC `stream_infer` (grpc_transport) and HTTP `generate_stream` SSE
+(http_transport). Both time every response on time.perf_counter, which is CLOCK_MONOTONIC on Linux and
+so comparable across the load generator's processes. A `TransportSpec` is the picklable recipe a
+worker process rebuilds its transport from, after the main process has run the preflight.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+from .errors import InvalidBenchmarkConfig, ModelUnavailable
+
+TEXT_INPUT = "text_input"
+MAX_TOKENS = "max_tokens"
+MIN_TOKENS = "min_tokens"
+STREAM = "stream"
+TEXT_OUTPUT = "text_output"
+PREFLIGHT_TIMEOUT_S = 10.0
+Protocol_ = Literal["grpc", "http"]
+
+
+@dataclass
+class Exchange:
+    """What the client saw of one request: send time, every response's arrival, the text, or an error."""
+
+    start_s: float
+    times: list[float] = field(default_factory=list)
+    first_s: float | None = None  # first non-empty response
+    text: bytes = b""
+    chunks: int = 0  # non-empty responses
+    error: str | None = None
+    failed_s: float | None = None
+
+    @property
+    def end_s(self) -> float | None:
+        if self.error is not None:
+            return self.failed_s
+        return self.times[-1] if self.times else None
+
+
+@dataclass(frozen=True)
+class TransportSpec:
+    """Everything needed to open a transport in any process; `inputs` comes from the preflight."""
+
+    protocol: Protocol_
+    url: str
+    model: str
+    extra_inputs: Mapping[str, int | float | bool] = field(default_factory=dict)
+    min_tokens: bool = False  # send min_tokens = max_tokens so EOS cannot cut the output short
+    streaming: bool = True  # HTTP only: False uses /generate (one response)
+    inputs: Mapping[str, tuple[str, tuple[int, ...]]] = field(default_factory=dict)
+
+    def request_values(self, text: str, max_tokens: int) -> dict[str, Any]:
+        values: dict[str, Any] = {TEXT_INPUT: text, MAX_TOKENS: max_tokens, **self.extra_inputs}
+        if self.min_tokens:
+            values[MIN_TOKENS] = max_tokens
+        if STREAM in self.inputs or not self.inputs:
+            values[STREAM] = self.streaming
+        return values
+
+    def wanted_inputs(self) -> list[str]:
+        return [TEXT_INPUT, MAX_TOKENS, *self.extra_inputs, *([MIN_TOKENS] if self.min_tokens else [])]
+
+
+class Transport(Protocol):
+    spec: TransportSpec
+
+    async def preflight(self) -> TransportSpec:
+        """Check server, model and interface; return the spec completed with the model's inputs."""
+        ...
+
+    async def connect(self) -> None:
+        """Open the connection now, so that the first measured request does not pay for it."""
+        ...
+
+    async def send(self, text: str, max_tokens: int, request_id: str, timeout_s: float) -> Exchange:
+        """One request, timed; never raises (failures go in the Exchange)."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+def open_transport(spec: TransportSpec) -> Transport:
+    if spec.protocol == "grpc":
+        from .grpc_transport import GrpcTransport
+
+        return GrpcTransport(spec)
+    if spec.protocol == "http":
+        from .http_transport import HttpTransport
+
+        return HttpTransport(spec)
+    raise InvalidBenchmarkConfig(f"unknown protocol {spec.protocol!r}: use grpc or http")
+
+
+def one_line(text: object) -> str:
+    return " ".join(str(text).split())
+
+
+def check_interface(spec: TransportSpec, meta: Mapping[str, Any]) -> TransportSpec:
+    """The spec with the model's input types, or ModelUnavailable naming what the model lacks."""
+    inputs = {
+        i["name"]: (i["datatype"], tuple(1 if int(d) < 0 else int(d) for d in i.get("shape", [])))
+        for i in meta.get("inputs", [])
+    }
+    outputs = {o["name"] for o in meta.get("outputs", [])}
+    missing = [name for name in spec.wanted_inputs() if name not in inputs]
+    if missing or TEXT_OUTPUT not in outputs:
+        lacks = ", ".join(missing + ([] if TEXT_OUTPUT in outputs else [f"output {TEXT_OUTPUT}"]))
+        hint = " (min_tokens makes the output length exact; drop --ignore-eos for this model)" if MIN_TOKENS in missing else ""
+        raise ModelUnavailable(f"model '{spec.model}' lacks the LLM ensemble interface: no {lacks}{hint}")
+    return TransportSpec(**{**spec.__dict__, "inputs": inputs})
+
+
+def why_not_ready(index: Any, url: str, model: str) -> str:
+    """One line saying why `model` is not ready, from a repository index (gRPC dict or HTTP list form)."""
+    models = index.get("models", []) if isinstance(index, dict) else list(index or [])
+    entries = {m.get("name"): m for m in models}
+    if model not in entries:
+        known = ", ".join(sorted(str(n) for n in entries)) or "none"
+        return f"model '{model}' is not in the repository served at {url} (models: {known})"
+    entry = entries[model]
+    state = entry.get("state", "UNKNOWN")
+    reason = one_line(entry.get("reason", ""))
+    return f"model '{model}' is not ready at {url}: state {state}" + (f" ({reason})" if reason else "")

@@ -1,0 +1,99 @@
+"""`stoker render SPEC OUTDIR`: everything a GPU host would execute, written without running anything heavy.
+
+OUTDIR/commands.json   the argv, image, mounts, GPUs, shm/ulimits of every container step (secrets by name only)
+OUTDIR/model_repository/  the complete Triton repository except engine/checkpoint files
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+
+from ..errors import StokerError
+
+
+class RenderError(StokerError):
+    """The output folder cannot be written."""
+
+
+def render(spec_path: Path, outdir: Path) -> dict:
+    """Write commands.json and model_repository/ for a GPU-target spec; returns commands.json's content."""
+    from ..gpu import matrix, planning, repository, trtllm
+    from ..keys import calibration_file
+    from ..spec import GPU_TARGETS, load_spec
+
+    spec = load_spec(spec_path)
+    outdir = outdir.resolve()
+    repo = outdir / "model_repository"
+    if repo.exists() and any(repo.iterdir()):
+        raise RenderError(f"{repo} is not empty; render into a new folder")
+    if spec.target not in GPU_TARGETS:
+        return _render_reference(spec, spec_path, outdir, repo)
+    facts, findings = planning.check_spec(spec)
+    work = outdir / "work"
+    slot = repo / "tensorrt_llm" / "1"
+    ws = trtllm.Workspace(
+        hf=work / "hf", calibration=calibration_file(spec),
+        unified=slot / "checkpoint" if spec.target == "pytorch" else work / "unified",
+        checkpoint=work / "trtllm_checkpoint", engine=slot / "engine", timing_cache=work / "timing",
+        repository=repo, stoker_src=planning.stoker_src())
+    packaged = repository.write_repository(spec, facts, repo)
+    steps = trtllm.gpu_steps(spec, facts, ws)
+    gpu = matrix.gpu_info(spec.gpus.type)
+    doc = {
+        "spec": str(spec_path), "target": spec.target,
+        "image": planning.image_summary(spec),
+        "gpus": {"type": spec.gpus.type, "sm": gpu.sm if gpu else None, "device_ids": spec.gpus.ids,
+                 "tensor_parallel": spec.parallel.tensor, "pipeline_parallel": spec.parallel.pipeline},
+        "model": {"repo_id": spec.model.repo_id, "revision": spec.model.revision,
+                  "facts": asdict(facts) if facts else None},
+        "workspace": {k: str(v) for k, v in asdict(ws).items()},
+        "steps": [s.to_json() for s in steps],
+        "serve_ports": trtllm.serve_ports(spec),
+        "repository": packaged,
+        "notes": [f.line() for f in findings],
+        "not_run_here": "TensorRT-LLM is not installed on stoker's machines: these steps were rendered and "
+                        "contract-tested, not executed.",
+    }
+    outdir.mkdir(parents=True, exist_ok=True)
+    (outdir / "commands.json").write_text(json.dumps(doc, indent=2) + "\n")
+    return doc
+
+
+def _render_reference(spec, spec_path: Path, outdir: Path, repo: Path) -> dict:
+    """The CPU reference path has no container steps (its heavy work runs in child processes): configs and
+    python models only; weights and tokenizer come from the build step."""
+    from ..triton_config import render_all
+    from ..triton_models import install_model_code
+    from ..triton_repo import EMPTY_DIRS, settings_for
+
+    for name, text in render_all(settings_for(spec.triton)).items():
+        (repo / name / "1").mkdir(parents=True, exist_ok=True)
+        (repo / name / "config.pbtxt").write_text(text)
+    install_model_code(repo)
+    doc = {"spec": str(spec_path), "target": spec.target, "image": {"image": spec.deploy.image}, "steps": [],
+           "repository": {"layout": "ensemble (reference)", "empty_dirs": list(EMPTY_DIRS),
+                          "pending": ["tensorrt_llm/1/weights/", "preprocessing/1/tokenizer/",
+                                      "postprocessing/1/tokenizer/"]},
+           "notes": ["target reference: no container steps; quantize/build run in child processes (stoker run)"]}
+    (outdir / "commands.json").write_text(json.dumps(doc, indent=2) + "\n")
+    return doc
+
+
+def _render(args) -> int:
+    doc = render(args.spec, args.outdir)
+    print(f"target {doc['target']} on {doc['image']['image']} (TRT-LLM {doc['image'].get('trtllm')})")
+    for s in doc["steps"]:
+        print(f"  {s['name']:<10} {' '.join(s['argv'])[:110]}")
+    for n in doc["notes"]:
+        print(f"  note: {n}")
+    print(f"wrote {args.outdir / 'commands.json'} and {args.outdir / 'model_repository'}/")
+    return 0
+
+
+def register(sub) -> None:
+    s = sub.add_parser("render", help="write a GPU spec's container commands and Triton repository (runs nothing)")
+    s.add_argument("spec", type=Path)
+    s.add_argument("outdir", type=Path)
+    s.set_defaults(fn=_render)

@@ -1,0 +1,7 @@
+"""The GPU targets: TensorRT-LLM engine (`tensorrt`) and LLM-API (`pytorch`).
+
+Nothing here imports torch or TensorRT-LLM: commands and configs are rendered as
+data, checked by contract against the 1.2-era upstream extracts (tests/contract),
+and executed on a GPU host inside the pinned serving image (stoker.container_exec).
+Keep this package import-light: the in-image worker imports it too.
+"""

@@ -1,0 +1,99 @@
+"""The LLM-API target's Triton repository (`llmapi`): one python model `tensorrt_llm` + model.yaml.
+
+The config declares upstream's inputs/outputs (names and types of TRT-LLM 1.2's
+triton_backend/all_models/llmapi); max_batch_size and decoupled come from model.yaml's
+triton_config through the model's auto-complete, so config.pbtxt leaves them unset, as
+upstream does. model.py is a stoker shim that loads TensorRT-LLM's own llmapi model.py
+from the serving image, so the python model always matches the image's TRT-LLM.
+"""
+
+from __future__ import annotations
+
+import yaml
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2 as mc
+
+MODEL_NAME = "tensorrt_llm"
+CHECKPOINT_DIR = "/models/tensorrt_llm/1/checkpoint"  # the serve step mounts the repository at /models
+
+LLMAPI_IN: tuple[tuple[str, str, bool], ...] = (
+    ("text_input", "TYPE_STRING", False), ("streaming", "TYPE_BOOL", True),
+    ("sampling_param_best_of", "TYPE_INT32", True), ("sampling_param_temperature", "TYPE_FP32", True),
+    ("sampling_param_top_k", "TYPE_INT32", True), ("sampling_param_top_p", "TYPE_FP32", True),
+    ("sampling_param_frequency_penalty", "TYPE_FP32", True), ("sampling_param_presence_penalty", "TYPE_FP32", True),
+    ("sampling_param_max_tokens", "TYPE_INT32", True), ("sampling_param_stop", "TYPE_STRING", True),
+    ("sampling_param_seed", "TYPE_UINT64", True), ("sampling_param_exclude_input_from_output", "TYPE_BOOL", True),
+    ("sampling_param_return_perf_metrics", "TYPE_BOOL", True), ("return_finish_reason", "TYPE_BOOL", True),
+    ("return_stop_reason", "TYPE_BOOL", True), ("return_cumulative_logprob", "TYPE_BOOL", True),
+    ("stop", "TYPE_BOOL", True),
+)
+LLMAPI_OUT: tuple[tuple[str, str], ...] = (
+    ("text_output", "TYPE_STRING"), ("finish_reason", "TYPE_STRING"), ("stop_reason", "TYPE_STRING"),
+    ("cumulative_logprob", "TYPE_FP32"), ("kv_cache_reused_block", "TYPE_INT32"),
+    ("kv_cache_missed_block", "TYPE_INT32"), ("kv_cache_alloc_new_blocks", "TYPE_INT32"),
+    ("kv_cache_alloc_total_blocks", "TYPE_INT32"), ("kv_cache_hit_rate", "TYPE_FP32"),
+    ("arrival_time_ns", "TYPE_INT64"), ("first_scheduled_time_ns", "TYPE_INT64"),
+    ("first_token_time_ns", "TYPE_INT64"), ("last_token_time_ns", "TYPE_INT64"), ("acceptance_rate", "TYPE_FP32"),
+    ("total_accepted_draft_tokens", "TYPE_INT32"), ("total_draft_tokens", "TYPE_INT32"),
+)
+
+SHIM = '''"""stoker: serve TensorRT-LLM's own llmapi model from the serving image (TRT-LLM 1.2.1).
+
+model.yaml is read by that model from this folder (pb_utils.get_model_dir()). Set
+STOKER_LLMAPI_MODEL_DIR if the image keeps the model elsewhere.
+"""
+import importlib.util
+import os
+import sys
+
+_DIR = os.environ.get("STOKER_LLMAPI_MODEL_DIR", "/app/all_models/llmapi/tensorrt_llm/1")
+if not os.path.isfile(os.path.join(_DIR, "model.py")):
+    raise ImportError(f"TensorRT-LLM's llmapi model.py not found in {_DIR}: serve with the pinned "
+                      "nvcr.io/nvidia/tritonserver:<tag>-trtllm-python-py3 image or set STOKER_LLMAPI_MODEL_DIR")
+sys.path.insert(0, _DIR)  # its `from helpers import ...`
+_spec = importlib.util.spec_from_file_location("trtllm_llmapi_model", os.path.join(_DIR, "model.py"))
+_module = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_module)
+TritonPythonModel = _module.TritonPythonModel
+'''
+
+
+def config(spec) -> mc.ModelConfig:
+    cfg = mc.ModelConfig(name=MODEL_NAME, backend="python")
+    for name, dtype, optional in LLMAPI_IN:
+        cfg.input.add(name=name, data_type=mc.DataType.Value(dtype), dims=[1] if name != "sampling_param_stop" else [-1],
+                      optional=optional)
+    for name, dtype in LLMAPI_OUT:
+        cfg.output.add(name=name, data_type=mc.DataType.Value(dtype), dims=[-1])
+    cfg.instance_group.add(count=1, kind=mc.ModelInstanceGroup.KIND_CPU)
+    return cfg
+
+
+def model_yaml(spec, max_seq_len: int | None) -> dict:
+    """model.yaml: upstream's five keys, then LLM(**kwargs) arguments from the spec's build/runtime limits."""
+    b, r = spec.build, spec.runtime
+    doc: dict = {
+        "model": CHECKPOINT_DIR,
+        "backend": "pytorch",
+        "tensor_parallel_size": spec.parallel.tensor,
+        "pipeline_parallel_size": spec.parallel.pipeline,
+        # Upstream: batching happens inside TRT-LLM, so Triton's max_batch_size stays 0.
+        "triton_config": {"max_batch_size": 0, "decoupled": r.decoupled,
+                          "cancellation_check_period_ms": r.cancellation_check_period_ms},
+        "max_batch_size": b.max_batch_size,
+        "max_num_tokens": b.max_num_tokens,
+        "kv_cache_config": {"free_gpu_memory_fraction": r.kv_cache_free_gpu_mem_fraction,
+                            "enable_block_reuse": r.enable_kv_cache_reuse},
+        "enable_chunked_prefill": r.enable_chunked_context,
+        "scheduler_config": {"capacity_scheduler_policy": r.batch_scheduler_policy.upper()},
+    }
+    if max_seq_len is not None:
+        doc["max_seq_len"] = max_seq_len
+    return doc
+
+
+def render_all(spec, max_seq_len: int | None) -> dict[str, str]:
+    """relative path → file text for the whole repository (checkpoint files excluded)."""
+    return {f"{MODEL_NAME}/config.pbtxt": text_format.MessageToString(config(spec)),
+            f"{MODEL_NAME}/1/model.yaml": yaml.safe_dump(model_yaml(spec, max_seq_len), sort_keys=False),
+            f"{MODEL_NAME}/1/model.py": SHIM}

@@ -1,0 +1,50 @@
+"""Write the Triton model repository of a GPU target (engine/checkpoint files excepted)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from .. import triton_config
+from ..triton_models import model_source
+from . import inflight, llmapi
+from .facts import ModelFacts
+from .rules import max_seq_len
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json")
+
+
+def write_repository(spec, facts: ModelFacts | None, out: Path, tokenizer_src: Path | None = None) -> dict:
+    """Configs, python models and tokenizer files into `out`; returns what the package step records.
+
+    Engine target: the engine goes to tensorrt_llm/1/engine/ (the build step's output).
+    LLM-API target: the checkpoint goes to tensorrt_llm/1/checkpoint/.
+    """
+    out.mkdir(parents=True, exist_ok=True)
+    if spec.target == "pytorch":
+        for rel, text in llmapi.render_all(spec, max_seq_len(spec, facts)).items():
+            (out / rel).parent.mkdir(parents=True, exist_ok=True)
+            (out / rel).write_text(text)
+        return {"layout": "llmapi", "models": [llmapi.MODEL_NAME], "pending": [f"{llmapi.MODEL_NAME}/1/checkpoint/"]}
+    for name, text in inflight.render_all(spec).items():
+        (out / name / "1").mkdir(parents=True, exist_ok=True)
+        (out / name / "config.pbtxt").write_text(text)
+    ids = {"end_id": facts.end_id if facts else None, "pad_id": facts.pad_id if facts else None}
+    for step in ("preprocessing", "postprocessing"):
+        shutil.copyfile(model_source(step), out / step / "1" / "model.py")
+        tok = out / step / "1" / triton_config.RepoSettings().tokenizer_dir
+        tok.mkdir(exist_ok=True)
+        if tokenizer_src is not None:
+            for f in TOKENIZER_FILES:
+                if (tokenizer_src / f).is_file():
+                    shutil.copyfile(tokenizer_src / f, tok / f)
+        if ids["end_id"] is not None:
+            # Read first by preprocessing: the end id chosen from tokenizer + generation config (Llama 3
+            # Instruct: <|eot_id|>), so generation stops at the end of the turn, not at max_tokens.
+            (tok / "stoker_runtime.json").write_text(json.dumps(ids, indent=2) + "\n")
+    pending = ["tensorrt_llm/1/engine/"]
+    if tokenizer_src is None:
+        pending += ["preprocessing/1/tokenizer/", "postprocessing/1/tokenizer/"]
+    return {"layout": "inflight_batcher_llm", "models": ["preprocessing", "tensorrt_llm", "postprocessing",
+                                                          "ensemble"], "special_ids": ids, "pending": pending}

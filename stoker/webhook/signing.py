@@ -1,0 +1,70 @@
+"""Pure signing and checking of webhook bodies (no I/O, injectable clock)."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import time
+from dataclasses import dataclass, field
+
+SIGNATURE_HEADER = "X-Hub-Signature-256"
+PREFIX = "sha256="
+
+
+def sign(secret: bytes, body: bytes) -> str:
+    """The header value for ``body``: ``sha256=<hex HMAC-SHA256>``, as GitHub sends it."""
+    return PREFIX + hmac.new(secret, body, hashlib.sha256).hexdigest()
+
+
+def verify(secret: bytes, body: bytes, header: str | None) -> bool:
+    """Constant-time check of the header against the raw body."""
+    if not header or not header.startswith(PREFIX):
+        return False
+    return hmac.compare_digest(sign(secret, body), header.strip())
+
+
+def signed_body(payload: dict, secret: bytes, now: float | None = None) -> tuple[bytes, dict[str, str]]:
+    """A CI client's side: add the timestamp, serialize once, sign those exact bytes."""
+    body = json.dumps({**payload, "timestamp": int(now if now is not None else time.time())},
+                      separators=(",", ":")).encode()
+    return body, {SIGNATURE_HEADER: sign(secret, body), "Content-Type": "application/json"}
+
+
+def within_window(timestamp: float, now: float, window_s: float) -> bool:
+    """The signed timestamp is no older (and no further in the future) than window_s."""
+    return abs(now - timestamp) <= window_s
+
+
+@dataclass
+class TokenBucket:
+    """Rate limit: ``rate`` requests per second with bursts of ``burst``, per client key."""
+
+    rate: float
+    burst: int
+    _state: dict[str, tuple[float, float]] = field(default_factory=dict)
+
+    def allow(self, key: str, now: float) -> bool:
+        tokens, last = self._state.get(key, (float(self.burst), now))
+        tokens = min(float(self.burst), tokens + (now - last) * self.rate)
+        if tokens < 1.0:
+            self._state[key] = (tokens, now)
+            return False
+        self._state[key] = (tokens - 1.0, now)
+        return True
+
+
+@dataclass
+class SeenKeys:
+    """Idempotency keys seen within the replay window: key → (body digest, flow run id, expiry)."""
+
+    ttl_s: float
+    _seen: dict[str, tuple[str, str, float]] = field(default_factory=dict)
+
+    def get(self, key: str, now: float) -> tuple[str, str] | None:
+        self._seen = {k: v for k, v in self._seen.items() if v[2] > now}
+        hit = self._seen.get(key)
+        return (hit[0], hit[1]) if hit else None
+
+    def put(self, key: str, body_digest: str, run_id: str, now: float) -> None:
+        self._seen[key] = (body_digest, run_id, now + self.ttl_s)

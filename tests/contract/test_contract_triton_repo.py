@@ -1,0 +1,109 @@
+"""Contract: rendered Triton repositories against upstream's inflight_batcher_llm / llmapi configs."""
+
+from __future__ import annotations
+
+import yaml
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2 as mc
+
+# Filled values for upstream's type placeholders.
+TYPE_FILL = {"${logits_datatype}": "TYPE_FP32", "${encoder_input_features_data_type}": "TYPE_FP16",
+             "${prompt_embedding_table_data_type}": "TYPE_FP16"}
+
+
+def _load(repo, model: str) -> mc.ModelConfig:
+    return text_format.Parse((repo / model / "config.pbtxt").read_text(), mc.ModelConfig())
+
+
+def _io(tensors) -> dict[str, tuple[str, bool]]:
+    return {t.name: (mc.DataType.Name(t.data_type), getattr(t, "optional", False)) for t in tensors}
+
+
+def _upstream_io(entries, with_optional=True) -> dict[str, tuple[str, bool]]:
+    return {e["name"]: (TYPE_FILL.get(e["data_type"], e["data_type"]), e.get("optional", False) if with_optional else False)
+            for e in entries}
+
+
+def test_no_placeholder_in_any_config(rendered):
+    configs = [p for p in rendered["repo"].rglob("*") if p.name in ("config.pbtxt", "model.yaml")]
+    assert configs
+    for path in configs:
+        assert "${" not in path.read_text(), path
+        if path.name == "config.pbtxt":
+            text_format.Parse(path.read_text(), mc.ModelConfig())  # a valid ModelConfig
+
+
+def test_engine_repository_matches_inflight_batcher_llm(rendered, ibl):
+    if rendered["doc"]["target"] != "tensorrt":
+        return
+    repo = rendered["repo"]
+    assert sorted(p.name for p in repo.iterdir()) == ["ensemble", "postprocessing", "preprocessing", "tensorrt_llm"]
+    trt = _load(repo, "tensorrt_llm")
+    up = ibl["tensorrt_llm"]
+    assert trt.backend == "tensorrtllm"
+    # Mandatory: triton_backend, triton_max_batch_size, decoupled_mode, max_queue_delay_microseconds, max_queue_size,
+    # engine_dir (gpt_model_path), batching_strategy (gpt_model_type), encoder_input_features_data_type, logits_datatype.
+    assert trt.max_batch_size >= 1 and trt.model_transaction_policy.decoupled
+    assert trt.HasField("dynamic_batching")
+    params = {k: v.string_value for k, v in trt.parameters.items()}
+    assert params["gpt_model_type"] == "inflight_fused_batching"
+    assert params["gpt_model_path"] == "/models/tensorrt_llm/1/engine"
+    assert set(params) <= set(up["parameters"]), set(params) - set(up["parameters"])
+    for k, v in up["parameters_fixed_values"].items():
+        assert params[k] == v
+    assert all(v != "" for v in params.values())
+    assert 0 < float(params["kv_cache_free_gpu_mem_fraction"]) <= 1
+    assert params["batch_scheduler_policy"] in ("max_utilization", "guaranteed_no_evict")
+    # Tensor names, types and optionality exactly as upstream (data types with their placeholders filled).
+    assert _io(trt.input) == _upstream_io(up["inputs"])
+    assert {k: v[0] for k, v in _io(trt.output).items()} == {k: v[0] for k, v in _upstream_io(up["outputs"]).items()}
+    # preprocessing / postprocessing: a subset of upstream's tensors with the same types and optionality.
+    for name in ("preprocessing", "postprocessing"):
+        cfg, ref = _load(repo, name), ibl[name]
+        got_in, ref_in = _io(cfg.input), _upstream_io(ref["inputs"])
+        assert all(ref_in[k] == v for k, v in got_in.items()), name
+        assert all(ref_in[k][1] or k in got_in for k in ref_in if not ref_in[k][1]), f"{name} misses a required input"
+        ref_out = {k: v[0] for k, v in _upstream_io(ref["outputs"]).items()}
+        assert all(ref_out[k] == v[0] for k, v in _io(cfg.output).items()), name
+        assert set(cfg.parameters) <= set(ref["parameters"])
+    ens = _load(repo, "ensemble")
+    ref_ens = _upstream_io(ibl["ensemble"]["inputs"])
+    got = _io(ens.input)
+    assert all(ref_ens[k] == v for k, v in got.items())
+    assert {"text_input", "max_tokens"} <= set(got) and "text_output" in {o.name for o in ens.output}
+    gen = next(s for s in ens.ensemble_scheduling.step if s.model_name == "tensorrt_llm")
+    trt_inputs = {t.name for t in trt.input}
+    assert set(gen.input_map) <= trt_inputs
+    for outer, inner in ibl["ensemble"]["ensemble_input_renames_to_tensorrt_llm"].items():
+        if outer in got and not inner.startswith("REQUEST_OUTPUT_LEN"):
+            assert gen.input_map[inner] == outer, outer
+    assert [s.model_name for s in ens.ensemble_scheduling.step] == ibl["ensemble"]["ensemble_steps"]
+
+
+def test_end_id_comes_from_tokenizer_and_generation_config(rendered):
+    if rendered["doc"]["target"] != "tensorrt":
+        return
+    import json
+
+    ids = json.loads((rendered["repo"] / "preprocessing/1/tokenizer/stoker_runtime.json").read_text())
+    # Llama 3 Instruct: generation_config lists 128001 and 128009; the chat turn ends with <|eot_id|> = 128009.
+    assert ids == {"end_id": 128009, "pad_id": 128009}
+
+
+def test_llmapi_repository_matches_upstream(rendered, llmapi_layout):
+    if rendered["doc"]["target"] != "pytorch":
+        return
+    repo = rendered["repo"]
+    up = llmapi_layout["config_pbtxt"]
+    cfg = _load(repo, "tensorrt_llm")
+    assert cfg.backend == up["backend"] and cfg.max_batch_size == 0
+    assert not cfg.HasField("model_transaction_policy")  # comes from model.yaml via auto-complete
+    assert _io(cfg.input) == _upstream_io(up["inputs"])
+    assert {k: v[0] for k, v in _io(cfg.output).items()} == {k: v[0] for k, v in _upstream_io(up["outputs"]).items()}
+    doc = yaml.safe_load((repo / "tensorrt_llm/1/model.yaml").read_text())
+    assert set(llmapi_layout["model_yaml"]["top_level_keys"]) <= set(doc)
+    assert set(llmapi_layout["model_yaml"]["triton_config_keys"]) <= set(doc["triton_config"])
+    assert doc["backend"] == "pytorch" and doc["triton_config"]["max_batch_size"] == 0
+    assert doc["triton_config"]["decoupled"] is True  # streaming needs it
+    assert doc["model"] == "/models/tensorrt_llm/1/checkpoint"
+    assert (repo / "tensorrt_llm/1/model.py").read_text().count("/app/all_models/llmapi/tensorrt_llm/1") == 1

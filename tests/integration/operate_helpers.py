@@ -1,0 +1,124 @@
+"""Shared pieces of the test_operate_* modules: a real Prefect server (+ worker) on loopback, specs, ports."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def free_base_port() -> int:
+    """A port p with p..p+2 and the standby p+10..p+12 all free."""
+    for _ in range(200):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            base = s.getsockname()[1]
+        if base > 60000:
+            continue
+        if all(_free(base + i) for i in (0, 1, 2, 10, 11, 12)):
+            return base
+    raise RuntimeError("no free port range")
+
+
+def _free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("0.0.0.0", port))
+            return True
+        except OSError:
+            return False
+
+
+def make_spec(local_stack, name: str, **deploy) -> dict:
+    """The demo spec on the local stack, quantization off (the fastest real build), small benchmark."""
+    from stoker.demo import DEMO_SPEC
+
+    data = yaml.safe_load(DEMO_SPEC.read_text())
+    base = free_base_port()
+    data["model"]["endpoint"] = local_stack["hub"]
+    data["quantization"] = {"format": "none"}
+    data["storage"].update(endpoint_url=local_stack["s3"], bucket=f"it-{uuid.uuid4().hex[:8]}")
+    data["deploy"] = {"name": name, "ports": {"http": base, "grpc": base + 1, "metrics": base + 2}, **deploy}
+    data["benchmark"].update({"concurrency": [1], "requests_per_level": 2, "output_tokens": 8, "warmup_requests": 1})
+    return data
+
+
+@pytest.fixture(scope="module")
+def prefect_api(tmp_path_factory):
+    """`prefect server start` (SQLite) with basic auth on a free loopback port; stopped after the module."""
+    from stoker.stack.prefect_stack import ensure_server
+    from stoker.stack.services import stop_all
+
+    state = tmp_path_factory.mktemp("prefect-stack")
+    api = ensure_server(state)
+    yield api, state
+    stop_all(state)
+
+
+def prefect_env(api) -> dict[str, str]:
+    return {**os.environ, **api.env()}
+
+
+def run_py(code: str, env: dict, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def apply_deployments(tmp_path: Path, api, doc: dict) -> subprocess.CompletedProcess:
+    """`stoker deploy-flows FILE` in a new process against the test server."""
+    path = tmp_path / "deployments.yaml"
+    path.write_text(yaml.safe_dump({"source": str(ROOT), **doc}))
+    return subprocess.run([sys.executable, "-m", "stoker.cli", "deploy-flows", str(path)], cwd=ROOT,
+                          env=prefect_env(api), capture_output=True, text=True, timeout=300)
+
+
+def api_get(api, path: str, body: dict | None = None) -> dict | list:
+    """A raw call to the Prefect REST API with basic auth (POST when body is given)."""
+    import base64
+
+    req = urllib.request.Request(f"{api.url}{path}", data=json.dumps(body).encode() if body is not None else None,
+                                 headers={"Authorization": "Basic " + base64.b64encode(api.auth.encode()).decode(),
+                                          "Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        return json.loads(resp.read() or b"null")
+
+
+def flow_runs(api, deployment_id: str) -> list[dict]:
+    return api_get(api, "/flow_runs/filter", {"deployments": {"id": {"any_": [deployment_id]}}})
+
+
+def deployment_id(api, flow: str, name: str) -> str:
+    return api_get(api, f"/deployments/name/{flow}/{name}")["id"]
+
+
+def wait_final(api, run_id: str, timeout_s: float) -> dict:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        run = api_get(api, f"/flow_runs/{run_id}")
+        if run["state"]["type"] in ("COMPLETED", "FAILED", "CRASHED", "CANCELLED"):
+            return run
+        if time.monotonic() > deadline:
+            raise AssertionError(f"flow run {run_id} still {run['state']['type']} after {timeout_s} s")
+        time.sleep(1)
+
+
+def record(key: str, value) -> None:
+    """Add a measurement to $STOKER_OPERATE_OUT (JSON), which benchmarks/operate.py sets; no-op otherwise."""
+    out = os.environ.get("STOKER_OPERATE_OUT")
+    if not out:
+        return
+    path = Path(out)
+    data = json.loads(path.read_text()) if path.exists() else {}
+    data[key] = value
+    path.write_text(json.dumps(data, indent=1, sort_keys=True))

@@ -1,0 +1,204 @@
+"""Triggers on real servers: a Prefect server (SQLite, basic auth) + a process worker, the webhook receiver
+as a `stoker webhook serve` process, the olah Hub mirror, moto S3, Docker + the Triton image.
+
+1. A signed webhook starts build_and_deploy through the worker, end to end (the endpoint serves).
+2. Bad signatures, replays, oversized bodies and floods are refused; a repeat answers the same run.
+3. Two watchers racing on a new commit in the mirror start exactly one run; a new commit starts one more.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+import uuid
+
+import pytest
+import yaml
+from operate_helpers import (  # noqa: F401
+    ROOT,
+    api_get,
+    apply_deployments,
+    deployment_id,
+    flow_runs,
+    make_spec,
+    prefect_api,
+    prefect_env,
+    record,
+    run_py,
+    wait_final,
+)
+
+from stoker.stack.services import free_port, port_open
+from stoker.webhook.signing import SIGNATURE_HEADER, sign, signed_body
+
+pytestmark = [pytest.mark.prefect, pytest.mark.hub, pytest.mark.s3, pytest.mark.slow]
+
+SECRET = f"it-webhook-{uuid.uuid4().hex}"
+
+
+def _post(url: str, body: bytes, headers: dict[str, str]) -> tuple[int, dict]:
+    req = urllib.request.Request(url, data=body, headers=headers, method="POST")
+    try:
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read() or b"{}")
+
+
+@pytest.fixture(scope="module")
+def worker_pool(prefect_api, local_stack, tmp_path_factory):
+    """A process worker (own STOKER_HOME) on a fresh pool; the pool's build_and_deploy deployment."""
+    from stoker.stack.prefect_stack import ensure_worker
+
+    api, state = prefect_api
+    pool = f"it-{uuid.uuid4().hex[:6]}"
+    home = tmp_path_factory.mktemp("worker-home")
+    ensure_worker(state, api, pool, cwd=ROOT, env={**local_stack["aws_env"], "STOKER_HOME": str(home / "stoker"),
+                                                   "HF_HOME": str(home / "hf")})
+    done = apply_deployments(home, api, {"work_pools": [{"name": pool}], "deployments": [
+        {"name": pool, "flow": "build_and_deploy", "work_pool": pool}]})
+    assert done.returncode == 0, done.stderr[-3000:]
+    return pool, home
+
+
+@pytest.fixture(scope="module")
+def receiver(prefect_api, worker_pool, local_stack, tmp_path_factory):
+    """`stoker webhook serve` with a specs folder holding one spec for the local stack."""
+    api, state = prefect_api
+    pool, _home = worker_pool
+    specs = tmp_path_factory.mktemp("specs")
+    name = f"wh-{uuid.uuid4().hex[:6]}"
+    (specs / "tiny.yaml").write_text(yaml.safe_dump(make_spec(local_stack, name)))
+    port = free_port()
+    log = open(state / "webhook.log", "wb")
+    proc = subprocess.Popen([sys.executable, "-m", "stoker.cli", "webhook", "serve", "--specs", str(specs),
+                             "--deployment", f"build_and_deploy/{pool}", "--port", str(port), "--max-body", "4096",
+                             "--rate", "0.2", "--burst", "8", "--window", "60"],
+                            cwd=ROOT, env={**prefect_env(api), "STOKER_WEBHOOK_SECRET": SECRET},
+                            stdout=log, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 60
+    while not port_open(port):
+        assert proc.poll() is None and time.monotonic() < deadline, (state / "webhook.log").read_text()[-2000:]
+        time.sleep(0.2)
+    yield f"http://127.0.0.1:{port}/hooks/build", name, state / "webhook.log"
+    proc.terminate()
+    proc.wait(timeout=15)
+    from stoker.docker_engine import connect, remove_deployment
+
+    remove_deployment(connect(), name, lambda _m: None)
+
+
+@pytest.mark.docker
+def test_signed_webhook_runs_build_and_deploy_on_the_worker(prefect_api, receiver, local_stack, triton_image):
+    api, _ = prefect_api
+    url, name, log = receiver
+    body, headers = signed_body({"spec": "tiny", "repo": local_stack["repo_id"], "revision": "main",
+                                 "idempotency_key": f"ci-{uuid.uuid4().hex[:8]}"}, SECRET.encode())
+    t0 = time.time()
+    status, answer = _post(url, body, headers)
+    assert status == 202, answer
+    run_id = answer["flow_run_id"]
+
+    # The same delivery again (a CI retry) answers the same run and starts nothing new.
+    status2, again = _post(url, body, headers)
+    assert (status2, again["flow_run_id"], again["duplicate"]) == (202, run_id, True)
+
+    run = wait_final(api, run_id, timeout_s=600)
+    assert run["state"]["type"] == "COMPLETED", run["state"]
+    started = api_get(api, f"/flow_runs/{run_id}")["start_time"]
+    from datetime import datetime
+
+    latency = datetime.fromisoformat(started.replace("Z", "+00:00")).timestamp() - t0
+    print(f"webhook → flow run Running: {latency:.2f} s")
+    end = datetime.fromisoformat(run["end_time"].replace("Z", "+00:00")).timestamp()
+    record("webhook", {"accept_s": answer["accept_s"], "post_to_running_s": round(latency, 2),
+                       "post_to_completed_s": round(end - t0, 2), "worker_poll_s": 2})
+    assert 0 < latency < 120
+    runs = flow_runs(api, run["deployment_id"])
+    assert [r["id"] for r in runs] == [run_id]
+    assert run["parameters"]["spec"]["deploy"]["name"] == name
+    # The worker's run deployed a live endpoint that streams.
+    ports = run["parameters"]["spec"]["deploy"]["ports"]
+    with urllib.request.urlopen(f"http://127.0.0.1:{ports['http']}/v2/health/ready", timeout=10) as resp:
+        assert resp.status == 200
+    assert SECRET not in log.read_text()
+
+
+def test_bad_signatures_replays_and_oversized_bodies_are_refused(receiver):
+    url, _name, log = receiver
+    payload = {"spec": "tiny", "revision": "main"}
+    body, headers = signed_body(payload, SECRET.encode())
+    assert _post(url, body, {**headers, SIGNATURE_HEADER: sign(b"wrong-secret", body)})[0] == 401
+    assert _post(url, body, {"Content-Type": "application/json"})[0] == 401
+    tampered = body.replace(b'"main"', b'"evil"')
+    assert _post(url, tampered, headers)[0] == 401
+    # A captured request replayed after the window (60 s here): refused although its signature is valid.
+    old, old_headers = signed_body(payload, SECRET.encode(), now=time.time() - 120)
+    code, answer = _post(url, old, old_headers)
+    assert code == 401 and "window" in answer["error"]
+    big, big_headers = signed_body({**payload, "idempotency_key": "x" * 100, "pad": "y" * 5000}, SECRET.encode())
+    assert _post(url, big, big_headers)[0] == 413
+    unknown, unknown_headers = signed_body({"spec": "nope", "revision": "main"}, SECRET.encode())
+    assert _post(url, unknown, unknown_headers)[0] == 400
+    extra, extra_headers = signed_body({**payload, "command": "rm -rf /"}, SECRET.encode())
+    assert _post(url, extra, extra_headers)[0] == 400
+    # A flood: the bucket (burst 8, 0.2/s) runs dry and the receiver answers 429.
+    codes = [_post(url, b"{}", {SIGNATURE_HEADER: "sha256=00"})[0] for _ in range(10)]
+    assert 429 in codes and set(codes) <= {401, 429}
+    assert SECRET not in log.read_text()
+
+
+def _watch_code(watches: list[dict]) -> str:
+    return ("import json\nfrom flows.watch_revisions import watch_revisions\n"
+            f"print('ROWS', json.dumps(watch_revisions(watches=json.loads({json.dumps(json.dumps(watches))}))))")
+
+
+def test_watcher_starts_exactly_one_run_per_new_commit(prefect_api, local_stack, tmp_path):
+    from stoker.stack.hub_mirror import publish_model
+
+    api, _state = prefect_api
+    # An idle pool (no worker): the started runs stay scheduled, so they can be counted exactly.
+    pool = f"idle-{uuid.uuid4().hex[:6]}"
+    done = apply_deployments(tmp_path, api, {"work_pools": [{"name": pool}], "deployments": [
+        {"name": pool, "flow": "build_and_deploy", "work_pool": pool}]})
+    assert done.returncode == 0, done.stderr[-3000:]
+    dep = deployment_id(api, "build_and_deploy", pool)
+
+    # A repo of its own in the mirror, so other tests' commits do not move it.
+    repo_id = f"stoker/watch-{uuid.uuid4().hex[:6]}"
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "config.json").write_text('{"v": 1}')
+    sha1 = publish_model(local_stack["repos"], repo_id, src, "first")
+    spec = make_spec(local_stack, "watched")
+    spec["model"]["repo_id"] = repo_id
+    watches = [{"spec": spec, "deployment": f"build_and_deploy/{pool}"}]
+    env = prefect_env(api)
+
+    # Two watchers race on the same sha.
+    procs = [subprocess.Popen([sys.executable, "-c", _watch_code(watches)], cwd=ROOT, env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    rows = []
+    for p, (out, err) in zip(procs, outs):
+        assert p.returncode == 0, err[-3000:]
+        rows += json.loads(out.split("ROWS ", 1)[1].splitlines()[0])
+    assert {r["sha"] for r in rows} == {sha1}
+    assert sorted(r["action"] for r in rows) == ["already started", "started"]
+    runs = flow_runs(api, dep)
+    assert len(runs) == 1 and runs[0]["parameters"]["spec"]["model"]["revision"] == sha1
+
+    # A new commit: the next check starts exactly one more run, pinned to the new sha; a re-check starts none.
+    (src / "config.json").write_text('{"v": 2}')
+    sha2 = publish_model(local_stack["repos"], repo_id, src, "second")
+    for expected in ("started", "already started"):
+        r = run_py(_watch_code(watches), env)
+        assert r.returncode == 0, r.stderr[-3000:]
+        row = json.loads(r.stdout.split("ROWS ", 1)[1].splitlines()[0])[0]
+        assert (row["sha"], row["action"]) == (sha2, expected)
+    runs = flow_runs(api, dep)
+    assert sorted(r["parameters"]["spec"]["model"]["revision"] for r in runs) == sorted([sha1, sha2])

@@ -1,0 +1,137 @@
+"""GPU rules: `stoker plan` refuses, with one line naming the fix, before any GPU time."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from stoker.gpu import matrix, rules
+from stoker.gpu.facts import known
+from stoker.gpu.rules import PlanRefused
+from stoker.spec import parse_spec
+
+CURRENT = "nvcr.io/nvidia/tritonserver:26.07-trtllm-python-py3"
+LLAMA = known("meta-llama/Meta-Llama-3-8B-Instruct")
+
+
+def gpu_spec(**over) -> object:
+    data = {"model": {"repo_id": "meta-llama/Meta-Llama-3-8B-Instruct"}, "storage": {"bucket": "bkt"},
+            "target": "tensorrt", "gpus": {"type": "h100-80gb", "count": 1}, "deploy": {"image": CURRENT}}
+    for k, v in over.items():
+        data[k] = {**data.get(k, {}), **v} if isinstance(v, dict) and isinstance(data.get(k), dict) else v
+    return parse_spec(data)
+
+
+def refusal(spec, facts=LLAMA, token=True) -> str:
+    with pytest.raises(PlanRefused) as err:
+        rules.enforce(rules.check(spec, facts, token))
+    text = str(err.value)
+    assert "\n" not in text
+    return text
+
+
+def test_a_good_spec_passes_with_notes():
+    notes = rules.enforce(rules.check(gpu_spec(quantization={"format": "fp8"}), LLAMA, True))
+    assert all(n.level == "note" for n in notes)
+    assert any(n.field == "memory" for n in notes)
+
+
+@pytest.mark.parametrize("tag", ["24.04", "24.05", "24.06", "24.07", "24.08", "24.09"])
+def test_seed_images_are_refused_naming_the_supported_image(tag):
+    text = refusal(gpu_spec(deploy={"image": f"nvcr.io/nvidia/tritonserver:{tag}-trtllm-python-py3"}))
+    assert text.startswith("deploy.image: ") and f"use {CURRENT}" in text
+    assert matrix.image_info(f"nvcr.io/nvidia/tritonserver:{tag}-trtllm-python-py3").trtllm in text
+
+
+def test_engine_target_on_an_image_without_trtllm_build():
+    text = refusal(gpu_spec(deploy={"image": "stoker/triton-cpu:2.51.0-cpu"}))
+    assert text == f"deploy.image: stoker/triton-cpu:2.51.0-cpu has no trtllm-build (engine target); use {CURRENT}"
+
+
+def test_unknown_image_is_refused():
+    assert "not in stoker's version matrix" in refusal(gpu_spec(deploy={"image": "vllm/vllm-openai:latest"}))
+
+
+def test_engine_built_by_one_trtllm_served_by_another(tmp_path):
+    text = refusal(gpu_spec(build={"image": "nvcr.io/nvidia/tritonserver:25.12-trtllm-python-py3"}))
+    assert text.startswith("build.image: the engine would be built by TRT-LLM 1.1.0 and served by TRT-LLM 1.2.1")
+    engine = tmp_path / "engine"
+    engine.mkdir()
+    (engine / "config.json").write_text(json.dumps({"version": "0.11.0"}))
+    text = refusal(gpu_spec(build={"engine_dir": str(engine)}))
+    assert text.startswith("build.engine_dir: engine built by TRT-LLM 0.11.0 cannot be served by TRT-LLM 1.2.1")
+    # the same TRT-LLM in another 1.2.1 image is fine
+    rules.enforce(rules.check(gpu_spec(build={"image": "nvcr.io/nvidia/tritonserver:26.04-trtllm-python-py3"}),
+                              LLAMA, True))
+
+
+@pytest.mark.parametrize("gpu, fmt, kv, fragment", [
+    ("a100-80gb", "fp8", "none", "quantization.format: 'fp8' needs compute capability >= 8.9; the NVIDIA A100 80GB has 8.0"),
+    ("h100-80gb", "nvfp4", "none", "quantization.format: 'nvfp4' needs compute capability >= 10.0; the NVIDIA H100 80GB has 9.0"),
+    ("a100-40gb", "int4_awq", "fp8", "quantization.kv_cache_dtype: 'fp8' KV cache needs compute capability >= 8.9"),
+    ("a10g", "w4a8_awq", "none", "quantization.format: 'w4a8_awq' needs compute capability >= 8.9"),
+])
+def test_formats_the_gpu_cannot_run(gpu, fmt, kv, fragment):
+    assert refusal(gpu_spec(gpus={"type": gpu, "count": 1}, quantization={"format": fmt, "kv_cache_dtype": kv})
+                   ).startswith(fragment)
+
+
+def test_blackwell_runs_nvfp4():
+    rules.enforce(rules.check(gpu_spec(gpus={"type": "b200", "count": 1}, quantization={"format": "nvfp4"}), LLAMA, True))
+
+
+def test_tp_times_pp_beyond_the_gpus():
+    text = refusal(gpu_spec(gpus={"type": "h100-80gb", "count": 2}, parallel={"tensor": 2, "pipeline": 2}))
+    assert text.startswith("parallel: tensor x pipeline = 4 needs 4 GPUs but gpus.count is 2")
+
+
+def test_max_seq_len_beyond_context_needs_opt_in():
+    text = refusal(gpu_spec(build={"max_seq_len": 16384}))
+    assert text.startswith("build.max_seq_len: 16384 exceeds the model's context of 8192 tokens")
+    assert "allow_long_context" in text
+    rules.enforce(rules.check(gpu_spec(build={"max_seq_len": 16384, "allow_long_context": True}), LLAMA, True))
+
+
+def test_gated_repo_without_token():
+    text = refusal(gpu_spec(), token=False)
+    assert text == ("model.repo_id: meta-llama/Meta-Llama-3-8B-Instruct is gated and no Hub token is set: "
+                    "put a token with access in $HF_TOKEN")
+
+
+def test_weights_that_do_not_fit_the_gpu():
+    from stoker.gpu.facts import from_config
+
+    big = from_config({"hidden_size": 8192, "intermediate_size": 28672, "num_hidden_layers": 80,
+                       "num_attention_heads": 64, "num_key_value_heads": 8, "vocab_size": 128256,
+                       "max_position_embeddings": 8192, "torch_dtype": "bfloat16"}, gated=False)
+    text = refusal(gpu_spec(), facts=big)
+    assert text.startswith("gpus.type: ~") and "NVIDIA H100 80GB" in text and "int4_awq" in text
+    # INT4 AWQ fits one H100; so does 16-bit over two with TP2
+    rules.enforce(rules.check(gpu_spec(quantization={"format": "int4_awq"}), big, True))
+    rules.enforce(rules.check(gpu_spec(gpus={"type": "h100-80gb", "count": 2}, parallel={"tensor": 2}), big, True))
+    # the infracloud seed: Llama 3 8B INT4 AWQ on an L4
+    rules.enforce(rules.check(gpu_spec(gpus={"type": "l4", "count": 1}, quantization={"format": "int4_awq"}),
+                              LLAMA, True))
+
+
+def test_llmapi_target_refuses_what_its_checkpoint_cannot_carry():
+    text = refusal(gpu_spec(target="pytorch", quantization={"format": "fp8", "kv_cache_dtype": "int8"}))
+    assert text.startswith("quantization.kv_cache_dtype: 'int8' cannot be exported")
+    assert refusal(gpu_spec(target="pytorch", quantization={"format": "int8_sq"})).startswith(
+        "quantization.format: 'int8_sq' is not served by target 'pytorch'")
+
+
+def test_memory_estimate_arithmetic():
+    est = rules.estimate_memory(gpu_spec(), LLAMA, matrix.gpu_info("h100-80gb"))
+    # Llama 3 8B: 8.03e9 params in 16 bit; KV per token = 2 * 32 layers * 8 heads * 128 * 2 bytes
+    assert LLAMA.params == 8_030_261_248
+    assert est.weights_per_gpu == 2 * LLAMA.params
+    assert est.kv_bytes_per_token_per_gpu == 131072
+    tp2 = rules.estimate_memory(gpu_spec(gpus={"type": "h100-80gb", "count": 2}, parallel={"tensor": 2}),
+                                LLAMA, matrix.gpu_info("h100-80gb"))
+    assert tp2.weights_per_gpu == LLAMA.params and tp2.kv_bytes_per_token_per_gpu == 65536
+    fp8 = rules.estimate_memory(gpu_spec(quantization={"format": "fp8", "kv_cache_dtype": "fp8"}), LLAMA,
+                                matrix.gpu_info("h100-80gb"))
+    assert fp8.weights_per_gpu == (LLAMA.params - LLAMA.embedding_params) + 2 * LLAMA.embedding_params
+    assert fp8.kv_bytes_per_token_per_gpu == 65536
