@@ -15,12 +15,12 @@ import argparse
 import json
 import shutil
 import sys
-import traceback
 from pathlib import Path
 from typing import Any
 
 from stoker.digest import file_sha256 as _sha256
 from stoker.errors import StokerError
+from stoker.workers import run_cli
 
 ARTIFACT_FORMAT = "stoker-reference/1"
 # The reference runtime tokenizes with the `tokenizers` library: tokenizer.json is a must.
@@ -149,18 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--checkpoint", type=Path, required=True)
     parser.add_argument("--out", type=Path, required=True, help="output directory (empty or absent)")
     args = parser.parse_args(argv)
-    try:
-        files = build(args.checkpoint, args.out)
-    except StokerError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    except Exception as exc:  # noqa: BLE001 - a child process must end with a one-line cause
-        traceback.print_exc(file=sys.stderr)
-        cause = str(exc).strip().splitlines()
-        print(f"error: {type(exc).__name__}: {cause[0] if cause else ''}", file=sys.stderr)
-        return 1
-    print(json.dumps({"out": str(args.out), "files": files}))
-    return 0
+    return run_cli(lambda: {"out": str(args.out), "files": build(args.checkpoint, args.out)})
 
 
 if __name__ == "__main__":

@@ -22,12 +22,12 @@ import json
 import shutil
 import sys
 import time
-import traceback
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from stoker.errors import StokerError
+from stoker.workers import run_cli
 
 # stoker format -> name of the modelopt.torch.quantization config (0.47).
 FORMAT_CONFIGS = {
@@ -284,7 +284,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--request", type=Path, required=True, help="JSON request file")
     parser.add_argument("--out", type=Path, required=True, help="output directory (empty or absent)")
     args = parser.parse_args(argv)
-    try:
+
+    def work() -> dict:
         try:
             raw = json.loads(args.request.read_text())
         except (OSError, json.JSONDecodeError) as exc:
@@ -293,16 +294,9 @@ def main(argv: list[str] | None = None) -> int:
         # ModelOpt and transformers print progress to stdout; keep stdout for our one JSON line.
         with contextlib.redirect_stdout(sys.stderr):
             info = quantize(req, args.out)
-    except StokerError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    except Exception as exc:  # noqa: BLE001 - a child process must end with a one-line cause
-        traceback.print_exc(file=sys.stderr)
-        cause = str(exc).strip().splitlines()
-        print(f"error: {type(exc).__name__}: {cause[0] if cause else ''}", file=sys.stderr)
-        return 1
-    print(json.dumps({"out": str(args.out), "format": info["format"], "duration_s": info["duration_s"]}))
-    return 0
+        return {"out": str(args.out), "format": info["format"], "duration_s": info["duration_s"]}
+
+    return run_cli(work)
 
 
 if __name__ == "__main__":

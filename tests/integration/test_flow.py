@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import urllib.request
@@ -20,38 +19,17 @@ import yaml
 
 from stoker.demo import DEMO_SPEC
 
+from operate_helpers import free_base_port
+
 pytestmark = [pytest.mark.docker, pytest.mark.s3, pytest.mark.hub, pytest.mark.prefect, pytest.mark.slow]
 
 HEAVY_STEPS = ("fetch", "quantize", "build", "package", "upload")
 
 
-def _free_base_port() -> int:
-    """A port p with p..p+2 and the blue/green standby p+10..p+12 all free."""
-    for _ in range(200):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            base = s.getsockname()[1]
-        if base > 60000:
-            continue
-        ports = [base + i for i in (0, 1, 2, 10, 11, 12)]
-        if all(_free(p) for p in ports):
-            return base
-    raise RuntimeError("no free port range")
-
-
-def _free(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("0.0.0.0", port))
-            return True
-        except OSError:
-            return False
-
-
 @pytest.fixture
 def spec_file(tmp_path, local_stack):
     data = yaml.safe_load(DEMO_SPEC.read_text())
-    base = _free_base_port()
+    base = free_base_port()
     data["model"]["endpoint"] = local_stack["hub"]
     data["storage"]["endpoint_url"] = local_stack["s3"]
     data["storage"]["bucket"] = f"it-{uuid.uuid4().hex[:8]}"
