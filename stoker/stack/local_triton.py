@@ -14,7 +14,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import sysconfig
@@ -48,15 +47,12 @@ class TritonPorts:
 
 
 def pick_free_ports(host: str = "127.0.0.1") -> TritonPorts:
-    """Three ports the kernel reports free right now (a small race remains; fine for tests)."""
-    sockets = [socket.socket() for _ in range(3)]
-    try:
-        for s in sockets:
-            s.bind((host, 0))
-        http, grpc, metrics = (s.getsockname()[1] for s in sockets)
-    finally:
-        for s in sockets:
-            s.close()
+    """Three distinct ports free right now, outside the ephemeral range (see services.free_port)."""
+    from .services import free_port
+
+    http = free_port(host)
+    grpc = free_port(host, exclude=(http,))
+    metrics = free_port(host, exclude=(http, grpc))
     return TritonPorts(http=http, grpc=grpc, metrics=metrics)
 
 

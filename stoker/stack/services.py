@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -91,11 +92,29 @@ def port_free(port: int, host: str = "127.0.0.1") -> bool:
     return True
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port the kernel considers free right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+def free_port(host: str = "127.0.0.1", exclude: tuple[int, ...] = ()) -> int:
+    """A port free right now, chosen below the kernel's ephemeral range.
+
+    bind(0) hands out ephemeral ports, which outgoing connections also take: a port picked that
+    way can be gone by the time a server binds it. Picking outside that range closes the race
+    against clients (other servers can still race, but rarely).
+    """
+    low = _ephemeral_low()
+    rng = random.Random()
+    for _ in range(1000):
+        port = rng.randrange(20000, max(20001, low))
+        if port not in exclude and port_free(port, host) and port_free(port, "0.0.0.0"):
+            return port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:  # a crowded range: fall back
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
 
 
 def _proc_start_ticks(pid: int) -> int | None:

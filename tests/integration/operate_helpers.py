@@ -19,14 +19,12 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def free_base_port() -> int:
-    """A port p with p..p+2 and the standby p+10..p+12 all free."""
+    """A port p with p..p+2 and the standby p+10..p+12 all free, below the ephemeral range."""
+    from stoker.stack.services import free_port
+
     for _ in range(200):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            base = s.getsockname()[1]
-        if base > 60000:
-            continue
-        if all(_free(base + i) for i in (0, 1, 2, 10, 11, 12)):
+        base = free_port()
+        if all(_free(base + i) for i in (1, 2, 10, 11, 12)):
             return base
     raise RuntimeError("no free port range")
 

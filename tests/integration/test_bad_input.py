@@ -44,8 +44,9 @@ def _no_cache(tmp_path):
 def test_unknown_quant_format_is_refused_naming_the_field(tmp_path, local_stack, prefect_home):
     r, err = _run(tmp_path, local_stack, prefect_home, lambda d: d["quantization"].update(format="fp4"))
     assert r.returncode == 1
-    assert err == [f"stoker: error: {tmp_path / 'spec.yaml'}: quantization.format: Input should be 'none', "
-                   "'fp8', 'int4_awq', 'int8_sq' or 'w4a8_awq'"]
+    assert len(err) == 1
+    assert err[0].startswith(f"stoker: error: {tmp_path / 'spec.yaml'}: quantization.format: Input should be "
+                             "'none', 'fp8', 'int4_awq'"), err
 
 
 @pytest.mark.parametrize("edit, needle", [

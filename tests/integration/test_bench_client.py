@@ -9,7 +9,6 @@ absolute schedule, so the true TTFT and ITL are known and the client's measureme
 from __future__ import annotations
 
 import asyncio
-import socket
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -141,9 +140,9 @@ output [ { name: "text_output" data_type: TYPE_STRING dims: [ -1 ] } ]
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    from stoker.stack.services import free_port
+
+    return free_port()
 
 
 def _write_model(repo: Path, name: str, code: str, config: str) -> None:

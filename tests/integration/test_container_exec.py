@@ -96,10 +96,25 @@ def test_cancel_event_kills_and_removes(executor, triton_image):
 def test_keyboard_interrupt_removes_the_container(executor, triton_image):
     step = sh(triton_image, "echo started; sleep 120")
     seen: list[str] = []
-    timer = threading.Timer(2.0, lambda: os.kill(os.getpid(), signal.SIGINT))
-    timer.start()
-    with pytest.raises(KeyboardInterrupt):
-        executor.run(step, seen.append)
+    started = threading.Event()
+
+    def on_line(line: str) -> None:
+        seen.append(line)
+        if line == "started":
+            started.set()
+
+    def interrupt() -> None:  # Ctrl-C once the container really runs, however slow the machine is
+        if started.wait(120):
+            os.kill(os.getpid(), signal.SIGINT)
+
+    # Other tests in the same session (Prefect's engine) may have replaced the SIGINT handler.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        threading.Thread(target=interrupt, daemon=True).start()
+        with pytest.raises(KeyboardInterrupt):
+            executor.run(step, on_line)
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert seen == ["started"]
     assert leftovers(executor, step) == []
 

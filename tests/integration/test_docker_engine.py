@@ -72,9 +72,9 @@ def image(client) -> str:
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    from stoker.stack.services import free_port
+
+    return free_port()
 
 
 @pytest.fixture(scope="module")

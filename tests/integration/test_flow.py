@@ -16,10 +16,9 @@ from pathlib import Path
 import boto3
 import pytest
 import yaml
+from operate_helpers import free_base_port
 
 from stoker.demo import DEMO_SPEC
-
-from operate_helpers import free_base_port
 
 pytestmark = [pytest.mark.docker, pytest.mark.s3, pytest.mark.hub, pytest.mark.prefect, pytest.mark.slow]
 
