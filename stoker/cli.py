@@ -41,6 +41,7 @@ def run_flow(spec) -> dict:
 
 
 def print_summary(manifest: dict) -> None:
+    from .report import level_label
     from .run import RunContext
 
     ctx = RunContext(run_id=manifest["run_id"], home=RunContext.new().home)
@@ -48,7 +49,7 @@ def print_summary(manifest: dict) -> None:
         print(f"  {name:<10} {st['status']:<9} {'cache hit' if st['cache_hit'] else 'ran':<9} {st['duration_s']:8.2f} s")
     for lv in manifest["benchmark"]["levels"]:
         ttft, itl = lv["ttft_ms"]["p50"], lv["itl_ms"]["p50"]
-        print(f"  concurrency {lv['concurrency']}: {lv['output_tokens_per_s']:.1f} output tok/s, "
+        print(f"  {level_label(lv)}: {lv['output_tokens_per_s']:.1f} output tok/s, "
               f"TTFT p50 {_ms(ttft)}, ITL p50 {_ms(itl)}, errors {lv['errors']}/{lv['requests']}")
     ep = manifest["endpoint"]
     if ep:

@@ -7,11 +7,18 @@ def _fmt(v, nd: int = 1) -> str:
     return "-" if v is None else f"{v:.{nd}f}" if isinstance(v, float) else str(v)
 
 
+def level_label(lv: dict) -> str:
+    """'concurrency 4' or 'rate 2.5/s': what a level held fixed."""
+    if lv.get("mode") == "rate":
+        return f"rate {lv.get('request_rate'):g}/s"
+    return f"concurrency {lv['concurrency']}"
+
+
 def benchmark_rows(manifest: dict) -> list[dict]:
     rows = []
     for lv in manifest["benchmark"]["levels"]:
         rows.append({
-            "concurrency": lv["concurrency"], "requests": lv["requests"], "errors": lv["errors"],
+            "level": level_label(lv), "requests": lv["requests"], "errors": lv["errors"],
             "ttft_ms_p50": lv["ttft_ms"]["p50"], "ttft_ms_p99": lv["ttft_ms"]["p99"],
             "itl_ms_p50": lv["itl_ms"]["p50"], "itl_ms_p99": lv["itl_ms"]["p99"],
             "e2e_ms_p50": lv["e2e_ms"]["p50"], "e2e_ms_p99": lv["e2e_ms"]["p99"],

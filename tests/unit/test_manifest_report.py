@@ -1,7 +1,7 @@
 import json
 
 from stoker.manifest import build_manifest, write_local
-from stoker.report import benchmark_rows, markdown
+from stoker.report import benchmark_rows, level_label, markdown
 from stoker.run import Output, RunContext, StepResult
 from stoker.spec import parse_spec
 
@@ -62,7 +62,9 @@ def test_report_shows_steps_and_benchmark_table(tmp_path):
     text = markdown(m, ["s3://b-1/stoker/runs/r3/manifest.json"])
     assert "| fetch | completed | yes | 1.00 | 1 files, 0.00 MB |" in text
     assert "| deploy | completed | no | 6.00 |" in text
-    assert "| 2 | 8 | 1 | 11.0 | 19.5 | - | - | 11.0 | 19.5 | 123.4 | 5.5 |" in text
+    assert "| concurrency 2 | 8 | 1 | 11.0 | 19.5 | - | - | 11.0 | 19.5 | 123.4 | 5.5 |" in text
     assert "s3://b-1/stoker/runs/r3/manifest.json" in text
     rows = benchmark_rows(m)
     assert rows[0]["output_tokens_per_s"] == 123.4 and rows[0]["itl_ms_p50"] is None
+    rate = {**m["benchmark"]["levels"][0], "mode": "rate", "request_rate": 2.5, "concurrency": 0}
+    assert level_label(rate) == "rate 2.5/s"
