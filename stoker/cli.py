@@ -37,7 +37,19 @@ def run_flow(spec) -> dict:
 
     from .run import RunContext
 
-    return build_and_deploy(spec, home=str(RunContext.new().home))
+    try:
+        return build_and_deploy(spec, home=str(RunContext.new().home))
+    finally:
+        _stop_ephemeral_api()
+
+
+def _stop_ephemeral_api() -> None:
+    """Stop Prefect's temporary API now rather than at exit, so our summary really is the last output."""
+    from prefect.server.api.server import SubprocessASGIServer
+
+    # prefect 3.8.8 (pinned) keeps its ephemeral servers here and stops them in an atexit hook.
+    for server in list(getattr(SubprocessASGIServer, "_instances", {}).values()):
+        server.stop()
 
 
 def print_summary(manifest: dict) -> None:
