@@ -45,8 +45,14 @@ def run_flow(spec) -> dict:
 
 def _stop_ephemeral_api() -> None:
     """Stop Prefect's temporary API now rather than at exit, so our summary really is the last output."""
+    from prefect.events.worker import EventsWorker
+    from prefect.logging.handlers import APILogWorker
     from prefect.server.api.server import SubprocessASGIServer
 
+    # Logs and events still queued for the API go first; otherwise their workers retry against the
+    # stopped server for a minute at exit.
+    APILogWorker.drain_all(timeout=10)
+    EventsWorker.drain_all(timeout=10)
     # prefect 3.8.8 (pinned) keeps its ephemeral servers here and stops them in an atexit hook.
     for server in list(getattr(SubprocessASGIServer, "_instances", {}).values()):
         server.stop()
