@@ -16,7 +16,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from stoker.stack.services import ServiceError, free_port, is_running, start_service
+from stoker.stack.services import ServiceError, reuse_or_port, start_service
 
 SERVICE_NAME = "hub-mirror"
 
@@ -81,11 +81,9 @@ def ensure_mirror(state_dir: Path, port: int | None = None, timeout_s: float = 6
         ServiceError: ours already runs on a different port, or it failed to start
             (PortInUse if the port is held by something else).
     """
-    running = is_running(SERVICE_NAME, state_dir)
-    if running is not None and (port is None or running.port == port):
+    running, port = reuse_or_port(SERVICE_NAME, state_dir, port)
+    if running is not None:
         return running.url
-    if port is None:
-        port = free_port()
     base = mirror_dir(state_dir)
     for sub in ("repos", "cache", "logs"):
         (base / sub).mkdir(parents=True, exist_ok=True)

@@ -110,6 +110,14 @@ def free_port(host: str = "127.0.0.1", exclude: tuple[int, ...] = ()) -> int:
         return int(sock.getsockname()[1])
 
 
+def reuse_or_port(name: str, state_dir: Path, port: int | None) -> tuple[ServiceHandle | None, int]:
+    """Our running service when it suits the request, else the port to start one on (a free one if None)."""
+    running = is_running(name, state_dir)
+    if running is not None and (port is None or running.port == port):
+        return running, running.port
+    return None, port if port is not None else free_port()
+
+
 def _ephemeral_low() -> int:
     try:
         return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from bench_models import UNARY_CONFIG, UNARY_MODEL
 
 from stoker.bench.client import (
     EndpointUnreachable,
@@ -114,31 +115,6 @@ output [ { name: "y" data_type: TYPE_FP32 dims: [ 1 ] } ]
 """
 
 
-# Non-decoupled, like TensorRT-LLM's backend deployed without decoupled mode: it refuses stream=true.
-UNARY_LLM_MODEL = """
-import numpy as np
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def execute(self, requests):
-        return [pb_utils.InferenceResponse(error=pb_utils.TritonError(
-            "Streaming is only supported if model is deployed using decoupled mode.")) for _ in requests]
-"""
-
-UNARY_LLM_CONFIG = """
-name: "unary_llm"
-backend: "python"
-max_batch_size: 8
-input [
-  { name: "text_input" data_type: TYPE_STRING dims: [ 1 ] },
-  { name: "max_tokens" data_type: TYPE_INT32 dims: [ 1 ] },
-  { name: "stream" data_type: TYPE_BOOL dims: [ 1 ] optional: true }
-]
-output [ { name: "text_output" data_type: TYPE_STRING dims: [ -1 ] } ]
-"""
-
-
 def _free_port() -> int:
     from stoker.stack.services import free_port
 
@@ -159,7 +135,7 @@ def triton_grpc_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     repo = root / "models"
     _write_model(repo, "ensemble", SCRIPTED_MODEL, SCRIPTED_CONFIG)
     _write_model(repo, "plain", PLAIN_MODEL, PLAIN_CONFIG)
-    _write_model(repo, "unary_llm", UNARY_LLM_MODEL, UNARY_LLM_CONFIG)
+    _write_model(repo, "unary_llm", UNARY_MODEL, UNARY_CONFIG)
     with local_triton.start(repo, local_triton.pick_free_ports(), root / "tritonserver.log") as server:
         yield server.grpc_url
 

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from bench_models import UNARY_CONFIG, UNARY_MODEL
 
 from stoker.bench.client import BenchConfig, run_sweep
 from stoker.bench.errors import (
@@ -29,29 +30,6 @@ from stoker.stack import local_triton
 pytestmark = pytest.mark.triton
 
 FIRST_TOKEN_S, INTERVAL_S, LIMIT = 0.020, 0.005, 64
-
-# Non-decoupled, like TensorRT-LLM's backend deployed without decoupled mode: it refuses stream=true.
-UNARY_MODEL = """
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def execute(self, requests):
-        return [pb_utils.InferenceResponse(error=pb_utils.TritonError(
-            "Streaming is only supported if model is deployed using decoupled mode.")) for _ in requests]
-"""
-UNARY_CONFIG = """
-name: "unary_llm"
-backend: "python"
-max_batch_size: 8
-input [
-  { name: "text_input" data_type: TYPE_STRING dims: [ 1 ] },
-  { name: "max_tokens" data_type: TYPE_INT32 dims: [ 1 ] },
-  { name: "stream" data_type: TYPE_BOOL dims: [ 1 ] optional: true }
-]
-output [ { name: "text_output" data_type: TYPE_STRING dims: [ -1 ] } ]
-"""
-
 
 @pytest.fixture(scope="module")
 def triton(tmp_path_factory: pytest.TempPathFactory) -> Iterator[local_triton.LocalTriton]:
