@@ -1,4 +1,8 @@
-"""build_and_deploy: (preflight) fetch → quantize → build → package → upload → deploy → benchmark."""
+"""build_and_deploy: (preflight) fetch → quantize → build → package → upload → deploy → benchmark → gate → switch.
+
+"deploy" stages a candidate behind the deployment's stable endpoint; the benchmark and its gate run on
+the candidate's own ports; only a candidate that passed them gets traffic ("switch").
+"""
 
 from __future__ import annotations
 
@@ -8,7 +12,6 @@ from typing import Callable
 
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_link_artifact, create_markdown_artifact, create_table_artifact
-from prefect.transactions import transaction
 
 from stoker.gpu_slot import gpu_slot
 from stoker.manifest import build_manifest, write_atomic, write_local
@@ -19,7 +22,8 @@ from tasks.hub import fetch_weights
 from tasks.modelopt import quantize_weights
 from tasks.preflight import preflight_checks
 from tasks.reference import build_reference
-from tasks.rollout import deploy_endpoint, emit_failure, read_rollback, scrape_metrics, verify_endpoint
+from tasks.rollout import (abandon_candidate, emit_failure, read_rollback, scrape_metrics, stage_candidate,
+                           switch_traffic)
 from tasks.s3 import store_manifest, upload_repository
 from tasks.gate import gate_benchmark, promote_run
 from tasks.triton_client import benchmark_endpoint
@@ -67,17 +71,21 @@ def build_and_deploy(spec: Spec, home: str | None = None) -> dict:
         else:
             packaged = steps.run("package", package_gpu, spec, fetched, built, ctx)
         uploaded = steps.run("upload", upload_repository, spec, packaged, ctx)
-        # Anything failing after deploy (health gate, benchmark, a gate) rolls the endpoint back to
-        # what served before: deploy_endpoint's on_rollback hook (tasks/rollout.py).
-        with transaction():
-            if spec.target == "reference":
-                deployed = steps.run("deploy", deploy_endpoint, spec, uploaded, ctx)
-            else:  # GPUs: device requests, shm, ulimits, MPI launch for TP×PP > 1 (tasks/trtllm.py)
-                deployed = steps.run("deploy", deploy_gpu, spec, packaged, ctx)
-            verify_endpoint(spec, deployed)
+        if spec.target == "reference":
+            staged = steps.run("deploy", stage_candidate, spec, uploaded, ctx)  # proven, no traffic yet
+            try:
+                benchmarked = steps.run("benchmark", benchmark_endpoint, spec, staged, built, ctx)
+                metrics = scrape_metrics(staged)  # before the gate: a failed run's report shows them too
+                # A failed gate fails the run with a table of what regressed; the candidate never serves.
+                steps.run("gate", gate_benchmark, spec, benchmarked, ctx)
+            except Exception as exc:
+                abandon_candidate(spec, staged, ctx, one_line(exc))
+                raise
+            steps.run("switch", switch_traffic, spec, staged, ctx)  # switch, watch, retire (or switch back)
+        else:  # GPUs: device requests, shm, ulimits, MPI launch for TP×PP > 1 (tasks/trtllm.py); one container
+            deployed = steps.run("deploy", deploy_gpu, spec, packaged, ctx)
             benchmarked = steps.run("benchmark", benchmark_endpoint, spec, deployed, built, ctx)
-            metrics = scrape_metrics(deployed)  # before the gate: a failed run's report shows them too
-            # A failed gate fails the run with a table of what regressed; the build is not promoted.
+            metrics = scrape_metrics(deployed)
             steps.run("gate", gate_benchmark, spec, benchmarked, ctx)
         steps.run("promote", promote_run, spec, benchmarked, ctx)  # its summary becomes the baseline
     except Exception as exc:
@@ -110,7 +118,7 @@ def publish_run(spec: Spec, ctx: RunContext, manifest: dict, s3_ok: bool) -> Non
     if manifest["benchmark"]["levels"]:
         create_table_artifact(benchmark_rows(manifest), key=f"{key}-benchmark", description="benchmark by level")
     if manifest["endpoint"]:
-        create_link_artifact(manifest["endpoint"]["http"], link_text="Triton HTTP endpoint", key=f"{key}-endpoint")
+        create_link_artifact(manifest["endpoint"]["http"], link_text="stable HTTP endpoint", key=f"{key}-endpoint")
     for uri in uris:
         create_link_artifact(uri, link_text="run manifest (S3)", key=f"{key}-manifest")
     path = write_local(ctx, manifest)

@@ -21,6 +21,10 @@ def build_manifest(spec: Spec, ctx: RunContext, steps: dict[str, StepResult], so
                    started_at: float, wall_s: float, status: str, error: str | None = None,
                    rollback: dict | None = None, metrics: list[dict] | None = None) -> dict:
     deploy = steps.get("deploy")
+    switch = steps.get("switch")
+    # What serves is this run's build only once traffic is on it (GPU targets have no switch step).
+    live = bool(deploy and deploy.status == "completed"
+                and (switch.status == "completed" if switch else "switch" not in steps and not error))
     bench = steps.get("benchmark")
     levels = bench.detail.get("levels", []) if bench and bench.status == "completed" else []
     return {
@@ -32,14 +36,18 @@ def build_manifest(spec: Spec, ctx: RunContext, steps: dict[str, StepResult], so
         "model": {"repo_id": spec.model.repo_id, "revision": spec.model.revision, "sha": source.get("sha"),
                   "local_path": source.get("local_path")},
         "versions": tool_versions(),
-        "endpoint": ({"http": deploy.detail.get("http"), "grpc": deploy.detail.get("grpc")}
-                     if deploy and deploy.status == "completed" else None),
+        # The stable address clients use (the proxy), and separately the backend that serves behind it.
+        "endpoint": (deploy.detail.get("endpoint") if deploy and deploy.status == "completed" else None),
+        "backend": (deploy.detail.get("candidate" if live else "previous") if deploy and deploy.status == "completed"
+                    else None),
         # Steps after the pipeline's own (gate, promote, ...) follow in the order they ran.
         "steps": {name: steps[name].manifest_entry() for name in (*STEPS, *(n for n in steps if n not in STEPS))
                   if name in steps},
         "benchmark": {"levels": [_level(lv) for lv in levels]},
         "rollout": ({"strategy": deploy.detail.get("strategy"), "previous": deploy.detail.get("previous"),
-                     "version": deploy.detail.get("version")} if deploy and deploy.status == "completed" else None),
+                     "version": deploy.detail.get("version"), "reused": deploy.detail.get("reused"),
+                     **({"switch": switch.detail} if switch and switch.status == "completed" else {})}
+                    if deploy and deploy.status == "completed" else None),
         "rollback": rollback,  # set when a failure after deploy returned the endpoint to what served before
         "triton_metrics": metrics or [],  # per model, cumulative since the server started
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started_at)),

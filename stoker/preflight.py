@@ -23,16 +23,19 @@ def check_storage(spec: Spec) -> None:
 
 
 def check_docker(spec: Spec) -> None:
-    """The daemon answers, the image is there and the ports are ours to use."""
+    """The daemon answers, both images are there, and the endpoint's ports are free or already ours."""
+    from .rollout import target_for
+    from .serving import promote
+
     d = spec.deploy
     client = docker_engine.connect(d.docker_host, timeout_s=30)
-    docker_engine.check_deployable(client, d.name, d.image,
-                                   docker_engine.Ports(http=d.ports.http, grpc=d.ports.grpc, metrics=d.ports.metrics),
-                                   d.standby_port_offset)
+    docker_engine.require_image(client, d.image)
+    docker_engine.require_image(client, d.proxy_image)
+    promote.check_listen_ports(client, target_for(spec))
 
 
 def preflight(spec: Spec, log: Callable[[str], None]) -> None:
     check_storage(spec)
     log(f"preflight: S3 {spec.storage.endpoint_url or 'AWS'} bucket {spec.storage.bucket!r} ok")
     check_docker(spec)
-    log(f"preflight: Docker daemon, image {spec.deploy.image} and ports ok")
+    log(f"preflight: Docker daemon, images {spec.deploy.image} and {spec.deploy.proxy_image}, ports ok")

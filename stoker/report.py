@@ -46,6 +46,7 @@ def markdown(manifest: dict, manifest_uris: list[str]) -> str:
         f"- quantization: `{q['format']}` (kv cache `{q['kv_cache_dtype']}`), target `{spec['target']}`",
         f"- spec digest: `{manifest['spec_digest'][:16]}`",
         f"- endpoint: {manifest['endpoint'] or 'not deployed'}",
+        f"- serving backend: {_backend(manifest.get('backend'))}",
         f"- wall {manifest['wall_s']:.1f} s, flow overhead {manifest['overhead_s']:.1f} s",
     ]
     if manifest.get("error"):
@@ -61,7 +62,13 @@ def markdown(manifest: dict, manifest_uris: list[str]) -> str:
         prev = (ro.get("previous") or {}).get("digest")
         lines += ["", "## Rollout", "", f"- strategy `{ro.get('strategy')}`"
                   + (f", live version {ro['version']}" if ro.get("version") else "")
-                  + f", previous `{(prev or 'nothing')[:16]}`"]
+                  + f", previous `{(prev or 'nothing')[:16]}`"
+                  + (", reused (the digest already served)" if ro.get("reused") else "")]
+        sw = ro.get("switch") or {}
+        if sw.get("switched"):
+            lines.append(f"- switched in {sw['switch_s'] * 1000:.0f} ms; watched {sw['watch_s']:.0f} s: "
+                         f"{sw['watch_requests']:g} requests, {sw['watch_failures']:g} failed"
+                         + (f"; old backend retired after {sw['retire_s']:.1f} s" if "retire_s" in sw else ""))
     if manifest.get("rollback"):
         rb = manifest["rollback"]
         lines += ["", "## Rollback", "", f"- **{rb.get('status')}**: {rb.get('action')}"
@@ -73,3 +80,9 @@ def markdown(manifest: dict, manifest_uris: list[str]) -> str:
     lines += ["", "## Versions", ""] + [f"- {k}: {v}" for k, v in manifest["versions"].items()]
     lines += ["", "## Manifest", ""] + [f"- {u}" for u in manifest_uris]
     return "\n".join(lines) + "\n"
+
+
+def _backend(b: dict | None) -> str:
+    if not b:
+        return "none"
+    return f"{b['container']} (slot {b['slot']}, digest `{b['digest'][:16]}`, {b['http']})"

@@ -1,20 +1,24 @@
-"""Rollout strategies for a Triton deployment, and the way back.
+"""Rollout strategies behind a deployment's stable endpoint, and the way back.
 
-``replace``: a new container on the standby ports, health-gated, then the old one
-removed (docker_engine.deploy; on failure the old one keeps serving).
+Both strategies keep the address: clients talk to the deployment's proxy (``serving``), which
+owns the spec's ports for the deployment's whole life.
 
-``reload``: one long-lived container started with ``--model-control-mode=explicit``
-serves a *live* repository in S3 (``<prefix>/live/<name>/model_repository``). A new
-build is published into it as the next numeric version of every model, then loaded
-through Triton's model-control API (``POST /v2/repository/models/M/load``). Triton
-loads the new version next to the serving one and retires the old one only after
-the load succeeded, so requests keep flowing: no restart, no port change.
-``<prefix>/live/<name>/stoker-live.json`` records which digest each version holds,
-so a rollback deletes the newest version and loads again (Triton falls back to the
-previous one, still in S3).
+``replace`` (default): a candidate backend is started on the free slot, proven (ready through a
+settle window, a smoke inference streamed through ``ensemble``), then gated by the caller
+(benchmark, evaluation) on its own ports, before it gets any traffic. ``go_live`` switches the
+proxy, watches the new backend while the old one stays warm, switches back on a fault, and only
+then retires the old one (``serving.promote``).
 
-Errors: ``RolloutError`` (one-line cause); a failed load first puts the previous
-version back, so the endpoint keeps serving what it served before.
+``reload``: one long-lived backend started with ``--model-control-mode=explicit`` serves a *live*
+repository in S3 (``<prefix>/live/<name>/model_repository``). A new build is published into it as
+the next numeric version of every model, then loaded through Triton's model-control API
+(``POST /v2/repository/models/M/load``): Triton loads the new version next to the serving one and
+retires the old one only after the load succeeded. There is no second backend, so the smoke
+inference and the gates run on the live backend after the load; a failure loads the previous
+version back. ``<prefix>/live/<name>/stoker-live.json`` records which digest each version holds.
+The first reload deploy (no reload backend yet) is staged and promoted like ``replace``.
+
+Errors: ``RolloutError`` / ``PromotionFailed`` / ``DeployError`` (one-line cause).
 """
 
 from __future__ import annotations
@@ -25,18 +29,19 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
 
 from botocore.exceptions import ClientError
 
 from . import docker_engine, s3
 from .errors import StokerError
+from .run import stoker_home
+from .serving import probe, promote
+from .serving.ports import Ports
 from .spec import Spec, Storage
 from .triton_config import ENSEMBLE_NAME, MODEL_NAME
 
 Log = Callable[[str], None]
 LIVE_STATE = "stoker-live.json"
-LABEL_ROLLOUT = "ai.stoker.rollout"
 # Composing models before the ensemble, so the ensemble's first request after its
 # reload already meets the new versions.
 LOAD_ORDER = ("preprocessing", MODEL_NAME, "postprocessing", ENSEMBLE_NAME)
@@ -47,21 +52,6 @@ class RolloutError(StokerError):
     """A rollout or rollback failed; the message's first line is the cause."""
 
 
-@dataclass(frozen=True)
-class Serving:
-    """What a deployment serves now: enough to return to it later."""
-
-    strategy: str  # replace | reload
-    container: str
-    repository_uri: str
-    digest: str  # the repository digest (reload: of the live version)
-    image: str
-    version: int | None = None  # reload: the live version number
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-
 # ---------------------------------------------------------------- pure parts
 
 
@@ -70,7 +60,7 @@ def live_prefix(storage: Storage, name: str) -> str:
 
 
 def live_digest(storage: Storage, name: str) -> str:
-    """A stable stand-in for the container's digest label: the reload container never changes repository."""
+    """A stable stand-in for the backend's digest label: the reload backend never changes repository."""
     return "live-" + hashlib.sha256(f"{storage.bucket}/{live_prefix(storage, name)}".encode()).hexdigest()[:40]
 
 
@@ -89,20 +79,29 @@ def version_key(src_key: str, src_root: str, dst_root: str, version: int) -> str
     return None
 
 
-def request_for(spec: Spec, repository_uri: str, digest: str, env: dict[str, str]) -> docker_engine.DeployRequest:
-    """The container request for this spec; reload mode always serves the live repository, explicitly."""
+def target_for(spec: Spec) -> promote.Target:
+    d = spec.deploy
+    return promote.Target(name=d.name, listen=Ports(d.ports.http, d.ports.grpc, d.ports.metrics),
+                          proxy_image=d.proxy_image, state_dir=stoker_home() / "proxy" / d.name)
+
+
+def backend_spec(spec: Spec, repository_uri: str, digest: str, env: dict[str, str], run_id: str = "",
+                 reload: bool | None = None) -> docker_engine.BackendSpec:
+    """The backend for this spec; reload mode always serves the live repository, explicitly."""
     d = spec.deploy
     extra: list[str] = []
-    if d.rollout == "reload":
+    if d.rollout == "reload" if reload is None else reload:
         repository_uri = s3.triton_uri(spec.storage, f"{live_prefix(spec.storage, d.name)}/model_repository")
         digest = live_digest(spec.storage, d.name)
         extra = list(EXPLICIT_ARGS)
-    return docker_engine.DeployRequest(
+    return docker_engine.BackendSpec(
         name=d.name, image=d.image, repository_uri=repository_uri, repo_digest=digest, env=env,
-        ports=docker_engine.Ports(http=d.ports.http, grpc=d.ports.grpc, metrics=d.ports.metrics),
-        standby_port_offset=d.standby_port_offset, shm_size=d.shm_size,
-        ulimits={k: (v.soft, v.hard) for k, v in d.ulimits.items()}, ready_timeout_s=d.ready_timeout_s,
-        extra_args=extra)
+        shm_size=d.shm_size, ulimits={k: (v.soft, v.hard) for k, v in d.ulimits.items()},
+        ready_timeout_s=d.ready_timeout_s, extra_args=extra, run_id=run_id)
+
+
+def container_env(spec: Spec) -> dict[str, str]:
+    return s3.credentials_env() | {"AWS_DEFAULT_REGION": spec.storage.region}
 
 
 # ---------------------------------------------------------------- live repository (S3)
@@ -226,87 +225,95 @@ def load_all(http_url: str, log: Log, models: tuple[str, ...] = LOAD_ORDER) -> f
     return took
 
 
-# ---------------------------------------------------------------- what serves now
+# ---------------------------------------------------------------- the promotion, strategy by strategy
 
 
-def serving(client, name: str) -> Serving | None:
-    """The ready container of deployment ``name`` and what it serves (None when nothing does)."""
-    for c in docker_engine._containers(client, name):  # newest first
-        if c.status != "running" or not docker_engine._is_ready(c):
-            continue
-        args = c.attrs.get("Args") or []
-        uri = next((a.split("=", 1)[1] for a in args if a.startswith("--model-repository=")), "")
-        strategy = "reload" if "--model-control-mode=explicit" in args else "replace"
-        image = (c.attrs.get("Config") or {}).get("Image", "")
-        return Serving(strategy=strategy, container=c.name, repository_uri=uri,
-                       digest=c.labels.get(docker_engine.LABEL_DIGEST, ""), image=image)
-    return None
+def stage(spec: Spec, repository_uri: str, digest: str, run_id: str, log: Log) -> dict:
+    """Reconcile, then prepare ``digest`` to serve without giving it traffic; returns the staging record.
 
-
-def rollout(spec: Spec, repository_uri: str, digest: str, log: Log) -> dict:
-    """Serve ``digest`` (uploaded at ``repository_uri``) with the spec's strategy; returns what happened.
-
-    Keys: strategy, container, http, grpc, metrics, reused, replaced, previous (Serving dict or None),
-    and for reload: version, previous_version, load_s.
+    Keys: strategy, reused (the digest already serves), in_place (reload: loaded into the live
+    backend), candidate and previous (BackendRef dicts), endpoint (the stable addresses),
+    version / previous_version (reload).
     """
     d = spec.deploy
     client = docker_engine.connect(d.docker_host)
-    before = serving(client, d.name)
-    env = s3.credentials_env() | {"AWS_DEFAULT_REGION": spec.storage.region}
-    out: dict = {"strategy": d.rollout, "previous": before.to_dict() if before else None}
+    target = target_for(spec)
+    live = promote.reconcile(client, target, log)
+    previous = promote.BackendRef.of(live).to_dict() if live else None
+    out = {"strategy": d.rollout, "endpoint": target.endpoint, "previous": previous, "reused": False,
+           "in_place": False, "digest": digest, "repository_uri": repository_uri, "image": d.image}
+    env = container_env(spec)
     if d.rollout == "reload":
         s3c = s3.client(spec.storage)
-        prev_state = read_live(s3c, spec.storage, d.name)
-        if before is not None and before.strategy == "reload":
-            out["previous"]["version"] = prev_state.get("version")
-            out["previous"]["digest"] = prev_state.get("digest") or before.digest
+        before = read_live(s3c, spec.storage, d.name)
         state = publish_version(s3c, spec.storage, d.name, digest, log)
-        res = docker_engine.deploy(client, request_for(spec, repository_uri, digest, env), log)
-        out.update(version=state["version"], previous_version=prev_state.get("version") or None, load_s=0.0)
-        if res.reused and state["version"] != prev_state.get("version"):
+        out.update(version=state["version"], previous_version=before.get("version") or None)
+        if live is not None and live.digest == live_digest(spec.storage, d.name):
+            out.update(candidate=previous, in_place=True)
+            if state["version"] == before.get("version"):
+                out["reused"] = True
+                return out
+            ref = promote.BackendRef.of(live)
             try:
-                out["load_s"] = load_all(res.http_url, log)
-            except RolloutError:
+                out["load_s"] = load_all(ref.http, log)
+                probe.smoke(ref.http)
+            except (RolloutError, probe.ProbeFailed):
                 # Triton keeps the old version when a load fails; make S3 agree, then load it back.
                 revert_live(s3c, spec.storage, d.name, log)
-                load_all(res.http_url, log)
+                load_all(ref.http, log)
                 raise
-            prune_versions(s3c, spec.storage, d.name)
-        reused = res.reused and state["version"] == prev_state.get("version")
-    else:
-        res = docker_engine.deploy(client, request_for(spec, repository_uri, digest, env), log)
-        reused = res.reused
-    ports = res.ports
-    out.update(container=res.container_name, container_id=res.container_id, http=res.http_url, grpc=res.grpc_url,
-               metrics=f"http://127.0.0.1:{ports.metrics}/metrics", reused=reused, replaced=res.replaced,
-               digest=digest, repository_uri=repository_uri, image=d.image)
+            return out
+    elif live is not None and live.digest == digest:
+        log(f"{live.container} already serves digest {digest[:12]}; reusing it")
+        out.update(candidate=previous, reused=True)
+        return out
+    cand = promote.stage(client, target, backend_spec(spec, repository_uri, digest, env, run_id), live,
+                         d.settle_s, log)
+    out["candidate"] = cand.to_dict()
     return out
 
 
-def roll_back(spec: Spec, done: dict, log: Log) -> dict:
-    """Undo ``rollout``'s result ``done``: back to what served before, or nothing when nothing did."""
+def go_live(spec: Spec, staged: dict, log: Log) -> dict:
+    """Switch traffic to the staged candidate, watch it, then retire the old backend; returns what happened.
+
+    A fault in the watch window switches traffic back to the old backend (still warm) and raises
+    PromotionFailed naming the cause.
+    """
     d = spec.deploy
-    t0 = time.perf_counter()
+    if staged.get("reused"):
+        return {"switched": False, "reason": "the digest already serves"}
+    if staged.get("in_place"):
+        prune_versions(s3.client(spec.storage), spec.storage, d.name)
+        return {"switched": False, "reason": f"loaded in place as version {staged.get('version')}"}
     client = docker_engine.connect(d.docker_host)
-    prev = done.get("previous")
-    env = s3.credentials_env() | {"AWS_DEFAULT_REGION": spec.storage.region}
-    if done.get("reused"):
-        return {"action": "none (the run changed nothing that serves)", "to": prev, "duration_s": 0.0}
-    if d.rollout == "reload" and prev and prev.get("strategy") == "reload" and done.get("previous_version"):
+    target = target_for(spec)
+    cand = promote.BackendRef.from_dict(staged["candidate"])
+    old = promote.BackendRef.from_dict(staged.get("previous"))
+    switch_s = promote.switch(client, target, cand, old, log)
+    watched = promote.watch(client, cand, d.watch_s, d.max_error_rate_pct, log)
+    out = {"switched": True, "switch_s": round(switch_s, 4), "watch_s": round(watched.seconds, 2),
+           "watch_requests": watched.requests, "watch_failures": watched.failures, "live": cand.to_dict()}
+    if not watched.healthy:
+        back = promote.switch_back(client, target, cand, old, d.drain_timeout_s, log)
+        raise promote.PromotionFailed(f"{watched.cause}; {back}")
+    if old is not None:
+        out["retire_s"] = round(promote.retire(client, target, old, d.drain_timeout_s, log), 2)
+    return out
+
+
+def abandon(spec: Spec, staged: dict, log: Log) -> str:
+    """A staged candidate failed a gate: it never gets traffic (reload: the previous version is loaded back)."""
+    d = spec.deploy
+    if staged.get("reused"):
+        return "nothing to undo (the digest already served)"
+    if staged.get("in_place"):
+        if not d.auto_rollback:
+            return "none (deploy.auto_rollback is false)"
         s3c = s3.client(spec.storage)
         state = revert_live(s3c, spec.storage, d.name, log)
-        load_all(done["http"], log)
-        action = f"reloaded version {state['version']}"
-    elif prev:
-        req = request_for(spec, prev["repository_uri"], prev["digest"], env)
-        # Back to the exact container setup that served: its repository and its strategy.
-        req = docker_engine.DeployRequest(**{**req.__dict__, "repository_uri": prev["repository_uri"],
-                                             "repo_digest": prev["digest"], "image": prev["image"] or d.image,
-                                             "extra_args": EXPLICIT_ARGS if prev["strategy"] == "reload" else []})
-        res = docker_engine.deploy(client, req, log)
-        action = f"redeployed {prev['digest'][:12]} as {res.container_name}"
-    else:
-        removed = docker_engine.remove_deployment(client, d.name, log)
-        action = f"removed {', '.join(removed) or 'nothing'} (nothing served before)"
-    log(f"rollback: {action}")
-    return {"action": action, "to": prev, "duration_s": round(time.perf_counter() - t0, 3)}
+        load_all(staged["candidate"]["http"], log)
+        return f"reloaded version {state['version']}"
+    client = docker_engine.connect(d.docker_host)
+    promote.discard(client, promote.BackendRef.from_dict(staged["candidate"]), log)
+    prev = staged.get("previous")
+    return f"candidate removed; {prev['container']} kept serving" if prev else "candidate removed"

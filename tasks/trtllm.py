@@ -109,6 +109,7 @@ def deploy_gpu(spec: Spec, packaged: StepResult, ctx: RunContext) -> StepResult:
     """Serve the repository on the spec's GPUs (device requests, shm, ulimits; MPI launch for TP×PP > 1)."""
 
     from stoker import docker_engine
+    from stoker.serving import probe
 
     logger = get_run_logger()
     t0 = time.perf_counter()
@@ -126,7 +127,7 @@ def deploy_gpu(spec: Spec, packaged: StepResult, ctx: RunContext) -> StepResult:
     container = client.containers.run(**kwargs, name=name, ports=trtllm.serve_ports(spec))
     http = f"http://127.0.0.1:{spec.deploy.ports.http}"
     try:
-        waited = docker_engine.wait_ready(f"{http}/v2/health/ready", spec.deploy.ready_timeout_s)
+        waited = probe.wait_ready(f"{http}/v2/health/ready", spec.deploy.ready_timeout_s)
         logger.info(f"deploy: {name} ready after {waited:.1f}s")
     except Exception:
         container.remove(force=True)
@@ -134,4 +135,6 @@ def deploy_gpu(spec: Spec, packaged: StepResult, ctx: RunContext) -> StepResult:
     return StepResult(name="deploy", duration_s=time.perf_counter() - t0, key=packaged.digest[:24],
                       digest=packaged.digest, detail={"container": name, "http": http,
                                                       "grpc": f"127.0.0.1:{spec.deploy.ports.grpc}",
+                                                      "endpoint": {"http": http,
+                                                                   "grpc": f"127.0.0.1:{spec.deploy.ports.grpc}"},
                                                       "image": trtllm.serving_image(spec)})

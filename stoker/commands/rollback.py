@@ -1,8 +1,9 @@
-"""`stoker rollback NAME [RUN_ID]`: serve again what an earlier run of deployment NAME deployed.
+"""`stoker rollback NAME [--to RUN_ID]`: serve again, at the same address, what an earlier run deployed.
 
-Without RUN_ID: the newest completed run whose repository differs from what serves now.
-Reads run manifests from $STOKER_HOME/runs; the repository is still in S3 (digests are
-never deleted), and the run's own spec says how to roll it out (replace or reload).
+Without --to: the newest completed run whose repository differs from what serves now. A backend
+that still runs that digest (warm, e.g. during a watch window) takes traffic at once; otherwise
+the run's build is staged on the free slot, proven, and switched to, like any promotion.
+Reads run manifests from $STOKER_HOME/runs; the repository is still in S3 (digests are never deleted).
 """
 
 from __future__ import annotations
@@ -14,20 +15,22 @@ from ..errors import StokerError
 
 
 class RollbackError(StokerError):
-    """No earlier run to return to, or the rollout back failed."""
+    """No earlier run to return to, an unknown deployment, or the way back failed."""
 
 
 def deployed_runs(home: Path, name: str) -> list[dict]:
-    """Manifests of runs that deployed ``name`` successfully, oldest first (run ids sort by time)."""
+    """Manifests of runs that put ``name`` live, oldest first (run ids sort by time)."""
     out = []
     for path in sorted((home / "runs").glob("*/manifest.json")):
         try:
             m = json.loads(path.read_text())
         except (OSError, ValueError):
             continue
-        dep, up = m.get("steps", {}).get("deploy", {}), m.get("steps", {}).get("upload", {})
+        steps = m.get("steps", {})
+        dep, up, sw = steps.get("deploy", {}), steps.get("upload", {}), steps.get("switch")
         if (m.get("spec", {}).get("deploy", {}).get("name") == name and dep.get("status") == "completed"
-                and up.get("status") == "completed" and (m.get("rollback") or {}).get("status") != "rolled back"):
+                and up.get("status") == "completed" and (sw is None or sw.get("status") == "completed")
+                and (m.get("rollback") or {}).get("status") != "rolled back"):
             out.append(m)
     return out
 
@@ -37,43 +40,71 @@ def choose(runs: list[dict], run_id: str | None, live_digest: str | None) -> dic
     if run_id:
         for m in runs:
             if m["run_id"] == run_id:
+                if m["steps"]["upload"]["digest"] == live_digest:
+                    raise RollbackError(f"run {run_id} deployed digest {live_digest[:12]}, which already serves")
                 return m
         raise RollbackError(f"run {run_id} did not deploy this deployment (or its manifest is not here)")
     for m in reversed(runs):
         if m["steps"]["upload"]["digest"] != live_digest:
             return m
-    raise RollbackError("no earlier run deployed anything else")
+    raise RollbackError("nothing to roll back to: no earlier run deployed anything else")
 
 
 def rollback_to(name: str, run_id: str | None, log=print) -> dict:
-    from .. import docker_engine, rollout, s3
+    from .. import docker_engine, rollout
     from ..run import stoker_home
+    from ..serving import promote, topology
     from ..spec import parse_spec
 
-    runs = deployed_runs(stoker_home(), name)
+    home = stoker_home()
+    runs = deployed_runs(home, name)
+    client = None
     if not runs:
-        raise RollbackError(f"no completed runs of deployment {name} under {stoker_home() / 'runs'}")
+        client = docker_engine.connect(None)
+        if not docker_engine.containers(client, name):
+            raise RollbackError(f"unknown deployment {name!r}: no containers and no runs of it under {home / 'runs'}")
+        raise RollbackError(f"nothing to roll back to: no completed runs of {name} under {home / 'runs'}")
     spec = parse_spec(runs[-1]["spec"], f"manifest of {runs[-1]['run_id']}")
-    now = rollout.serving(docker_engine.connect(spec.deploy.docker_host), name)
-    live = now.digest if now else None
-    if now and now.strategy == "reload":
-        live = rollout.read_live(s3.client(spec.storage), spec.storage, name).get("digest")
-    target = choose(runs, run_id, live)
-    spec = parse_spec(target["spec"], f"manifest of {target['run_id']}")
-    up = target["steps"]["upload"]
-    log(f"rollback {name}: to run {target['run_id']} (digest {up['digest'][:12]}, strategy {spec.deploy.rollout})")
-    done = rollout.rollout(spec, up["detail"]["repository_uri"], up["digest"], log)
-    return {"run_id": target["run_id"], "digest": up["digest"], **done}
+    client = docker_engine.connect(spec.deploy.docker_host)
+    target = rollout.target_for(spec)
+    backends = promote.observe_backends(client, name)
+    view, _ = promote.observe_proxy(client, target)
+    routed = next((b for b in backends if b.slot == view.live and b.running and b.ready), None)
+    chosen = choose(runs, run_id, routed.digest if routed else None)
+    up = chosen["steps"]["upload"]
+    warm = next((b for b in backends if b is not routed and b.digest == up["digest"] and b.ready), None)
+    log(f"rollback {name}: to run {chosen['run_id']} (digest {up['digest'][:12]})"
+        + (f", warm in {warm.container}" if warm else ""))
+    if warm is None:
+        live = promote.reconcile(client, target, log)
+        run_spec = parse_spec(chosen["spec"], f"manifest of {chosen['run_id']}")
+        bspec = rollout.backend_spec(run_spec, up["detail"]["repository_uri"], up["digest"],
+                                     rollout.container_env(run_spec), run_id=chosen["run_id"], reload=False)
+        cand = promote.stage(client, target, bspec, live, spec.deploy.settle_s, log)
+    else:
+        live, cand = routed, promote.BackendRef.of(warm)
+    old = promote.BackendRef.of(live) if isinstance(live, topology.Backend) else None
+    staged = {"candidate": cand.to_dict(), "previous": old.to_dict() if old else None}
+    done = rollout.go_live(spec, staged, log)
+    return {"run_id": chosen["run_id"], "digest": up["digest"], "endpoint": target.endpoint, **done}
 
 
 def _handler(args) -> int:
-    done = rollback_to(args.name, args.run_id)
-    print(f"serving run {done['run_id']} (digest {done['digest'][:12]}) at {done['http']} via {done['container']}")
+    done = rollback_to(args.name, args.to or args.run_id)
+    print(f"serving run {done['run_id']} (digest {done['digest'][:12]}) at {done['endpoint']['http']} "
+          f"via {done['live']['container']}")
     return 0
 
 
 def register(sub) -> None:
-    p = sub.add_parser("rollback", help="serve again what an earlier run of a deployment deployed")
+    p = sub.add_parser("rollback", help="serve again, at the same address, what an earlier run deployed")
     p.add_argument("name", help="deploy.name of the spec")
-    p.add_argument("run_id", nargs="?", default=None, help="default: the newest run serving something else")
+    p.add_argument("run_id", nargs="?", default=None, help=argparse_suppress())
+    p.add_argument("--to", default=None, metavar="RUN_ID", help="default: the newest run serving something else")
     p.set_defaults(fn=_handler)
+
+
+def argparse_suppress() -> str:
+    import argparse
+
+    return argparse.SUPPRESS

@@ -1,4 +1,5 @@
-"""Pure parts of the Docker deployment: slot/port choice, readiness loop, recipe digest."""
+"""Pure parts of serving: backend port choice, the proxy's config and runtime answers, the reconcile
+decision, the readiness and settle loops, the recipe digest."""
 
 from __future__ import annotations
 
@@ -8,99 +9,170 @@ from pathlib import Path
 
 import pytest
 
-from stoker.docker_engine import (
-    DeployError,
-    DeployRequest,
-    NotReady,
-    PortInUse,
+from stoker.docker_engine import BackendSpec, triton_args
+from stoker.serving import haproxy
+from stoker.serving.ports import (
+    NoFreePorts,
     Ports,
-    Slot,
-    choose_slot,
+    backend_port_blocks,
+    choose_backend_ports,
     is_port_free,
-    triton_args,
-    wait_ready,
+    parse_ephemeral_range,
+    port_owner,
 )
+from stoker.serving.probe import ProbeFailed, hold_ready, wait_ready
+from stoker.serving.topology import Backend, ProxyView, next_slot, plan_repair
 from stoker.stack.dockerd import stop_daemon
 from stoker.stack.image import BUILD_SH, recipe_digest
 
-REQ = Ports(8000, 8001, 8002)
+LISTEN = Ports(8000, 8001, 8002)
+EPHEMERAL = (32768, 60999)
 
 
-def free_except(*busy: int):
-    return lambda port: port not in busy
+# ------------------------------------------------------------------ backend ports
 
 
-# ------------------------------------------------------------------ choose_slot
+def test_backend_ports_are_never_in_the_ephemeral_range():
+    blocks = backend_port_blocks(EPHEMERAL)
+    assert blocks and all(b + 2 < 32768 or b > 60999 for b in blocks)
+    assert all(b >= 20000 for b in blocks) and all(b + 2 <= 65535 for b in blocks)
+    for seed in ("a", "b", "llama", "x" * 40):
+        p = choose_backend_ports(lambda port: True, ephemeral=EPHEMERAL, seed=seed)
+        assert all(not 32768 <= v <= 60999 for v in p.values())
+        assert p.grpc == p.http + 1 and p.metrics == p.http + 2
 
 
-def test_first_deploy_takes_requested_ports_in_blue():
-    assert choose_slot(REQ, 10, None, free_except()) == Slot("blue", REQ)
+def test_backend_ports_skip_claimed_busy_and_avoided_ports():
+    first = choose_backend_ports(lambda port: True, ephemeral=EPHEMERAL, seed="d")
+    busy = {first.metrics}
+    second = choose_backend_ports(lambda port: port not in busy, ephemeral=EPHEMERAL, seed="d")
+    assert first.metrics not in second.values() and second != first
+    third = choose_backend_ports(lambda port: True, claimed=first.values(), ephemeral=EPHEMERAL, seed="d")
+    assert not set(third.values()) & set(first.values())
+    with pytest.raises(NoFreePorts, match="outside the ephemeral range"):
+        choose_backend_ports(lambda port: False, ephemeral=EPHEMERAL)
 
 
-def test_requested_ports_held_by_current_blue_go_to_green_standby():
-    current = Slot("blue", REQ)
-    assert choose_slot(REQ, 10, current, free_except(8000, 8001, 8002)) == Slot(
-        "green", Ports(8010, 8011, 8012)
-    )
+def test_ephemeral_range_parsing_and_a_range_leaving_no_room():
+    assert parse_ephemeral_range("32768\t60999\n") == (32768, 60999)
+    with pytest.raises(ValueError):
+        parse_ephemeral_range("70000 80000")
+    assert backend_port_blocks((1024, 65535)) == []
+    with pytest.raises(NoFreePorts):
+        choose_backend_ports(lambda port: True, ephemeral=(1024, 65535))
 
 
-def test_current_on_standby_frees_requested_ports_for_next_deploy():
-    current = Slot("green", Ports(8010, 8011, 8012))
-    assert choose_slot(REQ, 10, current, free_except(8010, 8011, 8012)) == Slot(
-        "blue", REQ
-    )
+def test_port_owner_names_a_real_listener():
+    with socket.socket() as listener:
+        listener.bind(("0.0.0.0", 0))
+        listener.listen()
+        owner = port_owner(listener.getsockname()[1])
+    assert owner.startswith("pid ") and "python" in owner
 
 
-def test_port_held_by_another_process_is_named_in_error():
-    with pytest.raises(PortInUse) as err:
-        choose_slot(REQ, 10, None, free_except(8000))
-    assert (
-        str(err.value) == "port 8000 (deploy.ports.http) is in use by another process"
-    )
+# ------------------------------------------------------------------ proxy config and runtime answers
 
 
-def test_foreign_port_wins_over_standby_when_only_some_ports_are_ours():
-    current = Slot(
-        "blue", Ports(8000, 9001, 9002)
-    )  # the user changed grpc/metrics ports
-    with pytest.raises(PortInUse, match=r"^port 8001 \(deploy.ports.grpc\)"):
-        choose_slot(REQ, 10, current, free_except(8000, 8001, 9001, 9002))
+def test_rendered_config_routes_only_the_live_slot_and_speaks_h2_for_grpc():
+    cfg = haproxy.render(haproxy.ProxyLayout(LISTEN, {"blue": Ports(20000, 20001, 20002), "green": None}, "blue"))
+    assert "bind :8000\n" in cfg and "bind :8001 proto h2\n" in cfg and "bind :8002\n" in cfg
+    assert "server blue 127.0.0.1:20001 proto h2\n" in cfg
+    assert "server green 127.0.0.1:1 proto h2 disabled" in cfg
+    assert cfg.count(" disabled") == 3 and "${" not in cfg
+    idle = haproxy.render(haproxy.ProxyLayout(LISTEN, {}, None))
+    assert idle.count(" disabled") == 6
 
 
-def test_busy_standby_port_is_reported_with_offset():
-    current = Slot("blue", REQ)
-    with pytest.raises(PortInUse) as err:
-        choose_slot(REQ, 10, current, free_except(8000, 8001, 8002, 8012))
-    assert str(err.value) == (
-        "port 8012 (deploy.ports.metrics + standby_port_offset 10) "
-        "is in use by another process"
-    )
+def test_switch_commands_point_the_slot_then_drain_the_other():
+    cmds = haproxy.switch_commands("green", Ports(20003, 20004, 20005), drain="blue").split("; ")
+    assert cmds[:3] == ["set server http/green addr 127.0.0.1 port 20003", "set server http/green state ready",
+                        "set server http/blue state drain"]
+    assert "set server grpc/green addr 127.0.0.1 port 20004" in cmds and len(cmds) == 9
 
 
-def test_port_in_use_is_a_deploy_error():
-    assert issubclass(PortInUse, DeployError) and issubclass(NotReady, DeployError)
+SERVERS_STATE = """1
+# be_id be_name srv_id srv_name srv_addr srv_op_state srv_admin_state srv_uweight srv_iweight srv_time_since_last_change srv_check_status srv_check_result srv_check_health srv_check_state srv_agent_state bk_f_forced_id srv_f_forced_id srv_fqdn srv_port srvrecord srv_use_ssl srv_check_port srv_check_addr srv_agent_addr srv_agent_port
+3 http 1 blue 127.0.0.1 2 8 1 1 1 1 0 2 0 0 0 0 - 20000 - 0 0 - - 0
+3 http 2 green 127.0.0.1 2 0 1 1 1 1 0 0 8 0 0 0 - 20003 - 0 0 - - 0
+4 grpc 1 blue 127.0.0.1 2 8 1 1 1 1 0 2 0 0 0 0 - 20001 - 0 0 - - 0
+4 grpc 2 green 127.0.0.1 2 0 1 1 1 1 0 0 8 0 0 0 - 20004 - 0 0 - - 0
+5 metrics 1 blue 127.0.0.1 0 5 1 1 1 1 0 2 0 0 0 0 - 20002 - 0 0 - - 0
+5 metrics 2 green 127.0.0.1 2 0 1 1 1 1 0 0 8 0 0 0 - 20005 - 0 0 - - 0
+"""
 
 
-# ------------------------------------------------------------------ request / args
+def test_servers_state_parsing_finds_the_live_slot():
+    states = haproxy.parse_servers_state(SERVERS_STATE)
+    assert states["http"]["blue"].draining and not states["http"]["blue"].ready
+    assert states["http"]["green"].ready and states["http"]["green"].port == 20003
+    assert not states["metrics"]["blue"].ready and not states["metrics"]["blue"].draining  # maint
+    assert haproxy.live_slot(states) == "green"
+    both = haproxy.parse_servers_state(SERVERS_STATE.replace(" 2 8 1 1", " 2 0 1 1").replace(" 0 5 1 1", " 2 0 1 1"))
+    assert haproxy.live_slot(both) is None  # two ready slots is not one consistent route
+
+
+def test_stat_csv_sessions_per_server():
+    csv = ("# pxname,svname,qcur,qmax,scur,smax\nhttp,FRONTEND,,,3,4\nhttp,blue,0,0,2,5\n"
+           "grpc,blue,0,0,1,1\ngrpc,BACKEND,0,0,3,3\n")
+    assert haproxy.parse_stat_sessions(csv) == {("http", "blue"): 2, ("grpc", "blue"): 1}
+
+
+# ------------------------------------------------------------------ reconcile decisions
+
+
+def B(name, slot, port, *, running=True, ready=True, created=1, legacy=False, digest="d") -> Backend:
+    return Backend(name, slot, Ports(port, port + 1, port + 2), digest, running, ready, ("t", created),
+                   legacy=legacy)
+
+
+def test_consistent_deployment_needs_no_repair():
+    blue = B("b", "blue", 20000)
+    r = plan_repair([blue], ProxyView(True, True, "blue", {"blue": 20000, "green": 1}, LISTEN), LISTEN)
+    assert r.live is blue and r.remove == () and r.proxy == "ok" and not r.reroute and r.actions() == []
+
+
+def test_leftover_candidate_of_a_killed_run_is_removed_and_the_routed_backend_stays():
+    blue, green = B("b", "blue", 20000, created=1), B("g", "green", 20003, created=2)  # green newer, not routed
+    r = plan_repair([green, blue], ProxyView(True, True, "blue", {"blue": 20000}, LISTEN), LISTEN)
+    assert r.live is blue and r.remove == (green,) and not r.reroute
+
+
+def test_dead_proxy_is_started_and_routes_to_the_newest_ready_backend():
+    blue, green = B("b", "blue", 20000, created=1), B("g", "green", 20003, created=2, ready=False)
+    r = plan_repair([blue, green], ProxyView(True, False, listen=LISTEN), LISTEN)
+    assert r.live is blue and r.remove == (green,) and r.proxy == "start"
+    assert plan_repair([blue], ProxyView(False, False), LISTEN).proxy == "create"
+    assert plan_repair([blue], ProxyView(True, True, "blue", {"blue": 20000}, Ports(9000, 9001, 9002)),
+                       LISTEN).proxy == "recreate"
+
+
+def test_routed_backend_died_so_another_ready_one_takes_over():
+    blue, green = B("b", "blue", 20000, running=False, ready=False), B("g", "green", 20003)
+    r = plan_repair([blue, green], ProxyView(True, True, "blue", {"blue": 20000}, LISTEN), LISTEN)
+    assert r.live is green and r.remove == (blue,) and r.reroute
+    gone = plan_repair([blue], ProxyView(True, True, "blue", {"blue": 20000}, LISTEN), LISTEN)
+    assert gone.live is None and gone.reroute and "route the proxy to nothing" in gone.actions()
+
+
+def test_wave_one_containers_are_replaced_and_next_slot_alternates():
+    legacy = B("old", "", 8000, legacy=True)
+    r = plan_repair([legacy], ProxyView(False, False), LISTEN)
+    assert r.live is None and r.remove == (legacy,) and "wave-1" in r.actions()[0]
+    assert next_slot(None) == "blue" and next_slot(B("b", "blue", 20000)) == "green"
+    assert next_slot(B("g", "green", 20000)) == "blue"
+
+
+# ------------------------------------------------------------------ backend spec
 
 
 def test_triton_args_exact():
-    assert triton_args("s3://127.0.0.1:9000/b/p", REQ, ["--log-verbose=1"]) == [
-        "--model-repository=s3://127.0.0.1:9000/b/p",
-        "--http-port=8000",
-        "--grpc-port=8001",
-        "--metrics-port=8002",
-        "--log-verbose=1",
-    ]
-
-
-def test_ports_label_round_trip():
-    assert Ports.parse(REQ.label()) == REQ
-    assert REQ.shifted(10) == Ports(8010, 8011, 8012)
+    assert triton_args("s3://h:1/b/p", Ports(1, 2, 3), ["--x"]) == [
+        "--model-repository=s3://h:1/b/p", "--http-port=1", "--grpc-port=2", "--metrics-port=3", "--x"]
+    assert Ports.parse(Ports(1, 2, 3).label()) == Ports(1, 2, 3)
 
 
 def test_request_repr_hides_secrets_and_name_is_validated():
-    req = DeployRequest(
+    req = BackendSpec(
         name="llama",
         image="i",
         repository_uri="s3://h/b/p",
@@ -109,7 +181,7 @@ def test_request_repr_hides_secrets_and_name_is_validated():
     )
     assert "s3cr3t-value" not in repr(req)
     with pytest.raises(ValueError):
-        DeployRequest(name="Bad Name!", image="i", repository_uri="u", repo_digest="d")
+        BackendSpec(name="Bad Name!", image="i", repository_uri="u", repo_digest="d")
 
 
 # ------------------------------------------------------------------ wait_ready
@@ -159,7 +231,7 @@ def test_wait_ready_returns_elapsed_after_refusals_and_503():
 
 def test_wait_ready_deadline_reports_last_answer():
     clock = FakeClock()
-    with pytest.raises(NotReady) as err:
+    with pytest.raises(ProbeFailed) as err:
         wait_ready(
             "http://x/ready",
             5,
@@ -182,7 +254,7 @@ def test_wait_ready_fails_fast_when_container_exits():
         raise ConnectionRefusedError()
 
     with pytest.raises(
-        NotReady, match=r"exited before it was ready \(status exited, exit code 1\)"
+        ProbeFailed, match=r"exited before it was ready \(status exited, exit code 1\)"
     ):
         wait_ready(
             "http://x/ready",
@@ -203,11 +275,32 @@ def test_wait_ready_request_timeout_never_exceeds_deadline():
         timeouts.append(timeout)
         raise TimeoutError()
 
-    with pytest.raises(NotReady):
+    with pytest.raises(ProbeFailed):
         wait_ready(
             "u", 1.2, request=request, clock=clock, sleep=clock.sleep, interval_s=1.0
         )
     assert timeouts[0] == pytest.approx(1.2) and all(t >= 0.1 for t in timeouts)
+
+
+def test_settle_window_catches_a_server_that_was_ready_then_died():
+    clock = FakeClock()
+    answers = iter([200, 200, ConnectionRefusedError("refused")])
+
+    def request(url: str, timeout: float) -> int:
+        a = next(answers)
+        if isinstance(a, Exception):
+            raise a
+        return a
+
+    with pytest.raises(ProbeFailed, match="was ready, then stopped answering during the settle window"):
+        hold_ready("u", 3.0, request=request, clock=clock, sleep=clock.sleep)
+    reasons = iter([None, "status exited, exit code 1"])
+    with pytest.raises(ProbeFailed, match="then exited during the settle window"):
+        hold_ready("u", 3.0, request=lambda u, t: 200, clock=clock, sleep=clock.sleep,
+                   exit_reason=lambda: next(reasons))
+    clock2 = FakeClock()
+    hold_ready("u", 1.0, request=lambda u, t: 200, clock=clock2, sleep=clock2.sleep, interval_s=0.25)
+    assert clock2.now == pytest.approx(101.0)
 
 
 # ------------------------------------------------------------------ real sockets, files

@@ -1,0 +1,83 @@
+"""`stoker status [NAME]`: each deployment's stable endpoint, live backend, health and uptime. Read-only."""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime
+
+from ..errors import StokerError
+
+
+class UnknownDeployment(StokerError):
+    """No container of that deployment exists."""
+
+
+def _uptime(started: str) -> str:
+    try:
+        t = datetime.fromisoformat(started[:26].rstrip("Z") + "+00:00" if "." in started else started)
+        s = int(time.time() - t.timestamp())
+    except ValueError:
+        return "?"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
+
+
+def describe(client, name: str) -> dict:
+    """What runs for deployment ``name``: proxy, the slot it routes to, and every backend."""
+    from .. import docker_engine as engine
+    from ..run import stoker_home
+    from ..serving import promote
+    from ..serving.ports import Ports
+
+    proxy_c = promote.proxy_container(client, name)
+    listen = Ports.parse(proxy_c.labels[engine.LABEL_PORTS]) if proxy_c is not None else None
+    target = promote.Target(name, listen or Ports(0, 0, 0), "", stoker_home() / "proxy" / name)
+    view, _ = promote.observe_proxy(client, target)
+    by_name = {c.name: c for c in engine.containers(client, name, role=engine.ROLE_BACKEND)}
+    backends = []
+    for b in promote.observe_backends(client, name):
+        c = by_name.get(b.container)
+        backends.append({"container": b.container, "slot": b.slot, "ports": b.ports.label(), "digest": b.digest,
+                         "run_id": b.run_id, "state": c.status if c is not None else "?",
+                         "health": "ready" if b.ready else "not ready",
+                         "live": view.running and b.slot == view.live and b.ports.http == view.http_ports.get(b.slot),
+                         "uptime": _uptime(engine.started_at(c)) if c is not None and b.running else "-"})
+    live = next((b for b in backends if b["live"]), None)
+    return {"name": name, "endpoint": target.endpoint if listen else None,
+            "proxy": ("running" if view.running else "down") if view.exists else "missing",
+            "proxy_uptime": _uptime(engine.started_at(proxy_c)) if proxy_c is not None and view.running else "-",
+            "live_digest": live["digest"] if live else None, "run_id": live["run_id"] if live else None,
+            "backends": backends}
+
+
+def status(name: str | None) -> list[dict]:
+    from .. import docker_engine as engine
+
+    client = engine.connect(None)
+    names = sorted({c.labels.get(engine.LABEL_DEPLOYMENT, "") for c in engine.containers(client)} - {""})
+    if name is not None:
+        if name not in names:
+            known = ", ".join(names) or "none"
+            raise UnknownDeployment(f"unknown deployment {name!r} (deployments here: {known})")
+        names = [name]
+    return [describe(client, n) for n in names]
+
+
+def _handler(args) -> int:
+    found = status(args.name)
+    if not found:
+        print("no stoker deployments on this Docker daemon")
+    for d in found:
+        ep = d["endpoint"]
+        print(f"{d['name']}: {ep['http'] + ' (gRPC ' + ep['grpc'] + ')' if ep else 'no stable endpoint'}, "
+              f"proxy {d['proxy']} (up {d['proxy_uptime']}), live digest {(d['live_digest'] or 'none')[:12]}, "
+              f"run {d['run_id'] or '-'}")
+        for b in d["backends"]:
+            print(f"  {'*' if b['live'] else ' '} {b['container']:<28} slot {b['slot'] or '-':<5} ports {b['ports']:<17} "
+                  f"digest {b['digest'][:12]:<12} {b['state']:<8} {b['health']:<9} up {b['uptime']}")
+    return 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser("status", help="stable endpoint, live backend, health and uptime of each deployment")
+    p.add_argument("name", nargs="?", default=None, help="one deployment (default: all)")
+    p.set_defaults(fn=_handler)

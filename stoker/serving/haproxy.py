@@ -1,0 +1,191 @@
+"""HAProxy as the stable endpoint: its configuration (pure rendering) and its runtime API.
+
+One proxy per deployment owns the spec's ports and forwards each request to the live
+backend: HTTP/1.1 (``generate_stream`` SSE, keep-alive) on the HTTP port, HTTP/2 cleartext
+(gRPC, streaming) on the gRPC port, and the metrics port. Each backend section has one
+server per slot (blue, green); exactly one is in state ``ready``. A switch is a few runtime
+API commands on the running proxy (no reload, no restart): established client connections
+stay open and their next request goes to the new backend, while requests already on the old
+backend finish there (``drain``). The rendered file mirrors the runtime state so that a
+restarted proxy container comes back routing to the same backend.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from .ports import Ports
+
+SLOTS = ("blue", "green")
+# (section name, the Ports attribute it forwards, HAProxy bind/server options)
+SECTIONS = (("http", "http", ""), ("grpc", "grpc", " proto h2"), ("metrics", "metrics", ""))
+CONFIG_NAME = "haproxy.cfg"
+SOCKET_NAME = "admin.sock"
+MOUNT = "/stoker"  # where the state folder appears inside the proxy container
+# An unused slot still needs an address for its server line; nothing listens on port 1.
+PLACEHOLDER = Ports(1, 1, 1)
+# Long: a generation may stream for minutes, and gRPC channels stay open between requests.
+STREAM_TIMEOUT = "1h"
+
+
+class ProxyApiError(Exception):
+    """The proxy's runtime API is unreachable or refused a command."""
+
+
+@dataclass(frozen=True)
+class ProxyLayout:
+    """What the proxy routes: the listening ports and, per slot, the backend's ports; ``live`` is routed to."""
+
+    listen: Ports
+    slots: Mapping[str, Ports | None]
+    live: str | None
+
+
+def render(layout: ProxyLayout, mount: str = MOUNT) -> str:
+    """The haproxy.cfg for ``layout``. Pure."""
+    lines = [
+        "# Written by stoker; rewritten on every switch (the running proxy is switched through its runtime API).",
+        "global",
+        f"    stats socket {mount}/{SOCKET_NAME} mode 600 level admin",
+        "    stats timeout 30s",
+        "    maxconn 4096",
+        "",
+        "defaults",
+        "    mode http",
+        "    timeout connect 2s",
+        f"    timeout client {STREAM_TIMEOUT}",
+        f"    timeout server {STREAM_TIMEOUT}",
+        f"    timeout tunnel {STREAM_TIMEOUT}",
+        "    timeout http-request 30s",
+        "    timeout http-keep-alive 5m",
+        "    timeout client-fin 5s",
+        # A backend that refuses the connection (just stopped) gets the request again, elsewhere if possible.
+        "    retries 3",
+        "    retry-on conn-failure",
+        "    option redispatch",
+        "",
+    ]
+    for section, attr, proto in SECTIONS:
+        lines += [f"frontend {section}", f"    bind :{getattr(layout.listen, attr)}{proto}",
+                  f"    default_backend {section}", ""]
+        lines.append(f"backend {section}")
+        for slot in SLOTS:
+            ports = layout.slots.get(slot) or PLACEHOLDER
+            off = "" if slot == layout.live else " disabled"
+            lines.append(f"    server {slot} 127.0.0.1:{getattr(ports, attr)}{proto}{off}")
+        lines.append("")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- runtime API
+
+
+def command(sock_path: Path, cmd: str, timeout_s: float = 5.0) -> str:
+    """Send one line (commands separated by ';') to the admin socket; returns the answer."""
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.settimeout(timeout_s)
+            s.connect(str(sock_path))
+            s.sendall(cmd.encode() + b"\n")
+            chunks = []
+            while chunk := s.recv(65536):
+                chunks.append(chunk)
+    except OSError as err:
+        raise ProxyApiError(f"proxy runtime API at {sock_path} did not answer: {err}") from None
+    answer = b"".join(chunks).decode("utf-8", "replace")
+    for bad in ("Unknown command", "No such server", "No such backend", "Require 'backend/server'",
+                "Permission denied", "Invalid", "not found"):
+        if bad in answer:
+            raise ProxyApiError(f"proxy refused {cmd!r}: {answer.strip().splitlines()[0]}")
+    return answer
+
+
+def switch_commands(to_slot: str, ports: Ports, drain: str | None) -> str:
+    """Point ``to_slot`` at ``ports`` and make it the only ready server; ``drain`` finishes its requests. Pure."""
+    cmds = []
+    for section, attr, _ in SECTIONS:
+        cmds.append(f"set server {section}/{to_slot} addr 127.0.0.1 port {getattr(ports, attr)}")
+        cmds.append(f"set server {section}/{to_slot} state ready")
+        if drain:
+            cmds.append(f"set server {section}/{drain} state drain")
+    return "; ".join(cmds)
+
+
+def maint_commands(slot: str) -> str:
+    return "; ".join(f"set server {section}/{slot} state maint" for section, _, _ in SECTIONS)
+
+
+@dataclass(frozen=True)
+class ServerState:
+    slot: str
+    port: int
+    ready: bool  # taking new requests (admin state clear); drain and maint are not
+    draining: bool
+
+
+def parse_servers_state(text: str) -> dict[str, dict[str, ServerState]]:
+    """``show servers state`` → {backend: {slot: ServerState}}. Pure."""
+    header: list[str] = []
+    out: dict[str, dict[str, ServerState]] = {}
+    for line in text.splitlines():
+        if line.startswith("#"):
+            header = line[1:].split()
+            continue
+        fields = line.split()
+        if not header or len(fields) < len(header):
+            continue
+        row = dict(zip(header, fields))
+        admin = int(row.get("srv_admin_state", "0"))
+        # admin state bits: 0x01 forced maint, 0x02 inherited maint, 0x08 forced drain, 0x10/0x20 other drains/maints
+        maint = bool(admin & 0x23)
+        drain = bool(admin & 0x18) and not maint
+        out.setdefault(row["be_name"], {})[row["srv_name"]] = ServerState(
+            slot=row["srv_name"], port=int(row.get("srv_port", "0")), ready=not maint and not drain,
+            draining=drain)
+    return out
+
+
+def parse_stat_sessions(text: str) -> dict[tuple[str, str], int]:
+    """``show stat`` CSV → {(backend, server): current sessions}. Pure."""
+    lines = text.splitlines()
+    if not lines or not lines[0].startswith("# "):
+        return {}
+    cols = lines[0][2:].split(",")
+    i_px, i_sv, i_cur = cols.index("pxname"), cols.index("svname"), cols.index("scur")
+    out = {}
+    for line in lines[1:]:
+        f = line.split(",")
+        if len(f) > i_cur and f[i_sv] in SLOTS:
+            out[(f[i_px], f[i_sv])] = int(f[i_cur] or 0)
+    return out
+
+
+def live_slot(states: dict[str, dict[str, ServerState]]) -> str | None:
+    """The slot ready in every section (the one the proxy routes to), if exactly one is."""
+    ready = [s for s in SLOTS if all(states.get(sec, {}).get(s, ServerState(s, 0, False, False)).ready
+                                     for sec, _, _ in SECTIONS)]
+    return ready[0] if len(ready) == 1 else None
+
+
+class Runtime:
+    """The runtime API of one running proxy (a unix socket in its state folder)."""
+
+    def __init__(self, state_dir: Path) -> None:
+        self.sock = state_dir / SOCKET_NAME
+
+    def servers(self) -> dict[str, dict[str, ServerState]]:
+        return parse_servers_state(command(self.sock, "show servers state"))
+
+    def sessions(self, slot: str) -> int:
+        """Requests/streams the proxy has open to ``slot``'s backend, over all sections."""
+        stats = parse_stat_sessions(command(self.sock, "show stat"))
+        return sum(n for (_, srv), n in stats.items() if srv == slot)
+
+    def switch(self, to_slot: str, ports: Ports, drain: str | None) -> None:
+        command(self.sock, switch_commands(to_slot, ports, drain))
+
+    def maint(self, slot: str) -> None:
+        command(self.sock, maint_commands(slot))

@@ -1,0 +1,135 @@
+"""Asking a Triton backend whether it serves: readiness, a settle window, a smoke inference, error counts.
+
+"Ready" is proven, not assumed: one 200 from ``/v2/health/ready`` has been followed by the
+server exiting (its metrics port was taken), so a candidate must stay ready through a settle
+window and then stream a real generation through ``ensemble`` before it may take traffic.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+
+from ..errors import StokerError
+from ..triton_config import ENSEMBLE_NAME
+from ..triton_metrics import parse as parse_metrics
+
+
+class ProbeFailed(StokerError):
+    """A backend did not become ready, did not stay ready, or did not answer a generation sanely."""
+
+
+def http_status(url: str, timeout_s: float) -> int:
+    """GET ``url``; the HTTP status, or OSError when nothing answers."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as response:
+            return response.status
+    except urllib.error.HTTPError as err:
+        return err.code
+
+
+def is_ready(http_url: str, timeout_s: float = 2.0) -> bool:
+    try:
+        return http_status(f"{http_url}/v2/health/ready", timeout_s) == 200
+    except OSError:
+        return False
+
+
+def wait_ready(
+    url: str,
+    timeout_s: float,
+    *,
+    request: Callable[[str, float], int] = http_status,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+    exit_reason: Callable[[], str | None] = lambda: None,
+    interval_s: float = 0.5,
+) -> float:
+    """Poll ``url`` until it answers 200; returns the seconds waited.
+
+    Raises ProbeFailed at the deadline, or at once when ``exit_reason()`` reports the server gone.
+    """
+    start = clock()
+    deadline = start + timeout_s
+    last = "no answer"
+    while True:
+        reason = exit_reason()
+        if reason:
+            raise ProbeFailed(f"container exited before it was ready ({reason})")
+        try:
+            status = request(url, max(0.1, min(2.0, deadline - clock())))
+            if status == 200:
+                return clock() - start
+            last = f"HTTP {status}"
+        except OSError as err:  # refused, reset, timeout: the server is still starting
+            last = str(err) or type(err).__name__
+        if clock() >= deadline:
+            raise ProbeFailed(f"not ready after {timeout_s:g} s (last answer: {last})")
+        sleep(interval_s)
+
+
+def hold_ready(
+    url: str,
+    window_s: float,
+    *,
+    request: Callable[[str, float], int] = http_status,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+    exit_reason: Callable[[], str | None] = lambda: None,
+    interval_s: float = 0.25,
+) -> None:
+    """The settle window: ``url`` answers 200 at every poll for ``window_s`` and the process stays up."""
+    deadline = clock() + window_s
+    while True:
+        reason = exit_reason()
+        if reason:
+            raise ProbeFailed(f"was ready, then exited during the settle window ({reason})")
+        try:
+            status = request(url, 2.0)
+        except OSError as err:
+            raise ProbeFailed(f"was ready, then stopped answering during the settle window ({err})") from None
+        if status != 200:
+            raise ProbeFailed(f"was ready, then answered HTTP {status} during the settle window")
+        if clock() >= deadline:
+            return
+        sleep(interval_s)
+
+
+def smoke(http_url: str, prompt: str = "Hello", max_tokens: int = 4, timeout_s: float = 60.0) -> dict:
+    """Stream one generation through ``ensemble``: tokens must arrive and the stream must end cleanly."""
+    body = json.dumps({"text_input": prompt, "max_tokens": max_tokens, "stream": True}).encode()
+    req = urllib.request.Request(f"{http_url}/v2/models/{ENSEMBLE_NAME}/generate_stream", data=body,
+                                 method="POST", headers={"Content-Type": "application/json"})
+    t0 = time.perf_counter()
+    try:
+        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+            raw = resp.read().decode("utf-8", "replace")
+    except urllib.error.HTTPError as err:
+        raise ProbeFailed(f"smoke inference: HTTP {err.code} {_error_text(err.read())}") from None
+    except OSError as err:
+        raise ProbeFailed(f"smoke inference: no complete answer from {http_url} ({err})") from None
+    events = [json.loads(ln[5:]) for ln in raw.splitlines() if ln.startswith("data:")]
+    errors = [e["error"] for e in events if "error" in e]
+    if errors:
+        raise ProbeFailed(f"smoke inference: the model answered an error: {str(errors[0]).splitlines()[0]}")
+    if not events or not any("text_output" in e for e in events):
+        raise ProbeFailed("smoke inference: the stream ended without any token")
+    return {"events": len(events), "text": "".join(str(e.get("text_output", "")) for e in events),
+            "seconds": round(time.perf_counter() - t0, 3)}
+
+
+def _error_text(raw: bytes) -> str:
+    try:
+        return str(json.loads(raw).get("error", "")).splitlines()[0]
+    except (ValueError, AttributeError, IndexError):
+        return raw[:200].decode("utf-8", "replace")
+
+
+def request_counts(metrics_url: str, model: str = ENSEMBLE_NAME, timeout_s: float = 2.0) -> tuple[float, float]:
+    """(successes, failures) of ``model`` since the server started, from Triton's Prometheus metrics."""
+    with urllib.request.urlopen(metrics_url, timeout=timeout_s) as resp:
+        row = parse_metrics(resp.read().decode("utf-8", "replace")).get(model, {})
+    return row.get("success", 0.0), row.get("failure", 0.0)

@@ -1,0 +1,397 @@
+"""The steps of a promotion behind a stable endpoint: reconcile, stage, switch, watch, retire.
+
+    reconcile  read what runs (labels, the proxy's runtime state) and repair it to one live backend
+    stage      start a candidate on the free slot, on verified ports; ready, settled, smoke-tested
+    (gates)    the caller benchmarks/evaluates the candidate directly, before it gets traffic
+    switch     the proxy sends new requests to the candidate; the old backend drains, stays warm
+    watch      health, liveness and error rate of the new backend; on a fault, switch back
+    retire     the old backend goes once its requests are done
+
+Nothing here decides by port arithmetic: slots and ports come from ``topology`` and ``ports``,
+routing from ``haproxy``, containers from ``docker_engine``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import docker
+import docker.errors
+
+from .. import docker_engine as engine
+from ..errors import StokerError
+from ..manifest import write_atomic
+from . import haproxy, probe, topology
+from .ports import Ports, choose_backend_ports, is_port_free, port_owner
+
+Log = Callable[[str], None]
+PROXY_START_TIMEOUT_S = 15.0
+PORT_RETRIES = 2  # a port verified free can still be taken before Triton binds it
+
+
+class PromotionFailed(StokerError):
+    """The candidate did not go live, or was switched back; the message names the cause."""
+
+
+@dataclass(frozen=True)
+class Target:
+    """One deployment's stable side: its name, the ports clients use, the proxy image, the state folder."""
+
+    name: str
+    listen: Ports
+    proxy_image: str
+    state_dir: Path
+
+    @property
+    def endpoint(self) -> dict:
+        return {"http": f"http://127.0.0.1:{self.listen.http}", "grpc": f"127.0.0.1:{self.listen.grpc}",
+                "metrics": f"http://127.0.0.1:{self.listen.metrics}/metrics"}
+
+
+@dataclass(frozen=True)
+class BackendRef:
+    """A backend as the flow passes it between steps (plain data: it travels through Prefect)."""
+
+    container: str
+    slot: str
+    ports: tuple[int, int, int]
+    digest: str
+    run_id: str = ""
+
+    @property
+    def p(self) -> Ports:
+        return Ports(*self.ports)
+
+    @property
+    def http(self) -> str:
+        return f"http://127.0.0.1:{self.ports[0]}"
+
+    @property
+    def grpc(self) -> str:
+        return f"127.0.0.1:{self.ports[1]}"
+
+    @property
+    def metrics(self) -> str:
+        return f"http://127.0.0.1:{self.ports[2]}/metrics"
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "http": self.http, "grpc": self.grpc, "metrics": self.metrics}
+
+    @classmethod
+    def from_dict(cls, d: dict | None) -> BackendRef | None:
+        if not d:
+            return None
+        return cls(d["container"], d["slot"], tuple(d["ports"]), d["digest"], d.get("run_id", ""))
+
+    @classmethod
+    def of(cls, b: topology.Backend) -> BackendRef:
+        return cls(b.container, b.slot, b.ports.values(), b.digest, b.run_id)
+
+
+# ---------------------------------------------------------------- observe and reconcile
+
+
+def observe_backends(client: docker.DockerClient, name: str) -> list[topology.Backend]:
+    out = []
+    for c in engine.containers(client, name, role=engine.ROLE_BACKEND):
+        try:
+            ports = Ports.parse(c.labels[engine.LABEL_PORTS])
+        except (KeyError, ValueError):
+            ports = Ports(0, 0, 0)
+        running = c.status == "running"
+        out.append(topology.Backend(
+            container=c.name, slot=c.labels.get(engine.LABEL_SLOT, ""), ports=ports,
+            digest=c.labels.get(engine.LABEL_DIGEST, ""), running=running,
+            ready=running and probe.is_ready(f"http://127.0.0.1:{ports.http}"), created=engine.created_key(c),
+            run_id=c.labels.get(engine.LABEL_RUN, ""), legacy=engine.LABEL_ROLE not in c.labels))
+    return out
+
+
+def proxy_container(client: docker.DockerClient, name: str):
+    found = engine.containers(client, name, role=engine.ROLE_PROXY)
+    return found[0] if found else None
+
+
+def runtime_for(target: Target, container=None) -> haproxy.Runtime:
+    state_dir = (engine.state_mount(container, haproxy.MOUNT) if container is not None else None) or target.state_dir
+    return haproxy.Runtime(state_dir)
+
+
+def observe_proxy(client: docker.DockerClient, target: Target) -> tuple[topology.ProxyView, object]:
+    c = proxy_container(client, target.name)
+    if c is None:
+        return topology.ProxyView(exists=False, running=False), None
+    listen = None
+    try:
+        listen = Ports.parse(c.labels[engine.LABEL_PORTS])
+    except (KeyError, ValueError):
+        pass
+    if c.status != "running":
+        return topology.ProxyView(exists=True, running=False, listen=listen), c
+    try:
+        states = runtime_for(target, c).servers()
+    except haproxy.ProxyApiError:
+        return topology.ProxyView(exists=True, running=False, listen=listen), c
+    http = {slot: st.port for slot, st in states.get("http", {}).items()}
+    return topology.ProxyView(exists=True, running=True, live=haproxy.live_slot(states), http_ports=http,
+                              listen=listen), c
+
+
+def write_config(target: Target, slots: dict[str, Ports | None], live: str | None) -> None:
+    """The proxy's file mirrors its runtime state, so a restarted proxy routes where the running one did."""
+    target.state_dir.mkdir(parents=True, exist_ok=True)
+    text = haproxy.render(haproxy.ProxyLayout(listen=target.listen, slots=slots, live=live))
+    write_atomic(target.state_dir / haproxy.CONFIG_NAME, text)
+
+
+def reconcile(client: docker.DockerClient, target: Target, log: Log) -> topology.Backend | None:
+    """Repair the deployment to one consistent state; returns the live backend (None: nothing serves)."""
+    backends = observe_backends(client, target.name)
+    view, proxy_c = observe_proxy(client, target)
+    repair = topology.plan_repair(backends, view, target.listen)
+    for action in repair.actions():
+        log(f"reconcile {target.name}: {action}")
+    by_name = {c.name: c for c in engine.containers(client, target.name, role=engine.ROLE_BACKEND)}
+    for b in repair.remove:
+        if b.container in by_name:
+            engine.stop_and_remove(by_name[b.container], log)
+    live = repair.live
+    slots = {live.slot: live.ports} if live else {}
+    if repair.proxy in ("create", "recreate", "start"):
+        if proxy_c is not None and repair.proxy == "recreate":
+            engine.stop_and_remove(proxy_c, log)
+            proxy_c = None
+        write_config(target, slots, live.slot if live else None)
+        if proxy_c is not None and repair.proxy == "start":
+            try:
+                proxy_c.start()
+            except docker.errors.APIError:
+                engine.stop_and_remove(proxy_c, log)
+                proxy_c = None
+        if proxy_c is None:
+            start_proxy(client, target, log)
+        wait_proxy(client, target)
+    elif repair.reroute:
+        rt = runtime_for(target, proxy_c)
+        if live:
+            rt.switch(live.slot, live.ports, drain=None)
+        for slot in haproxy.SLOTS:
+            if not live or slot != live.slot:
+                rt.maint(slot)
+        write_config(target, slots, live.slot if live else None)
+    if live is not None:
+        c = by_name.get(live.container)
+        if c is not None and not (c.attrs.get("HostConfig") or {}).get("RestartPolicy", {}).get("Name"):
+            engine.keep_running(c)
+    return live
+
+
+def check_listen_ports(client: docker.DockerClient, target: Target) -> None:
+    """The spec's ports must be free or held by this deployment's proxy; else name the owner."""
+    proxy_c = proxy_container(client, target.name)
+    ours = set()
+    if proxy_c is not None and proxy_c.status == "running":
+        try:
+            ours = set(Ports.parse(proxy_c.labels[engine.LABEL_PORTS]).values())
+        except (KeyError, ValueError):
+            pass
+    legacy = set()
+    for b in observe_backends(client, target.name):
+        if b.legacy and b.running:
+            legacy |= set(b.ports.values())  # wave-1 containers: reconcile replaces them
+    for key, port in target.listen.items():
+        if port not in ours and port not in legacy and not is_port_free(port):
+            raise engine.PortInUse(f"port {port} (deploy.ports.{key}) is in use by {port_owner(port)}")
+
+
+def start_proxy(client: docker.DockerClient, target: Target, log: Log):
+    engine.require_image(client, target.proxy_image, "stoker image")
+    log(f"starting proxy {engine.proxy_name(target.name)} ({target.proxy_image}) on ports "
+        f"http={target.listen.http} grpc={target.listen.grpc} metrics={target.listen.metrics}")
+    return engine.start_proxy(client, target.name, target.proxy_image, target.listen, target.state_dir,
+                              haproxy.MOUNT, haproxy.CONFIG_NAME)
+
+
+def wait_proxy(client: docker.DockerClient, target: Target, timeout_s: float = PROXY_START_TIMEOUT_S) -> None:
+    deadline = time.monotonic() + timeout_s
+    c = proxy_container(client, target.name)
+    while True:
+        try:
+            runtime_for(target, c).servers()
+            return
+        except haproxy.ProxyApiError as err:
+            reason = engine.exit_reason(c) if c is not None else "no proxy container"
+            if reason or time.monotonic() > deadline:
+                tail = engine.log_tail(c, 5) if c is not None else ""
+                raise engine.DeployError(f"proxy {engine.proxy_name(target.name)} did not start "
+                                         f"({reason or err}): {tail.splitlines()[-1] if tail else ''}") from None
+            time.sleep(0.1)
+
+
+# ---------------------------------------------------------------- stage
+
+
+def stage(client: docker.DockerClient, target: Target, spec: engine.BackendSpec, live: topology.Backend | None,
+          settle_s: float, log: Log) -> BackendRef:
+    """Start a candidate next to ``live`` and prove it: ready, still ready after ``settle_s``, smoke inference.
+
+    On any failure the candidate is removed and ``live`` was never touched.
+    """
+    slot = topology.next_slot(live)
+    claimed = {p for b in observe_backends(client, target.name) for p in b.ports.values()}
+    avoid: set[int] = set(target.listen.values())
+    last_error = ""
+    for attempt in range(1, PORT_RETRIES + 1):
+        ports = choose_backend_ports(is_port_free, claimed, seed=f"{target.name}/{attempt}", avoid=avoid)
+        name = engine.backend_name(target.name, slot)
+        log(f"staging {name}: digest {spec.repo_digest[:12]} from {spec.repository_uri}, ports "
+            f"http={ports.http} grpc={ports.grpc} metrics={ports.metrics}")
+        try:
+            stale = client.containers.get(name)
+            engine.stop_and_remove(stale, log)
+        except docker.errors.NotFound:
+            pass
+        c = engine.start_backend(client, spec, slot, ports)
+        pump = engine.LogPump(c, log, f"[{name}]")
+        try:
+            url = f"http://127.0.0.1:{ports.http}"
+            waited = probe.wait_ready(f"{url}/v2/health/ready", spec.ready_timeout_s,
+                                      exit_reason=lambda: engine.exit_reason(c))
+            probe.hold_ready(f"{url}/v2/health/ready", settle_s, exit_reason=lambda: engine.exit_reason(c))
+            smoke = probe.smoke(url)
+            log(f"{name} proven: ready after {waited:.1f} s, stayed ready {settle_s:g} s, smoke inference "
+                f"streamed {smoke['events']} responses in {smoke['seconds']:.2f} s")
+            return BackendRef(name, slot, ports.values(), spec.repo_digest, spec.run_id)
+        except probe.ProbeFailed as err:
+            tail = engine.log_tail(c)
+            engine.stop_and_remove(c, log)
+            if "already in use" in tail and attempt < PORT_RETRIES:
+                log(f"{name}: a port was taken between the check and Triton's bind; retrying on other ports")
+                avoid |= set(ports.values())
+                continue
+            kept = f"; {live.container} keeps serving" if live else ""
+            last_error = f"{name} {err}{kept}\nlast {engine.LOG_TAIL_LINES} log lines of {name}:\n{tail}"
+            raise engine.NotReady(last_error) from None
+        except BaseException:
+            engine.stop_and_remove(c, log)
+            raise
+        finally:
+            pump.stop()
+    raise engine.NotReady(last_error or "candidate never started")
+
+
+def discard(client: docker.DockerClient, candidate: BackendRef, log: Log) -> None:
+    """Remove a candidate that never took traffic."""
+    try:
+        engine.stop_and_remove(client.containers.get(candidate.container), log)
+        log(f"removed candidate {candidate.container}")
+    except docker.errors.NotFound:
+        pass
+
+
+# ---------------------------------------------------------------- switch, watch, retire
+
+
+def switch(client: docker.DockerClient, target: Target, to: BackendRef, old: BackendRef | None, log: Log) -> float:
+    """New requests go to ``to``; ``old`` drains and stays warm. Returns the seconds the switch took."""
+    t0 = time.perf_counter()
+    rt = runtime_for(target, proxy_container(client, target.name))
+    rt.switch(to.slot, to.p, drain=old.slot if old else None)
+    slots = {to.slot: to.p, **({old.slot: old.p} if old else {})}
+    write_config(target, slots, to.slot)
+    took = time.perf_counter() - t0
+    engine.keep_running(client.containers.get(to.container))
+    log(f"switched {target.name}: traffic on {to.container} (digest {to.digest[:12]}) in {took * 1000:.0f} ms"
+        + (f"; {old.container} drains and stays warm" if old else ""))
+    return took
+
+
+@dataclass(frozen=True)
+class WatchResult:
+    healthy: bool
+    cause: str | None
+    seconds: float
+    requests: float
+    failures: float
+
+
+def watch(client: docker.DockerClient, live: BackendRef, window_s: float, max_error_rate_pct: float,
+          log: Log, interval_s: float = 0.5) -> WatchResult:
+    """Watch the new backend for ``window_s``: alive, ready, error rate within the threshold."""
+    t0 = time.monotonic()
+    try:
+        c = client.containers.get(live.container)
+    except docker.errors.NotFound:
+        return WatchResult(False, f"{live.container} was removed", 0.0, 0, 0)
+    try:
+        base_ok, base_bad = probe.request_counts(live.metrics)
+    except OSError:
+        base_ok = base_bad = 0.0
+    ok = bad = 0.0
+    while True:
+        reason = engine.exit_reason(c)
+        if reason:
+            return WatchResult(False, f"{live.container} died during the watch window ({reason})",
+                               time.monotonic() - t0, ok, bad)
+        if not probe.is_ready(live.http):
+            return WatchResult(False, f"{live.container} stopped answering ready during the watch window",
+                               time.monotonic() - t0, ok, bad)
+        try:
+            now_ok, now_bad = probe.request_counts(live.metrics)
+            ok, bad = now_ok - base_ok, now_bad - base_bad
+        except OSError:
+            pass
+        total = ok + bad
+        if bad > 0 and total > 0 and 100.0 * bad / total > max_error_rate_pct:
+            return WatchResult(False, f"{live.container} failed {bad:g} of {total:g} requests "
+                               f"({100.0 * bad / total:.1f} % > {max_error_rate_pct:g} %) during the watch window",
+                               time.monotonic() - t0, ok, bad)
+        if time.monotonic() - t0 >= window_s:
+            log(f"watch window {window_s:g} s passed: {live.container} served {total:g} requests, {bad:g} failed")
+            return WatchResult(True, None, time.monotonic() - t0, ok, bad)
+        time.sleep(interval_s)
+
+
+def retire(client: docker.DockerClient, target: Target, old: BackendRef, drain_timeout_s: float, log: Log) -> float:
+    """Wait until the proxy has no request open to ``old`` (or the deadline), then remove it."""
+    t0 = time.monotonic()
+    rt = runtime_for(target, proxy_container(client, target.name))
+    open_ = -1
+    while time.monotonic() - t0 < drain_timeout_s:
+        try:
+            open_ = rt.sessions(old.slot)
+        except haproxy.ProxyApiError:
+            break
+        if open_ == 0:
+            break
+        time.sleep(0.2)
+    if open_ > 0:
+        log(f"{old.container} still had {open_} open request(s) after {drain_timeout_s:g} s; retiring it anyway")
+    try:
+        rt.maint(old.slot)
+    except haproxy.ProxyApiError:
+        pass
+    try:
+        engine.stop_and_remove(client.containers.get(old.container), log)
+    except docker.errors.NotFound:
+        pass
+    log(f"retired {old.container} after {time.monotonic() - t0:.1f} s of draining")
+    return time.monotonic() - t0
+
+
+def switch_back(client: docker.DockerClient, target: Target, failed: BackendRef, old: BackendRef | None,
+                drain_timeout_s: float, log: Log) -> str:
+    """Undo a switch: traffic back on ``old`` (still warm), then the failed backend goes."""
+    if old is None:
+        discard(client, failed, log)
+        view, _ = observe_proxy(client, target)
+        write_config(target, {}, None)
+        if view.running:
+            runtime_for(target, proxy_container(client, target.name)).maint(failed.slot)
+        return "nothing served before: the endpoint now answers 503"
+    switch(client, target, old, failed, log)
+    retire(client, target, failed, min(drain_timeout_s, 10.0), log)
+    return f"traffic is back on {old.container} (digest {old.digest[:12]})"

@@ -1,0 +1,89 @@
+"""What runs, what should, and what to repair: pure decisions over an observed deployment.
+
+A deployment is consistent when its proxy runs and routes to exactly one backend that is
+running and ready, and no other backend exists. Anything else (a candidate left by a killed
+run, a backend that died, a proxy that died, wave-1 containers on the spec's ports) is
+repaired to that state before a deploy, a rollback or a status report trusts it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .haproxy import SLOTS
+from .ports import Ports
+
+
+@dataclass(frozen=True)
+class Backend:
+    container: str
+    slot: str  # "" for a wave-1 container (no proxy in front of it)
+    ports: Ports
+    digest: str
+    running: bool
+    ready: bool
+    created: tuple[str, int] = ("", 0)
+    run_id: str = ""
+    legacy: bool = False
+
+
+@dataclass(frozen=True)
+class ProxyView:
+    """The proxy as observed: ``routes`` is the slot → backend http port it routes to now, if it answers."""
+
+    exists: bool
+    running: bool
+    live: str | None = None  # the slot ready in every section
+    http_ports: dict[str, int] = field(default_factory=dict)
+    listen: Ports | None = None
+
+
+@dataclass(frozen=True)
+class Repair:
+    live: Backend | None
+    remove: tuple[Backend, ...]
+    proxy: str  # ok | start | create | recreate
+    reroute: bool  # the proxy must be pointed at ``live`` (or away from a dead backend)
+
+    def actions(self) -> list[str]:
+        """Human-readable list of what the repair changes (empty: already consistent)."""
+        out = [f"remove {b.container} ({'wave-1 container' if b.legacy else 'not live' if b.running else 'stopped'})"
+               for b in self.remove]
+        if self.proxy != "ok":
+            out.append(f"{self.proxy} the proxy")
+        if self.reroute:
+            out.append(f"route the proxy to {self.live.container}" if self.live else "route the proxy to nothing")
+        return out
+
+
+def other_slot(slot: str | None) -> str:
+    return "green" if slot == "blue" else "blue"
+
+
+def plan_repair(backends: list[Backend], proxy: ProxyView, listen: Ports) -> Repair:
+    """The one consistent state to reach from what runs. Pure.
+
+    The live backend is the one the proxy routes to, when it runs, is ready and sits on the
+    ports the proxy uses; else the newest running, ready backend (a proxy that died, or a
+    switch that was cut off). Every other backend goes.
+    """
+    serving = [b for b in backends if b.running and b.ready and not b.legacy]
+    routed = next((b for b in serving if proxy.running and b.slot == proxy.live
+                   and proxy.http_ports.get(b.slot) == b.ports.http), None)
+    live = routed or max(serving, key=lambda b: b.created, default=None)
+    remove = tuple(b for b in backends if b is not live)
+    if not proxy.exists:
+        action = "create"
+    elif proxy.listen is not None and proxy.listen != listen:
+        action = "recreate"  # the spec's ports changed
+    elif not proxy.running:
+        action = "start"
+    else:
+        action = "ok"
+    reroute = action != "ok" or (live is not None and routed is None) or (live is None and proxy.live is not None)
+    return Repair(live=live, remove=remove, proxy=action, reroute=reroute)
+
+
+def next_slot(live: Backend | None) -> str:
+    """Where a candidate goes: the slot the live backend does not use."""
+    return other_slot(live.slot) if live and live.slot in SLOTS else "blue"
