@@ -72,16 +72,16 @@ def _deploy(spec: Spec, digest: str | None) -> PlannedStep:
     try:
         import docker
 
-        from .docker_engine import find_serving
+        from .serving.promote import observe_backends
 
         d = spec.deploy
         client = docker.DockerClient(base_url=d.docker_host) if d.docker_host else docker.from_env()
-        serving = find_serving(client, d.name, digest)
+        serving = next((b for b in observe_backends(client, d.name) if b.digest == digest and b.ready), None)
     except Exception as err:  # noqa: BLE001 - a plan must not fail on a missing daemon
         return PlannedStep("deploy", digest[:24], "unknown", f"Docker not reachable: {str(err).splitlines()[0][:80]}")
     if serving is not None:
-        return PlannedStep("deploy", digest[:24], "hit", f"already serving in {serving.name}")
-    return PlannedStep("deploy", digest[:24], "miss", f"new container for deployment {spec.deploy.name!r}")
+        return PlannedStep("deploy", digest[:24], "hit", f"already serving in {serving.container}")
+    return PlannedStep("deploy", digest[:24], "miss", f"new backend behind deployment {spec.deploy.name!r}'s proxy")
 
 
 def render_plan(steps: list[PlannedStep]) -> str:

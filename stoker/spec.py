@@ -139,15 +139,23 @@ class Deploy(_Section):
     image: str = "stoker/triton-cpu:2.51.0-cpu"
     image_digest: str | None = Field(None, description="sha256:… of the image; pins it beyond its tag")
     ports: Ports = Ports()
-    standby_port_offset: int = Field(10, ge=3, le=1000, description="blue/green: the new container's ports while the old one serves")
+    proxy_image: str = Field("stoker/haproxy:2.6", description="the stable endpoint's reverse proxy (HAProxy 2.6)")
     shm_size: str = "256m"
     ulimits: dict[str, Ulimit] = Field(default_factory=dict, description="e.g. memlock: {soft: 8388608, hard: 8388608}")
     ready_timeout_s: float = Field(180, gt=0, le=3600)
+    settle_s: float = Field(3.0, ge=0, le=600, description="a candidate must stay ready this long before its smoke "
+                            "inference")
+    watch_s: float = Field(30.0, ge=0, le=3600, description="after the switch, the old backend stays warm this long "
+                           "while the new one is watched; a fault switches traffic back")
+    max_error_rate_pct: float = Field(1.0, ge=0, le=100, description="failed requests on the new backend during the "
+                                      "watch window, in percent, that switch traffic back")
+    drain_timeout_s: float = Field(60.0, ge=0, le=3600, description="how long a retired backend may finish the "
+                                   "requests it holds")
     rollout: Literal["replace", "reload"] = Field(
-        "replace", description="replace: new container, then the old one goes; reload: load the new model version "
-        "into the running server (Triton model-control API, no restart)")
-    auto_rollback: bool = Field(True, description="return to the previous deployment when the health check or "
-                                "a later step (benchmark, gate) fails")
+        "replace", description="replace: a new backend behind the proxy, proven before it gets traffic; reload: "
+        "load the new model version into the live backend (Triton model-control API, no second container)")
+    auto_rollback: bool = Field(True, description="reload: put the previous model version back when the smoke "
+                                "inference or a later step (benchmark, gate) fails")
 
     @field_validator("name")
     @classmethod
