@@ -36,26 +36,12 @@ def run_flow(spec) -> dict:
     from flows.build_and_deploy import build_and_deploy
 
     from .run import RunContext
+    from .stack.prefect_ephemeral import stop_ephemeral_api
 
     try:
         return build_and_deploy(spec, home=str(RunContext.new().home))
     finally:
-        _stop_ephemeral_api()
-
-
-def _stop_ephemeral_api() -> None:
-    """Stop Prefect's temporary API now rather than at exit, so our summary really is the last output."""
-    from prefect.events.worker import EventsWorker
-    from prefect.logging.handlers import APILogWorker
-    from prefect.server.api.server import SubprocessASGIServer
-
-    # Logs and events still queued for the API go first; otherwise their workers retry against the
-    # stopped server for a minute at exit.
-    APILogWorker.drain_all(timeout=10)
-    EventsWorker.drain_all(timeout=10)
-    # prefect 3.8.8 (pinned) keeps its ephemeral servers here and stops them in an atexit hook.
-    for server in list(getattr(SubprocessASGIServer, "_instances", {}).values()):
-        server.stop()
+        stop_ephemeral_api()  # before our summary, so 'manifest: <path>' really is the last line
 
 
 def print_summary(manifest: dict) -> None:

@@ -19,6 +19,16 @@ def _isolated_homes(tmp_path, monkeypatch):
                        os.environ.get("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180"))
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _prefect_temporary_api_stopped():
+    """Stop Prefect's temporary API, started by tests that run flows in this process, before pytest
+    closes its capture streams; Prefect's own atexit hook would log into them after (stoker/stack/prefect_ephemeral.py)."""
+    yield
+    from stoker.stack.prefect_ephemeral import stop_ephemeral_api
+
+    stop_ephemeral_api()
+
+
 @pytest.fixture(scope="session")
 def session_state(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("stack")

@@ -1,0 +1,49 @@
+"""Nothing logs into a closed stream at exit (issue 11: "the exit is noisy").
+
+Prefect stops its temporary API in an atexit hook and logs while doing so; after pytest closed its
+capture streams that printed `--- Logging error --- … I/O operation on closed file`.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from stoker.demo import DEMO_SPEC
+
+pytestmark = [pytest.mark.prefect]
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _env(tmp_path: Path) -> dict[str, str]:
+    return {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect"), "STOKER_HOME": str(tmp_path / "home"),
+            "PREFECT_LOGGING_LEVEL": "INFO"}
+
+
+def test_pytest_running_a_flow_in_process_exits_without_logging_errors(tmp_path):
+    case = Path(__file__).with_name("prefect_flow_in_process.py")
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(case)], cwd=ROOT,
+                       env=_env(tmp_path), capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "1 passed" in r.stdout
+    assert "Logging error" not in r.stdout + r.stderr, r.stderr[-3000:]
+
+
+def test_stoker_run_exits_without_logging_errors(tmp_path):
+    """A flow that logs, then fails fast in preflight (S3 refused): the whole Prefect life cycle, no servers."""
+    data = yaml.safe_load(DEMO_SPEC.read_text())
+    data["storage"]["endpoint_url"] = "http://127.0.0.1:9"  # discard port: connection refused
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump(data))
+    r = subprocess.run([sys.executable, "-m", "stoker.cli", "run", str(spec)], cwd=ROOT, env=_env(tmp_path),
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 1, r.stderr[-3000:]
+    assert "Beginning flow run" in r.stderr  # Prefect really logged
+    assert r.stderr.strip().splitlines()[-1].startswith("stoker: error: ")
+    assert "Logging error" not in r.stdout + r.stderr, r.stderr[-3000:]
