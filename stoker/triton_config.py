@@ -21,6 +21,7 @@ PREPROCESSING_IN: tuple[Tensor, ...] = (
     ("REQUEST_OUTPUT_LEN", "TYPE_INT32", (1,), False),
     ("END_ID", "TYPE_INT32", (1,), True),
     ("PAD_ID", "TYPE_INT32", (1,), True),
+    ("STOP_WORDS_DICT", "TYPE_STRING", (-1,), True),
 )
 PREPROCESSING_OUT: tuple[Tensor, ...] = (
     ("INPUT_ID", "TYPE_INT32", (-1,), False),
@@ -28,6 +29,8 @@ PREPROCESSING_OUT: tuple[Tensor, ...] = (
     ("REQUEST_OUTPUT_LEN", "TYPE_INT32", (1,), False),
     ("OUT_END_ID", "TYPE_INT32", (1,), False),
     ("OUT_PAD_ID", "TYPE_INT32", (1,), False),
+    # The model's other eos ids (or the request's stop_words) in TensorRT-LLM's stop_words_list layout.
+    ("STOP_WORDS_IDS", "TYPE_INT32", (2, -1), False),
 )
 MODEL_IN: tuple[Tensor, ...] = (
     ("input_ids", "TYPE_INT32", (-1,), False),
@@ -43,6 +46,7 @@ MODEL_IN: tuple[Tensor, ...] = (
     ("seed", "TYPE_UINT64", (1,), True),
     ("exclude_input_in_output", "TYPE_BOOL", (1,), True),
     ("min_tokens", "TYPE_INT32", (1,), True),
+    ("stop_words_list", "TYPE_INT32", (2, -1), True),
 )
 MODEL_OUT: tuple[Tensor, ...] = (
     ("output_ids", "TYPE_INT32", (-1, -1), False),
@@ -66,6 +70,7 @@ ENSEMBLE_IN: tuple[Tensor, ...] = (
     ("seed", "TYPE_UINT64", (1,), True),
     ("exclude_input_in_output", "TYPE_BOOL", (1,), True),
     ("min_tokens", "TYPE_INT32", (1,), True),  # lets a benchmark ask for an exact OSL (ignore EOS)
+    ("stop_words", "TYPE_STRING", (-1,), True),  # replaces the model's default stop words; [""] for none
 )
 ENSEMBLE_OUT: tuple[Tensor, ...] = (("text_output", "TYPE_STRING", (-1,), False),)
 
@@ -126,10 +131,10 @@ def ensemble(s: RepoSettings) -> mc.ModelConfig:
     steps = cfg.ensemble_scheduling.step
     pre = steps.add(model_name="preprocessing", model_version=-1)
     pre.input_map.update({"QUERY": "text_input", "REQUEST_OUTPUT_LEN": "max_tokens",
-                          "END_ID": "end_id", "PAD_ID": "pad_id"})
+                          "END_ID": "end_id", "PAD_ID": "pad_id", "STOP_WORDS_DICT": "stop_words"})
     pre.output_map.update({"INPUT_ID": "_INPUT_ID", "REQUEST_INPUT_LEN": "_REQUEST_INPUT_LEN",
                            "REQUEST_OUTPUT_LEN": "_REQUEST_OUTPUT_LEN", "OUT_END_ID": "_PREPROCESSOR_END_ID",
-                           "OUT_PAD_ID": "_PREPROCESSOR_PAD_ID"})
+                           "OUT_PAD_ID": "_PREPROCESSOR_PAD_ID", "STOP_WORDS_IDS": "_STOP_WORDS_IDS"})
     gen = steps.add(model_name=MODEL_NAME, model_version=-1)
     # Renamed on the way in, as upstream does: stream→streaming, top_k→runtime_top_k, top_p→runtime_top_p.
     gen.input_map.update({"input_ids": "_INPUT_ID", "input_lengths": "_REQUEST_INPUT_LEN",
@@ -138,7 +143,8 @@ def ensemble(s: RepoSettings) -> mc.ModelConfig:
                           "runtime_top_p": "top_p", "temperature": "temperature",
                           "repetition_penalty": "repetition_penalty", "seed": "seed",
                           # Like TensorRT-LLM, a non-streamed answer includes the prompt unless asked not to.
-                          "exclude_input_in_output": "exclude_input_in_output", "min_tokens": "min_tokens"})
+                          "exclude_input_in_output": "exclude_input_in_output", "min_tokens": "min_tokens",
+                          "stop_words_list": "_STOP_WORDS_IDS"})
     gen.output_map.update({"output_ids": "_TOKENS_BATCH", "sequence_length": "_SEQUENCE_LENGTH"})
     post = steps.add(model_name="postprocessing", model_version=-1)
     post.input_map.update({"TOKENS_BATCH": "_TOKENS_BATCH", "SEQUENCE_LENGTH": "_SEQUENCE_LENGTH"})

@@ -1,7 +1,8 @@
 """Assemble a Triton model repository in TensorRT-LLM's ensemble layout.
 
-  preprocessing/  config.pbtxt, 1/model.py, 1/tokenizer/
-  tensorrt_llm/   config.pbtxt, 1/model.py, 1/stoker_runtime/ (our model code), 1/weights/ (the build)
+  preprocessing/  config.pbtxt, 1/model.py, 1/stoker_stop_words.py, 1/tokenizer/
+  tensorrt_llm/   config.pbtxt, 1/model.py, 1/stoker_stop_words.py, 1/stoker_runtime/ (our model code),
+                  1/weights/ (the build)
   postprocessing/ config.pbtxt, 1/model.py, 1/tokenizer/
   ensemble/       config.pbtxt, 1/ (empty, as Triton requires)
 
@@ -16,6 +17,7 @@ from pathlib import Path
 
 from . import triton_config
 from .triton_config import RepoSettings
+from .triton_models import install_step
 
 _PKG = Path(__file__).resolve().parent
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
@@ -31,14 +33,14 @@ def assemble(artifact: Path, out: Path, settings: RepoSettings) -> list[str]:
         (out / name / "1").mkdir(parents=True, exist_ok=True)
         (out / name / "config.pbtxt").write_text(text)
     for step in ("preprocessing", "postprocessing"):
-        shutil.copyfile(_PKG / "triton_models" / f"{step}.py", out / step / "1" / "model.py")
+        install_step(step, out / step / "1")
         tok = out / step / "1" / settings.tokenizer_dir
         tok.mkdir()
         for f in TOKENIZER_FILES:
             if (artifact / f).exists():
                 shutil.copyfile(artifact / f, tok / f)
     model_dir = out / triton_config.MODEL_NAME / "1"
-    shutil.copyfile(_PKG / "triton_models" / "tensorrt_llm.py", model_dir / "model.py")
+    install_step(triton_config.MODEL_NAME, model_dir)
     runtime = model_dir / "stoker_runtime"
     runtime.mkdir()
     for f in RUNTIME_MODULES:

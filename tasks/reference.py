@@ -23,7 +23,8 @@ def build_reference(spec: Spec, quantized: StepResult, ctx: RunContext) -> StepR
     def produce(out: Path) -> dict:
         run_module("stoker.workers.build_reference", ["--checkpoint", str(quantized.path), "--out", str(out)], log)
         runtime = json.loads((out / "stoker_runtime.json").read_text())
-        return {"target": spec.target, "end_id": runtime["end_id"], "pad_id": runtime["pad_id"],
+        return {"target": spec.target, "end_id": runtime["end_id"],
+                "stop_ids": runtime.get("stop_ids", []), "pad_id": runtime["pad_id"],
                 "quantization": runtime.get("quantization", {}).get("format")}
 
     return cached_step(ctx, "build", build_key(spec, quantized.digest), produce, log)

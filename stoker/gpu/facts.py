@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
+from ..triton_models.stop_words import collect
+
 KNOWN_FILE = Path(__file__).resolve().parent / "known_models.json"
 
 
@@ -31,6 +33,13 @@ class ModelFacts:
     end_id: int | None
     pad_id: int | None
     gated: bool | None  # None: unknown
+    stop_ids: tuple[int, ...] = ()  # the other eos ids: one-token stop words (triton_models/stop_words.py)
+    model_type: str = "?"
+    # What the reference runtime (a hand-written Llama) must know to refuse a model it would serve wrong.
+    attention_bias: bool = False
+    mlp_bias: bool = False
+    hidden_act: str = "silu"
+    rope_type: str = "default"
 
     @property
     def params(self) -> int:
@@ -54,13 +63,14 @@ def _first(v) -> int | None:
 
 
 def choose_end_id(config: dict, generation: dict, tokenizer_eos: int | None) -> int | None:
-    """The id that ends a response. Instruct models list several eos ids (Llama 3: 128001 and 128009);
-    the chat turn ends with the tokenizer's eos token, so prefer it when it is among them."""
-    eos = generation.get("eos_token_id", config.get("eos_token_id"))
-    candidates = eos if isinstance(eos, list) else [eos] if isinstance(eos, int) else []
-    if tokenizer_eos is not None and (not candidates or tokenizer_eos in candidates):
-        return tokenizer_eos
-    return int(candidates[0]) if candidates else None
+    """The id that ends a response: the tokenizer's eos (Llama 3 Instruct: <|eot_id|>), as TensorRT-LLM's
+    LLM API takes it; every other eos id becomes a stop word (stop_words.collect)."""
+    return collect(generation, config, tokenizer_eos).end_id
+
+
+def _rope_type(config: dict) -> str:
+    rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
+    return str(rope.get("rope_type") or rope.get("type") or "default") if isinstance(rope, dict) else "?"
 
 
 def from_config(config: dict, generation: dict | None = None, tokenizer_eos: int | None = None,
@@ -73,7 +83,7 @@ def from_config(config: dict, generation: dict | None = None, tokenizer_eos: int
     # max_position_embeddings already is the real context).
     stretch = rope.get("rope_type", rope.get("type")) in ("linear", "dynamic", "yarn")
     factor = float(rope.get("factor", 1.0)) if stretch else 1.0
-    end_id = choose_end_id(config, generation, tokenizer_eos)
+    end_id, stop_ids = collect(generation, config, tokenizer_eos)
     pad = _first(generation.get("pad_token_id", config.get("pad_token_id")))
     return ModelFacts(
         source=source, architecture=(config.get("architectures") or ["?"])[0], hidden=hidden,
@@ -83,7 +93,10 @@ def from_config(config: dict, generation: dict | None = None, tokenizer_eos: int
         context=int(int(config.get("max_position_embeddings", 2048)) * factor),
         dtype=str(config.get("torch_dtype") or config.get("dtype") or "float16"),
         tied_embeddings=bool(config.get("tie_word_embeddings", False)), end_id=end_id,
-        pad_id=pad if pad is not None else end_id, gated=gated)
+        pad_id=pad if pad is not None else end_id, gated=gated, stop_ids=stop_ids,
+        model_type=str(config.get("model_type", "?")), attention_bias=bool(config.get("attention_bias")),
+        mlp_bias=bool(config.get("mlp_bias")), hidden_act=str(config.get("hidden_act", "silu")),
+        rope_type=_rope_type(config))
 
 
 def tokenizer_eos_id(folder: Path) -> int | None:

@@ -5,9 +5,15 @@ triton_backend/all_models/llmapi); max_batch_size and decoupled come from model.
 triton_config through the model's auto-complete, so config.pbtxt leaves them unset, as
 upstream does. model.py is a stoker shim that loads TensorRT-LLM's own llmapi model.py
 from the serving image, so the python model always matches the image's TRT-LLM.
+
+Stop ids: the LLM API ends a request at the tokenizer's eos only (its SamplingParams.end_id), so
+the shim adds the model's other eos ids (1/stoker_stop_ids.json) as `stop_token_ids` to every
+request that names no `sampling_param_stop` of its own.
 """
 
 from __future__ import annotations
+
+import json
 
 import yaml
 from google.protobuf import text_format
@@ -43,6 +49,7 @@ model.yaml is read by that model from this folder (pb_utils.get_model_dir()). Se
 STOKER_LLMAPI_MODEL_DIR if the image keeps the model elsewhere.
 """
 import importlib.util
+import json
 import os
 import sys
 
@@ -54,6 +61,22 @@ sys.path.insert(0, _DIR)  # its `from helpers import ...`
 _spec = importlib.util.spec_from_file_location("trtllm_llmapi_model", os.path.join(_DIR, "model.py"))
 _module = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_module)
+
+# The model's eos ids other than the tokenizer's (Llama 3.1 Instruct: 128001, 128008) stop generation too.
+_STOP_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "stoker_stop_ids.json")
+with open(_STOP_FILE) as _fh:
+    _STOP_IDS = [int(i) for i in json.load(_fh)["stop_token_ids"]]
+_upstream_sampling = _module.get_sampling_params_from_request
+
+
+def _sampling_with_stop_ids(request, *args, **kwargs):
+    params = _upstream_sampling(request, *args, **kwargs)
+    if _STOP_IDS and params.get("stop") is None and not params.get("stop_token_ids"):
+        params["stop_token_ids"] = list(_STOP_IDS)  # a request's own stop strings replace them
+    return params
+
+
+_module.get_sampling_params_from_request = _sampling_with_stop_ids
 TritonPythonModel = _module.TritonPythonModel
 '''
 
@@ -92,8 +115,9 @@ def model_yaml(spec, max_seq_len: int | None) -> dict:
     return doc
 
 
-def render_all(spec, max_seq_len: int | None) -> dict[str, str]:
+def render_all(spec, max_seq_len: int | None, stop_ids: tuple[int, ...] = ()) -> dict[str, str]:
     """relative path → file text for the whole repository (checkpoint files excluded)."""
     return {f"{MODEL_NAME}/config.pbtxt": text_format.MessageToString(config(spec)),
             f"{MODEL_NAME}/1/model.yaml": yaml.safe_dump(model_yaml(spec, max_seq_len), sort_keys=False),
-            f"{MODEL_NAME}/1/model.py": SHIM}
+            f"{MODEL_NAME}/1/model.py": SHIM,
+            f"{MODEL_NAME}/1/stoker_stop_ids.json": json.dumps({"stop_token_ids": list(stop_ids)}) + "\n"}

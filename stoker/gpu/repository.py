@@ -7,7 +7,7 @@ import shutil
 from pathlib import Path
 
 from .. import triton_config
-from ..triton_models import model_source
+from ..triton_models import install_step
 from . import inflight, llmapi
 from .facts import ModelFacts
 from .rules import max_seq_len
@@ -23,16 +23,18 @@ def write_repository(spec, facts: ModelFacts | None, out: Path, tokenizer_src: P
     """
     out.mkdir(parents=True, exist_ok=True)
     if spec.target == "pytorch":
-        for rel, text in llmapi.render_all(spec, max_seq_len(spec, facts)).items():
+        stop_ids = facts.stop_ids if facts else ()
+        for rel, text in llmapi.render_all(spec, max_seq_len(spec, facts), stop_ids).items():
             (out / rel).parent.mkdir(parents=True, exist_ok=True)
             (out / rel).write_text(text)
         return {"layout": "llmapi", "models": [llmapi.MODEL_NAME], "pending": [f"{llmapi.MODEL_NAME}/1/checkpoint/"]}
     for name, text in inflight.render_all(spec).items():
         (out / name / "1").mkdir(parents=True, exist_ok=True)
         (out / name / "config.pbtxt").write_text(text)
-    ids = {"end_id": facts.end_id if facts else None, "pad_id": facts.pad_id if facts else None}
+    ids = {"end_id": facts.end_id if facts else None, "stop_ids": list(facts.stop_ids) if facts else [],
+           "pad_id": facts.pad_id if facts else None}
     for step in ("preprocessing", "postprocessing"):
-        shutil.copyfile(model_source(step), out / step / "1" / "model.py")
+        install_step(step, out / step / "1")
         tok = out / step / "1" / triton_config.RepoSettings().tokenizer_dir
         tok.mkdir(exist_ok=True)
         if tokenizer_src is not None:
@@ -40,8 +42,8 @@ def write_repository(spec, facts: ModelFacts | None, out: Path, tokenizer_src: P
                 if (tokenizer_src / f).is_file():
                     shutil.copyfile(tokenizer_src / f, tok / f)
         if ids["end_id"] is not None:
-            # Read first by preprocessing: the end id chosen from tokenizer + generation config (Llama 3
-            # Instruct: <|eot_id|>), so generation stops at the end of the turn, not at max_tokens.
+            # Read first by preprocessing: the end id (Llama 3 Instruct: <|eot_id|>) and every other eos id
+            # as stop words (STOP_WORDS_IDS → stop_words_list), so generation stops wherever the model ends.
             (tok / "stoker_runtime.json").write_text(json.dumps(ids, indent=2) + "\n")
     pending = ["tensorrt_llm/1/engine/"]
     if tokenizer_src is None:

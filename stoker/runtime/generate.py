@@ -6,6 +6,10 @@ should always contain only tokens to be outputted"), so neither streamed respons
 final output_ids/sequence_length carry it. A generation that ends on end_id therefore yields
 fewer than max_new_tokens tokens.
 
+Stop words (TensorRT-LLM's stop_words_list: every eos id other than end_id travels as one): a
+generation ends once its sequence ends with one of them, and, as in TensorRT-LLM, the matched
+word is yielded. `min_new_tokens` holds back end_id only, as TensorRT-LLM's min length does.
+
 Sampling semantics of this function (the Triton model maps TensorRT-LLM's request fields onto
 them): temperature <= 0 or top_k == 1 is greedy (argmax); otherwise logits / temperature,
 then top_k (0 = no limit), then top_p (nucleus; 1.0 = no limit). Repetition penalty follows
@@ -21,6 +25,11 @@ from collections.abc import Iterator, Sequence
 import torch
 
 from .llama import LlamaModel
+
+
+def _ends_with(sequence: list[int], words: list[list[int]]) -> bool:
+    # Same rule as triton_models/stop_words.py; repeated here so the runtime package stays self-contained.
+    return any(len(w) <= len(sequence) and sequence[-len(w):] == w for w in words)
 
 
 def _apply_repetition_penalty(logits: torch.Tensor, seen: torch.Tensor, penalty: float) -> torch.Tensor:
@@ -67,6 +76,7 @@ def generate(
     repetition_penalty: float = 1.0,
     seed: int | None = None,
     min_new_tokens: int = 0,
+    stop_words: Sequence[Sequence[int]] = (),
 ) -> Iterator[int]:
     """Yield generated token ids one at a time: prefill the prompt, then decode with the cache.
 
@@ -75,6 +85,7 @@ def generate(
     compute) for an empty or too long prompt, out-of-vocabulary ids or invalid sampling
     settings. `seed` makes sampling reproducible; None draws a fresh random seed. `min_new_tokens`
     (TensorRT-LLM's min_tokens) keeps `end_id` from being sampled before that many tokens.
+    `stop_words` (token id sequences) end the generation after the token that completes one.
     """
     prompt = [int(t) for t in input_ids]
     if not prompt:
@@ -92,10 +103,11 @@ def generate(
     vocab = model.spec.vocab_size
     if min(prompt) < 0 or max(prompt) >= vocab:
         raise ValueError(f"input_ids must lie in 0..{vocab - 1}")
+    words = [[int(t) for t in w] for w in stop_words if len(w)]
     budget = min(max_new_tokens, model.max_positions - len(prompt))
     generator = torch.Generator().manual_seed(seed if seed is not None else secrets.randbits(63))
     return _decode(model, prompt, budget, end_id, temperature, top_k, top_p, repetition_penalty, generator,
-                   min_new_tokens)
+                   min_new_tokens, words)
 
 
 def _decode(
@@ -109,10 +121,12 @@ def _decode(
     repetition_penalty: float,
     generator: torch.Generator,
     min_new_tokens: int = 0,
+    stop_words: list[list[int]] | None = None,
 ) -> Iterator[int]:
     cache = model.new_cache(len(prompt) + budget)
     seen = torch.zeros(model.spec.vocab_size, dtype=torch.bool)
     seen[torch.tensor(prompt)] = True
+    sequence = list(prompt)  # stop words may reach back into the prompt, as TensorRT-LLM's do
     logits = model.forward(prompt, cache)[-1]
     for step in range(budget):
         if repetition_penalty != 1.0:
@@ -124,7 +138,8 @@ def _decode(
         if token == end_id:
             return
         yield token
-        if step + 1 == budget:
+        sequence.append(token)
+        if step + 1 == budget or (stop_words and _ends_with(sequence, stop_words)):
             return
         seen[token] = True
         logits = model.forward([token], cache)[-1]

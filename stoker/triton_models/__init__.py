@@ -4,6 +4,8 @@ The three modules here are Triton python-backend `model.py` files (they import
 `triton_python_backend_utils`, so they load only inside Triton). This package only knows where
 they go: `install_model_code` copies them, and the reference runtime the `tensorrt_llm` model
 imports as `stoker_runtime`, into a repository whose config.pbtxt files are rendered elsewhere.
+`stop_words.py` is plain Python shared by stoker and two of the models: it travels beside their
+model.py as `stoker_stop_words.py`.
 """
 
 from __future__ import annotations
@@ -21,6 +23,23 @@ MODEL_SOURCES: dict[str, str] = {
     "tensorrt_llm": "tensorrt_llm.py",
     "postprocessing": "postprocessing.py",
 }
+
+
+# Beside model.py of the models that import it; a name no PyPI package takes.
+STOP_WORDS_FILE = "stoker_stop_words.py"
+_USES_STOP_WORDS = ("preprocessing", "tensorrt_llm")
+
+
+def install_step(model_name: str, version_dir: Path) -> list[Path]:
+    """Copy one model's model.py (and the stop-word helper it imports) into `version_dir`."""
+    version_dir = Path(version_dir)
+    version_dir.mkdir(parents=True, exist_ok=True)
+    written = [version_dir / "model.py"]
+    shutil.copyfile(model_source(model_name), written[0])
+    if model_name in _USES_STOP_WORDS:
+        written.append(version_dir / STOP_WORDS_FILE)
+        shutil.copyfile(_HERE / "stop_words.py", written[-1])
+    return written
 
 
 def model_source(model_name: str) -> Path:
@@ -43,10 +62,7 @@ def install_model_code(repo_dir: Path, version: str = "1") -> list[Path]:
     """
     written: list[Path] = []
     for name in MODEL_SOURCES:
-        target = Path(repo_dir) / name / version / "model.py"
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(model_source(name), target)
-        written.append(target)
+        written += install_step(name, Path(repo_dir) / name / version)
     package = Path(repo_dir) / "tensorrt_llm" / version / RUNTIME_PACKAGE
     package.mkdir(parents=True, exist_ok=True)
     for source in runtime_sources():

@@ -7,7 +7,8 @@ as the `stoker_runtime` package) from the reference artifact in `gpt_model_path`
 Inputs (leading batch dim): input_ids INT32 [-1], input_lengths INT32 [1], request_output_len
 INT32 [1]; optional end_id, pad_id INT32 [1], streaming BOOL [1], temperature FP32 [1],
 runtime_top_k INT32 [1], runtime_top_p FP32 [1], repetition_penalty FP32 [1], seed UINT64 [1],
-exclude_input_in_output BOOL [1], min_tokens INT32 [1] (end_id cannot end the output before that many tokens).
+exclude_input_in_output BOOL [1], min_tokens INT32 [1] (end_id cannot end the output before that many tokens),
+stop_words_list INT32 [2, -1] (TensorRT-LLM's layout, see stoker_stop_words.py).
 Outputs: output_ids INT32 [-1, -1] (beam, tokens), sequence_length INT32 [-1] (per beam).
 Parameters: gpt_model_path (default "weights", relative to the version dir unless absolute),
 num_threads (torch threads, default 2), max_concurrent_requests (default 1),
@@ -23,7 +24,9 @@ Behaviour, matched to TensorRT-LLM where it defines one:
 - Sampling: no runtime_top_k and no runtime_top_p (or both 0) is greedy, whatever the
   temperature; otherwise temperature (default 1.0) with top-k / top-p. top_p <= 0 means unset.
   seed defaults to 0, so repeated identical sampled requests give identical output.
-- end_id / pad_id default to the artifact's stoker_runtime.json.
+- end_id / pad_id default to the artifact's stoker_runtime.json, and so do the stop words when
+  the request has no stop_words_list (its `stop_ids`: the model's other eos ids). A matched stop
+  word is returned and counted, as TensorRT-LLM does; an empty list means no stop words.
 Concurrency: execute only enqueues; a pool of max_concurrent_requests threads generates (torch
 releases the GIL), so the default handles requests one after another in arrival order.
 Cancelled requests stop at the next token. Every failure is answered as a TritonError response.
@@ -45,8 +48,9 @@ import triton_python_backend_utils as pb_utils
 
 # The runtime is shipped beside this file as a plain package (no stoker install in Triton).
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from stoker_stop_words import from_word_list
 from stoker_runtime.generate import generate
-from stoker_runtime.llama import LlamaModel, load_model
+from stoker_runtime.llama import RUNTIME_FILE, LlamaModel, load_model
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
@@ -93,10 +97,25 @@ def sampling_kwargs(temperature: float | None, top_k: int | None, top_p: float |
     return {"temperature": t, "top_k": top_k, "top_p": top_p or 1.0}
 
 
+def _stop_words(request: Any, batch: int, index: int) -> list[list[int]] | None:
+    """Item `index` of the optional stop_words_list input ([batch, 2, N]); None when absent."""
+    tensor = pb_utils.get_input_tensor_by_name(request, "stop_words_list")
+    if tensor is None:
+        return None
+    values = tensor.as_numpy()
+    if values.ndim != 3 or values.shape[0] != batch or values.shape[1] != 2:
+        raise RequestError(f"stop_words_list has shape {list(values.shape)}; expected [{batch}, 2, N]")
+    try:
+        return from_word_list(values[index].tolist())
+    except ValueError as exc:
+        raise RequestError(f"stop_words_list: {exc}") from None
+
+
 class _Job:
     """One sequence of a request, parsed and validated."""
 
-    def __init__(self, request: Any, batch: int, index: int, defaults: tuple[int, int], exclude_default: bool) -> None:
+    def __init__(self, request: Any, batch: int, index: int, defaults: tuple, exclude_default: bool) -> None:
+        # defaults: (end_id, pad_id, stop words), used where the request carries none
         ids = pb_utils.get_input_tensor_by_name(request, "input_ids")
         if ids is None:
             raise RequestError("input_ids is required")
@@ -113,6 +132,8 @@ class _Job:
         end_id, pad_id = (_scalar(request, name, batch, index) for name in ("end_id", "pad_id"))
         self.end_id = defaults[0] if end_id is None else int(end_id)
         self.pad_id = defaults[1] if pad_id is None else int(pad_id)
+        words = _stop_words(request, batch, index)
+        self.stop_words = defaults[2] if words is None else words
         self.streaming = bool(_scalar(request, "streaming", batch, index) or False)
         exclude = _scalar(request, "exclude_input_in_output", batch, index)
         self.exclude_input = exclude_default if exclude is None else bool(exclude)
@@ -132,12 +153,13 @@ class _Job:
 
     def tokens(self, model: LlamaModel) -> Iterator[int]:
         try:
-            return generate(model, self.prompt, self.max_new_tokens, self.end_id, **self.kwargs)
+            return generate(model, self.prompt, self.max_new_tokens, self.end_id, stop_words=self.stop_words,
+                            **self.kwargs)
         except ValueError as exc:
             raise RequestError(str(exc)) from None
 
 
-def _parse(request: Any, defaults: tuple[int, int], exclude_default: bool) -> list[_Job]:
+def _parse(request: Any, defaults: tuple, exclude_default: bool) -> list[_Job]:
     ids = pb_utils.get_input_tensor_by_name(request, "input_ids")
     if ids is None:
         raise RequestError("input_ids is required")
@@ -159,12 +181,13 @@ class TritonPythonModel:
         self.exclude_default = _param(config, "exclude_input_in_output", "false").lower() in ("1", "true", "yes")
         self.decoupled = pb_utils.using_decoupled_model_transaction_policy(config)
         self.model = load_model(weights, num_threads=num_threads)
-        self.defaults = (self.model.info.end_id, self.model.info.pad_id)
+        stop_ids = json.loads((weights / RUNTIME_FILE).read_text()).get("stop_ids", [])
+        self.defaults = (self.model.info.end_id, self.model.info.pad_id, [[int(i)] for i in stop_ids])
         self.stopping = threading.Event()
         self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="stoker-gen")
         pb_utils.Logger.log_info(
             f"tensorrt_llm (reference runtime): {weights}, quantization {self.model.info.quant_format}, "
-            f"kv cache {self.model.info.kv_cache_dtype or 'float32'}, end_id {self.defaults[0]}, "
+            f"kv cache {self.model.info.kv_cache_dtype or 'float32'}, end_id {self.defaults[0]}, stop ids {stop_ids}, "
             f"decoupled {self.decoupled}, threads {num_threads}, workers {workers}"
         )
 

@@ -20,6 +20,7 @@ from typing import Any
 
 from stoker.digest import file_sha256 as _sha256
 from stoker.errors import StokerError
+from stoker.triton_models.stop_words import collect
 from stoker.workers import run_cli
 
 ARTIFACT_FORMAT = "stoker-reference/1"
@@ -69,13 +70,11 @@ def _tokenizer_id(checkpoint: Path, key: str) -> int | None:
     return Tokenizer.from_file(str(checkpoint / "tokenizer.json")).token_to_id(token)
 
 
-def special_ids(checkpoint: Path, config: dict[str, Any], generation: dict[str, Any]) -> tuple[int, int]:
-    """(end_id, pad_id): generation_config first, then config.json, then the tokenizer's own tokens."""
-    end_id = _first_id(generation.get("eos_token_id"))
-    if end_id is None:
-        end_id = _first_id(config.get("eos_token_id"))
-    if end_id is None:
-        end_id = _tokenizer_id(checkpoint, "eos_token")
+def special_ids(checkpoint: Path, config: dict[str, Any], generation: dict[str, Any]) -> tuple[int, int, list[int]]:
+    """(end_id, pad_id, stop ids): every eos id stops generation; stoker/triton_models/stop_words.py says which
+    one is end_id (TensorRT-LLM takes one) and which travel as stop words. pad: generation_config, config.json,
+    then the tokenizer's own token."""
+    end_id, stop_ids = collect(generation, config, _tokenizer_id(checkpoint, "eos_token"))
     if end_id is None:
         raise BuildError("no eos token id in generation_config.json, config.json or the tokenizer")
     pad_id = _first_id(generation.get("pad_token_id"))
@@ -83,7 +82,7 @@ def special_ids(checkpoint: Path, config: dict[str, Any], generation: dict[str, 
         pad_id = _first_id(config.get("pad_token_id"))
     if pad_id is None:
         pad_id = _tokenizer_id(checkpoint, "pad_token")
-    return end_id, end_id if pad_id is None else pad_id
+    return end_id, end_id if pad_id is None else pad_id, list(stop_ids)
 
 
 
@@ -128,19 +127,20 @@ def build(checkpoint: Path, out: Path) -> dict[str, str]:
             shutil.copyfile(checkpoint / name, out / name)
 
     generation = _read_json(checkpoint / "generation_config.json") if (checkpoint / "generation_config.json").is_file() else {}
-    end_id, pad_id = special_ids(checkpoint, config, generation)
+    end_id, pad_id, stop_ids = special_ids(checkpoint, config, generation)
     _write_json(out / "stoker_runtime.json", {
         "format": ARTIFACT_FORMAT,
         "dtype": "float32",
         "end_id": end_id,
         "pad_id": pad_id,
+        "stop_ids": stop_ids,
         "quantization": {
             "format": fmt,
             "kv_cache_dtype": kv,
             "kv_scales": {str(layer): {"k": s["k"], "v": s["v"]} for layer, s in sorted(kv_scales.items())},
         },
     })
-    log(f"end_id {end_id}, pad_id {pad_id}, {len(kv_scales)} layers with KV scales")
+    log(f"end_id {end_id}, stop ids {stop_ids}, pad_id {pad_id}, {len(kv_scales)} layers with KV scales")
     return {p.name: _sha256(p) for p in sorted(out.iterdir()) if p.is_file()}
 
 

@@ -80,14 +80,38 @@ def test_engine_repository_matches_inflight_batcher_llm(rendered, ibl):
     assert [s.model_name for s in ens.ensemble_scheduling.step] == ibl["ensemble"]["ensemble_steps"]
 
 
-def test_end_id_comes_from_tokenizer_and_generation_config(rendered):
+def test_every_eos_id_stops_the_engine(rendered):
+    """Llama 3 Instruct: config.json eos 128009, generation_config [128001, 128009], tokenizer <|eot_id|> = 128009.
+
+    TensorRT-LLM takes one end_id (the tokenizer's, as its LLM API does); 128001 must travel as a stop word:
+    preprocessing's default STOP_WORDS_IDS → the ensemble → tensorrt_llm's stop_words_list.
+    """
     if rendered["doc"]["target"] != "tensorrt":
         return
     import json
 
-    ids = json.loads((rendered["repo"] / "preprocessing/1/tokenizer/stoker_runtime.json").read_text())
-    # Llama 3 Instruct: generation_config lists 128001 and 128009; the chat turn ends with <|eot_id|> = 128009.
-    assert ids == {"end_id": 128009, "pad_id": 128009}
+    repo = rendered["repo"]
+    ids = json.loads((repo / "preprocessing/1/tokenizer/stoker_runtime.json").read_text())
+    assert ids == {"end_id": 128009, "stop_ids": [128001], "pad_id": 128009}
+    assert (repo / "preprocessing/1/stoker_stop_words.py").is_file()
+    pre, ens = _load(repo, "preprocessing"), _load(repo, "ensemble")
+    assert "STOP_WORDS_IDS" in {o.name for o in pre.output} and "STOP_WORDS_DICT" in {i.name for i in pre.input}
+    steps = {s.model_name: s for s in ens.ensemble_scheduling.step}
+    assert steps["preprocessing"].input_map["STOP_WORDS_DICT"] == "stop_words"
+    wire = steps["preprocessing"].output_map["STOP_WORDS_IDS"]
+    assert steps["tensorrt_llm"].input_map["stop_words_list"] == wire
+
+
+def test_llmapi_stops_on_every_eos_id(rendered):
+    if rendered["doc"]["target"] != "pytorch":
+        return
+    import json
+
+    repo = rendered["repo"]
+    assert json.loads((repo / "tensorrt_llm/1/stoker_stop_ids.json").read_text()) == {"stop_token_ids": [128001]}
+    shim = (repo / "tensorrt_llm/1/model.py").read_text()
+    compile(shim, "model.py", "exec")
+    assert "stop_token_ids" in shim and "get_sampling_params_from_request" in shim
 
 
 def test_llmapi_repository_matches_upstream(rendered, llmapi_layout):
