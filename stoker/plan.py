@@ -32,6 +32,7 @@ def plan(spec: Spec, ctx: RunContext) -> list[PlannedStep]:
 
         return plan_gpu(spec, ctx)
 
+    check_model(spec)
     store = ctx.store
     out: list[PlannedStep] = []
     source_id, source = resolve_source(spec)
@@ -51,6 +52,15 @@ def plan(spec: Spec, ctx: RunContext) -> list[PlannedStep]:
     out.append(_deploy(spec, digest))
     out.append(PlannedStep("benchmark", None, "runs", "always measured again"))
     return out
+
+
+def check_model(spec: Spec) -> None:
+    """Refuse (PlanRefused, one line) a model the format or target cannot take, from config.json alone:
+    before download or calibration. Facts come from the local checkpoint, known_models.json or the Hub."""
+    from .gpu.planning import model_facts
+    from .model_checks import enforce
+
+    enforce(spec, model_facts(spec))
 
 
 def _upload(spec: Spec, digest: str | None) -> PlannedStep:

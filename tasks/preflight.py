@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from prefect import get_run_logger
 
+from stoker.plan import check_model
 from stoker.preflight import preflight
 from stoker.spec import Spec
 
@@ -12,5 +13,7 @@ from . import step_task
 
 @step_task("preflight")
 def preflight_checks(spec: Spec) -> None:
-    """Fail in seconds on an unreachable S3, a missing daemon or image, or a port in use."""
+    """Fail in seconds on a model the format/target cannot take, an unreachable S3, a missing daemon or image,
+    or a port in use."""
+    check_model(spec)
     preflight(spec, get_run_logger().info)
