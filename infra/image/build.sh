@@ -10,7 +10,10 @@
 #        STOKER_WHEELS_DIR folder holding the torch CPU wheel (default /opt/wheels)
 #        PIP_CERT          CA bundle pip uses inside the chroot (default: the host's
 #                          /etc/ssl/certs/ca-certificates.crt, which may hold a proxy's CA)
+#        STOKER_PYTHON     interpreter whose `pip config list` names the package index (default python3)
 #        DOCKER_HOST       honoured by the docker CLI
+# Mirrors: the Debian mirror is the one this machine's apt uses for $SUITE main, and pip in the chroot
+# uses this machine's index settings (stoker/stack/mirrors.py): the repository names no package host.
 # Prints "[build  Ns] ..." progress lines; exits non-zero with a one-line cause.
 set -euo pipefail
 
@@ -23,6 +26,8 @@ elif [ -n "${STOKER_HOME:-}" ]; then cache=$STOKER_HOME/cache
 else cache=/var/cache/stoker; fi
 wheels_dir=${STOKER_WHEELS_DIR:-/opt/wheels}
 pip_cert=${PIP_CERT:-/etc/ssl/certs/ca-certificates.crt}
+py=${STOKER_PYTHON:-python3}
+mirrors_py=$here/../../stoker/stack/mirrors.py
 site=/opt/venv/lib/python${PYTHON_VERSION}/site-packages
 
 t0=$SECONDS
@@ -43,11 +48,14 @@ if [ "$image" = "--print-recipe" ]; then
 fi
 
 [ "$(id -u)" = 0 ] || die "must run as root (debootstrap and chroot need it)"
-for tool in debootstrap docker chroot flock; do
+for tool in debootstrap docker chroot flock "$py"; do
     command -v "$tool" >/dev/null || die "$tool not found (apt-get install -y debootstrap docker.io)"
 done
 [ -f "$wheels_dir/$TORCH_WHEEL" ] || die "torch CPU wheel missing: $wheels_dir/$TORCH_WHEEL"
 docker info >/dev/null 2>&1 || die "docker daemon not reachable (run infra/dockerd.sh)"
+debian_mirror=$("$py" "$mirrors_py" debian "$SUITE" 2>&1) || die "Debian mirror: ${debian_mirror#mirrors: }"
+# NAME=VALUE lines (PIP_INDEX_URL, PIP_EXTRA_INDEX_URL, PIP_TRUSTED_HOST); none means pip's default index.
+mapfile -t pip_env < <("$py" "$mirrors_py" pip-env)
 
 recipe=$(recipe_digest)
 step "building $image (recipe ${recipe:0:16}…, cache $cache)"
@@ -56,7 +64,7 @@ mkdir -p "$cache"
 exec 9>"$cache/build.lock"
 flock -w 1800 9 || die "another build holds $cache/build.lock"
 
-base_key=$(printf '%s\n' "$SUITE" "$DEBIAN_MIRROR" "$ROOTFS_PACKAGES" minbase | sha256sum | cut -c1-16)
+base_key=$(printf '%s\n' "$SUITE" "$debian_mirror" "$ROOTFS_PACKAGES" minbase | sha256sum | cut -c1-16)
 base_tar=$cache/rootfs-$SUITE-minbase-$base_key.tar
 work=$(mktemp -d "$cache/work.XXXXXX")
 rootfs=$work/rootfs
@@ -80,9 +88,9 @@ if [ -f "$base_tar" ]; then
     step "base rootfs: reusing $base_tar"
     tar -C "$rootfs" -xf "$base_tar"
 else
-    step "base rootfs: debootstrap --variant=minbase $SUITE (+$ROOTFS_PACKAGES), ~2 min"
+    step "base rootfs: debootstrap --variant=minbase $SUITE (+$ROOTFS_PACKAGES) from $debian_mirror, ~2 min"
     # Only the phase lines of debootstrap; per-package lines go to the log.
-    if ! debootstrap --variant=minbase --include="$ROOTFS_PACKAGES" "$SUITE" "$rootfs" "$DEBIAN_MIRROR" \
+    if ! debootstrap --variant=minbase --include="$ROOTFS_PACKAGES" "$SUITE" "$rootfs" "$debian_mirror" \
             > "$work/debootstrap.log" 2>&1; then
         tail -n 20 "$work/debootstrap.log" >&2
         die "debootstrap failed (see lines above)"
@@ -105,10 +113,26 @@ cp -l "$wheels_dir/$TORCH_WHEEL" "$rootfs/tmp/stoker-build/" 2>/dev/null \
 # The wheelhouse lives outside the image; moving it in and out is a rename.
 mv "$wheelhouse" "$rootfs/tmp/stoker-wheels"
 mount -t proc proc "$rootfs/proc"
-# A clean environment: the host's PIP_* settings point at host-only folders.
+# The host's index settings, minus what names host folders: find-links (the torch wheel is copied in
+# above) and file:// indexes (their pages link files elsewhere on the host). pip skips a missing file://
+# index silently, so leaving one in would only hide that it was never used.
+chroot_pip_env=()
+for kv in "${pip_env[@]}"; do
+    urls=()
+    read -ra values <<<"${kv#*=}"
+    for url in "${values[@]}"; do
+        case $url in
+            file:*) step "pip: not using host-only index $url in the chroot" ;;
+            *) urls+=("$url") ;;
+        esac
+    done
+    if [ ${#urls[@]} -gt 0 ]; then chroot_pip_env+=("${kv%%=*}=${urls[*]}"); fi
+done
+step "pip index: ${chroot_pip_env[*]:-the default of pip}"
 chroot "$rootfs" /usr/bin/env -i HOME=/root LANG=C.UTF-8 \
     PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
     PIP_NO_CACHE_DIR=1 PIP_CERT=/tmp/stoker-build/host-ca.crt PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_DEFAULT_TIMEOUT=180 \
+    "${chroot_pip_env[@]}" \
     /bin/bash /tmp/stoker-build/rootfs-setup.sh 2>&1 | sed 's/^/    /'
 umount "$rootfs/proc"
 mv "$rootfs/tmp/stoker-wheels" "$wheelhouse"
