@@ -1,5 +1,6 @@
 # make demo / make test do all set-up on a fresh machine (Debian 12, root, Python 3.11):
-# virtualenv, Debian's docker.io + dockerd when no daemon answers, the CPU Triton image.
+# virtualenv, Debian's docker.io + dockerd when no daemon answers, the CPU Triton image and the
+# HAProxy image built on it (stoker image builds both, each only when its recipe changed).
 PYTHON ?= python3.11
 VENV   ?= .venv
 PY     := $(VENV)/bin/python

@@ -86,10 +86,12 @@ def _down(args) -> int:
 
 def _image(args) -> int:
     from .spec import Deploy
-    from .stack.image import ensure_image
+    from .stack.image import DEFAULT_PROXY_IMAGE, ensure_image, ensure_proxy_image
 
-    image_id = ensure_image(args.name or Deploy().image, None, print)
-    print(f"image: {args.name or Deploy().image} ({image_id[:19]})")
+    name = args.name or Deploy().image
+    proxy_id = ensure_proxy_image(DEFAULT_PROXY_IMAGE, None, print, base=name)  # ensures `name` first
+    print(f"image: {name} ({ensure_image(name, None, lambda _line: None)[:19]})")
+    print(f"image: {DEFAULT_PROXY_IMAGE} ({proxy_id[:19]})")
     return 0
 
 
@@ -106,7 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(fn=_demo)
     s = sub.add_parser("down", help="stop what `stoker demo` started (only that)")
     s.set_defaults(fn=_down)
-    s = sub.add_parser("image", help="build the CPU Triton image if missing or out of date")
+    s = sub.add_parser("image", help="build the CPU Triton image and the HAProxy image if missing or out of date")
     s.add_argument("--name", default=None)
     s.set_defaults(fn=_image)
     import importlib

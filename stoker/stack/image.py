@@ -1,34 +1,45 @@
-"""The registry-free Triton CPU image: build it (infra/image/build.sh) only when needed.
+"""The registry-free images: build them only when needed.
 
-The image carries label ``ai.stoker.recipe`` = digest of every file in
-infra/image (scripts, pinned versions, smoke model). A missing image or a
-different label triggers a build; otherwise the existing image is used as is.
+The Triton CPU image (infra/image/build.sh) carries label ``ai.stoker.recipe`` =
+digest of every file in infra/image (scripts, pinned versions, smoke model). The
+proxy image (infra/proxy/Dockerfile: Debian's HAProxy on that image) carries the
+digest of infra/proxy and of the base image's id. A missing image or a different
+label triggers a build; otherwise the existing image is used as is.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import re
 import subprocess
+import sys
 import threading
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 
 import docker.errors
+import requests
 
 from stoker.docker_engine import DeployError, connect
+from stoker.stack.mirrors import MirrorNotFound, host_debian_mirror
 
 IMAGE_DIR = Path(__file__).resolve().parents[2] / "infra" / "image"
 BUILD_SH = IMAGE_DIR / "build.sh"
 DEFAULT_IMAGE = "stoker/triton-cpu:2.51.0-cpu"
+PROXY_DIR = IMAGE_DIR.parent / "proxy"
+DEFAULT_PROXY_IMAGE = "stoker/haproxy:2.6"
 RECIPE_LABEL = "ai.stoker.recipe"
+BASE_LABEL = "ai.stoker.base-image"
+_RUN_FAILED = re.compile(r"^The command '.*' returned a non-zero code: (\d+)$")
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 BUILD_TIMEOUT_S = 1800
 TAIL_LINES = 30
 
 
 class ImageBuildFailed(DeployError):
-    """infra/image/build.sh failed; the message ends with its last output lines."""
+    """An image build failed; the message's first line is the cause."""
 
 
 def recipe_digest(image_dir: Path = IMAGE_DIR) -> str:
@@ -82,6 +93,9 @@ def _run_build(name: str, docker_host: str | None, log: Callable[[str], None]) -
     env = dict(os.environ)
     if docker_host:
         env["DOCKER_HOST"] = docker_host
+    # Our interpreter has pip, so its `pip config list` names this machine's index (the system python3
+    # may have no pip at all).
+    env.setdefault("STOKER_PYTHON", sys.executable)
     tail: deque[str] = deque(maxlen=TAIL_LINES)
     proc = subprocess.Popen(
         [str(BUILD_SH), name],
@@ -111,3 +125,82 @@ def _run_build(name: str, docker_host: str | None, log: Callable[[str], None]) -
             f"image build of {name} failed ({cause}): {last.strip()}\n"
             + "\n".join(tail)
         )
+
+
+def proxy_recipe_digest(base_id: str, proxy_dir: Path = PROXY_DIR) -> str:
+    """Digest of the proxy recipe folder and the base image's id: a rebuilt base rebuilds the proxy."""
+    return hashlib.sha256(f"{recipe_digest(proxy_dir)}\nbase {base_id}\n".encode()).hexdigest()
+
+
+def ensure_proxy_image(image: str = DEFAULT_PROXY_IMAGE, docker_host: str | None = None,
+                       log: Callable[[str], None] = print, base: str = DEFAULT_IMAGE) -> str:
+    """Return the id of the HAProxy image ``image``, building it (and its base ``base``) when needed.
+
+    apt inside the build uses this machine's Debian mirror. Raises DockerUnavailable, or
+    ImageBuildFailed (no apt source for the suite; a failed build step, named in one line).
+    """
+    base_id = ensure_image(base, docker_host, log)
+    client = connect(docker_host)
+    want = proxy_recipe_digest(base_id)
+    old_id = None
+    try:
+        old = client.images.get(image)
+        have = (old.labels or {}).get(RECIPE_LABEL)
+        if have == want:
+            log(f"image {image} is up to date (recipe {want[:12]})")
+            return old.id
+        old_id = old.id
+        log(f"image {image} has recipe {str(have)[:12]}, want {want[:12]}: rebuilding")
+    except docker.errors.ImageNotFound:
+        log(f"image {image} not found: building it from {base} (apt-get install haproxy, ~1 min)")
+
+    suite = _pin("SUITE")
+    try:
+        mirror = host_debian_mirror(suite)
+    except MirrorNotFound as err:
+        raise ImageBuildFailed(f"cannot build {image}: {err}") from None
+    log(f"[proxy] docker build {PROXY_DIR} (base {base}, Debian {suite} from {mirror})")
+    _docker_build(client, image, {"BASE_IMAGE": base_id, "DEBIAN_MIRROR": mirror, "SUITE": suite},
+                  {RECIPE_LABEL: want, BASE_LABEL: base_id}, log)
+    new_id = client.images.get(image).id
+    if old_id and old_id != new_id:
+        try:  # best effort: a container may still run the old proxy
+            client.images.remove(old_id)
+        except docker.errors.APIError as err:
+            log(f"[proxy] kept the previous image {old_id[:19]}: {_one_line(err.explanation or str(err))}")
+    log(f"[proxy] done: {image} {new_id[:19]}")
+    return new_id
+
+
+def _pin(name: str, versions: Path = IMAGE_DIR / "versions.env") -> str:
+    """One NAME=value pin of the Triton image, so the proxy's apt suite is the base image's."""
+    for line in versions.read_text().splitlines():
+        if line.startswith(f"{name}="):
+            return line.split("=", 1)[1].strip()
+    raise ImageBuildFailed(f"{versions}: no {name}= line")
+
+
+def _docker_build(client, image: str, buildargs: dict[str, str], labels: dict[str, str],
+                  log: Callable[[str], None]) -> None:
+    """docker build of PROXY_DIR tagged ``image``; a failed build leaves an existing tag where it was."""
+    tail: deque[str] = deque(maxlen=TAIL_LINES)
+    try:
+        for chunk in client.api.build(path=str(PROXY_DIR), tag=image, buildargs=buildargs, labels=labels,
+                                      rm=True, forcerm=True, pull=False, decode=True, timeout=BUILD_TIMEOUT_S):
+            if "error" in chunk:
+                detail = _one_line((chunk.get("errorDetail") or {}).get("message") or chunk["error"])
+                # The daemon quotes the whole RUN command; its exit status and last output say more.
+                detail = _RUN_FAILED.sub(r"a RUN step exited \1", detail)
+                raise ImageBuildFailed(f"image build of {image} failed: {detail}"
+                                       + (f" (last output: {tail[-1]})" if tail else ""))
+            for line in _ANSI.sub("", str(chunk.get("stream", ""))).splitlines():
+                # The daemon's own bookkeeping lines say nothing a reader needs.
+                if line.strip() and not line.startswith((" ---> ", "Removing intermediate container")):
+                    tail.append(line.strip())
+                    log(f"    {line.rstrip()}")
+    except (docker.errors.APIError, docker.errors.BuildError, requests.exceptions.RequestException) as err:
+        raise ImageBuildFailed(f"image build of {image} failed: {_one_line(str(err))}") from err
+
+
+def _one_line(text: str) -> str:
+    return (text.strip().splitlines() or [""])[0]
