@@ -286,19 +286,7 @@ def go_live(spec: Spec, staged: dict, log: Log) -> dict:
         prune_versions(s3.client(spec.storage), spec.storage, d.name)
         return {"switched": False, "reason": f"loaded in place as version {staged.get('version')}"}
     client = docker_engine.connect(d.docker_host)
-    target = target_for(spec)
-    cand = promote.BackendRef.from_dict(staged["candidate"])
-    old = promote.BackendRef.from_dict(staged.get("previous"))
-    switch_s = promote.switch(client, target, cand, old, log)
-    watched = promote.watch(client, cand, d.watch_s, d.max_error_rate_pct, log)
-    out = {"switched": True, "switch_s": round(switch_s, 4), "watch_s": round(watched.seconds, 2),
-           "watch_requests": watched.requests, "watch_failures": watched.failures, "live": cand.to_dict()}
-    if not watched.healthy:
-        back = promote.switch_back(client, target, cand, old, d.drain_timeout_s, log)
-        raise promote.PromotionFailed(f"{watched.cause}; {back}")
-    if old is not None:
-        out["retire_s"] = round(promote.retire(client, target, old, d.drain_timeout_s, log), 2)
-    return out
+    return promote.go_live(client, target_for(spec), staged, d.watch_s, d.max_error_rate_pct, d.drain_timeout_s, log)
 
 
 def abandon(spec: Spec, staged: dict, log: Log) -> str:

@@ -108,7 +108,8 @@ def smoke(http_url: str, prompt: str = "Hello", max_tokens: int = 4, timeout_s: 
         with urllib.request.urlopen(req, timeout=timeout_s) as resp:
             raw = resp.read().decode("utf-8", "replace")
     except urllib.error.HTTPError as err:
-        raise ProbeFailed(f"smoke inference: HTTP {err.code} {_error_text(err.read())}") from None
+        raise ProbeFailed(f"smoke inference: the model answered an error (HTTP {err.code}): "
+                          f"{_error_text(err.read())}") from None
     except OSError as err:
         raise ProbeFailed(f"smoke inference: no complete answer from {http_url} ({err})") from None
     events = [json.loads(ln[5:]) for ln in raw.splitlines() if ln.startswith("data:")]
@@ -122,10 +123,12 @@ def smoke(http_url: str, prompt: str = "Hello", max_tokens: int = 4, timeout_s: 
 
 
 def _error_text(raw: bytes) -> str:
+    """Triton's error, whether the body is JSON or an SSE event ``data: {"error": ...}``."""
+    text = raw.decode("utf-8", "replace").strip()
     try:
-        return str(json.loads(raw).get("error", "")).splitlines()[0]
+        return str(json.loads(text.removeprefix("data:").strip()).get("error", "")).splitlines()[0]
     except (ValueError, AttributeError, IndexError):
-        return raw[:200].decode("utf-8", "replace")
+        return text[:200]
 
 
 def request_counts(metrics_url: str, model: str = ENSEMBLE_NAME, timeout_s: float = 2.0) -> tuple[float, float]:

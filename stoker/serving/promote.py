@@ -395,3 +395,40 @@ def switch_back(client: docker.DockerClient, target: Target, failed: BackendRef,
     switch(client, target, old, failed, log)
     retire(client, target, failed, min(drain_timeout_s, 10.0), log)
     return f"traffic is back on {old.container} (digest {old.digest[:12]})"
+
+
+# ---------------------------------------------------------------- the whole promotion
+
+
+def prepare(client: docker.DockerClient, target: Target, spec: engine.BackendSpec, settle_s: float,
+            log: Log) -> dict:
+    """Reconcile, then stage ``spec`` unless its digest already serves. Plain data for the next steps."""
+    live = reconcile(client, target, log)
+    previous = BackendRef.of(live).to_dict() if live else None
+    if live is not None and live.digest == spec.repo_digest:
+        log(f"{live.container} already serves digest {spec.repo_digest[:12]}; reusing it")
+        return {"candidate": previous, "previous": previous, "reused": True}
+    cand = stage(client, target, spec, live, settle_s, log)
+    return {"candidate": cand.to_dict(), "previous": previous, "reused": False}
+
+
+def go_live(client: docker.DockerClient, target: Target, staged: dict, watch_s: float, max_error_rate_pct: float,
+            drain_timeout_s: float, log: Log) -> dict:
+    """Switch to the staged candidate, watch it, retire the old backend; on a fault switch back and raise."""
+    cand = BackendRef.from_dict(staged["candidate"])
+    old = BackendRef.from_dict(staged.get("previous"))
+    switch_s = switch(client, target, cand, old, log)
+    if old is None:
+        # Nothing to switch back to: the first backend of a deployment was proven by stage() alone.
+        log(f"first backend of {target.name}: no watch window (nothing to return to)")
+        return {"switched": True, "switch_s": round(switch_s, 4), "watch_s": 0.0, "watch_requests": 0,
+                "watch_failures": 0, "live": cand.to_dict()}
+    watched = watch(client, cand, watch_s, max_error_rate_pct, log)
+    out = {"switched": True, "switch_s": round(switch_s, 4), "watch_s": round(watched.seconds, 2),
+           "watch_requests": watched.requests, "watch_failures": watched.failures, "live": cand.to_dict()}
+    if not watched.healthy:
+        back = switch_back(client, target, cand, old, drain_timeout_s, log)
+        raise PromotionFailed(f"{watched.cause}; {back}")
+    if old is not None:
+        out["retire_s"] = round(retire(client, target, old, drain_timeout_s, log), 2)
+    return out

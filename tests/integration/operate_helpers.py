@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def free_base_port() -> int:
-    """A port p with p..p+2 and the standby p+10..p+12 all free, below the ephemeral range."""
+    """A port p with p..p+2 (and p+10..p+12, kept free for older callers) all free, below the ephemeral range."""
     from stoker.stack.services import free_port
 
     for _ in range(200):
@@ -47,7 +47,9 @@ def make_spec(local_stack, name: str, **deploy) -> dict:
     data["model"]["endpoint"] = local_stack["hub"]
     data["quantization"] = {"format": "none"}
     data["storage"].update(endpoint_url=local_stack["s3"], bucket=f"it-{uuid.uuid4().hex[:8]}")
-    data["deploy"] = {"name": name, "ports": {"http": base, "grpc": base + 1, "metrics": base + 2}, **deploy}
+    # Short windows: these tests prove the mechanics, not a 30 s production watch.
+    data["deploy"] = {"name": name, "ports": {"http": base, "grpc": base + 1, "metrics": base + 2},
+                      "settle_s": 1, "watch_s": 2, **deploy}
     data["benchmark"].update({"concurrency": [1], "requests_per_level": 2, "output_tokens": 8, "warmup_requests": 1})
     return data
 

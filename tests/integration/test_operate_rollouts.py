@@ -1,10 +1,9 @@
-"""Rollouts on real servers (moto S3, olah, Docker + the CPU Triton image), under steady streamed load.
+"""Rollouts of real builds on real servers (moto S3, olah, Docker, the CPU Triton image, HAProxy), under load.
 
-Two builds of the same model that differ only in their Triton config give two repository digests
-(the second build is all cache hits up to package). Failed requests are counted for each strategy:
-`reload` (new model version loaded in place; goal zero) and `replace` (new container on other ports;
-the client follows the new endpoint once the rollout returns). Then the automatic rollback (deploy's
-transaction hook after a failed later step) and `stoker rollback NAME`.
+Two builds of the same model that differ only in their Triton config give two repository digests.
+Every rollout goes through the deployment's stable endpoint, which never moves: `replace` (a proven
+candidate, gated before it gets traffic), `reload` (a new model version loaded in place), a failed
+gate (the candidate never serves), and `stoker rollback`.
 """
 
 from __future__ import annotations
@@ -26,7 +25,7 @@ from stoker.loadgen import SteadyLoad
 from stoker.spec import parse_spec
 
 pytestmark = [pytest.mark.docker, pytest.mark.s3, pytest.mark.hub, pytest.mark.prefect, pytest.mark.slow]
-LOAD_S = 3.0  # steady load before and after each rollout
+LOAD_S = 2.0  # steady load before and after each rollout
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +33,7 @@ def two_runs(local_stack, triton_image, tmp_path_factory):
     """`stoker run` of build A then build B (replace): manifests, specs, a shared STOKER_HOME."""
     tmp = tmp_path_factory.mktemp("rollouts")
     name = f"ro-{uuid.uuid4().hex[:6]}"
-    a = make_spec(local_stack, name)
+    a = make_spec(local_stack, name, settle_s=1, watch_s=2, drain_timeout_s=10)
     a["triton"] = {"model_threads": 1}
     b = json.loads(json.dumps(a))
     b["triton"] = {"model_threads": 2}
@@ -48,6 +47,7 @@ def two_runs(local_stack, triton_image, tmp_path_factory):
         r = subprocess.run([sys.executable, "-m", "stoker.cli", "run", str(path)], cwd=ROOT, env=env,
                            capture_output=True, text=True, timeout=900)
         assert r.returncode == 0, r.stderr[-3000:]
+        assert "Logging error" not in r.stderr, r.stderr[-3000:]
         last = r.stdout.strip().splitlines()[-1].removeprefix("manifest: ")
         manifests.append(json.loads(Path(last).read_text()))
     yield {"name": name, "specs": (a, b), "manifests": manifests, "env": env, "home": tmp / "home"}
@@ -70,96 +70,114 @@ def _upload(m: dict) -> tuple[str, str]:
     return up["detail"]["repository_uri"], up["digest"]
 
 
-def _under_load(endpoint: dict, change) -> dict:
-    load = SteadyLoad(endpoint=lambda: endpoint["http"]).start()
+def _roll(spec, m: dict, log=lambda _m: None) -> tuple[dict, dict]:
+    staged = rollout.stage(spec, *_upload(m), m["run_id"], log)
+    return staged, rollout.go_live(spec, staged, log)
+
+
+def _under_load(endpoint: str, change) -> dict:
+    load = SteadyLoad(endpoint=lambda: endpoint).start()
     time.sleep(LOAD_S)
     t0 = time.monotonic()
     done = change()
     took = time.monotonic() - t0
-    endpoint["http"] = done["http"]  # a client that follows the new endpoint
     time.sleep(LOAD_S)
     return {**load.stop(), "rollout_s": round(took, 2), "done": done}
 
 
-def test_manifests_record_the_rollout_and_metrics(two_runs):
+def _serving_digest(name: str) -> str | None:
+    from stoker.commands.status import status
+
+    return status(name)[0]["live_digest"]
+
+
+def test_manifests_record_the_stable_endpoint_and_the_backend(two_runs):
     m_a, m_b = two_runs["manifests"]
     assert m_a["steps"]["upload"]["digest"] != m_b["steps"]["upload"]["digest"]
+    assert m_b["endpoint"] == m_a["endpoint"]  # the address never moved
+    assert m_b["backend"]["digest"] == m_b["steps"]["upload"]["digest"] != m_a["backend"]["digest"]
     assert m_b["rollout"]["strategy"] == "replace"
     assert m_b["rollout"]["previous"]["digest"] == m_a["steps"]["upload"]["digest"]
+    sw = m_b["rollout"]["switch"]
+    assert sw["switched"] and sw["switch_s"] < 1.0 and sw["watch_failures"] == 0 and "retire_s" in sw
+    # Step order: the benchmark ran on the candidate before the switch.
+    assert list(m_b["steps"]).index("benchmark") < list(m_b["steps"]).index("switch")
     rows = {r["model"]: r for r in m_b["triton_metrics"]}
     assert rows["ensemble"]["requests"] >= 3 and rows["tensorrt_llm"]["mean_compute_ms"] > 0
-    assert rows["tensorrt_llm"]["mean_queue_ms"] is not None and rows["ensemble"]["failed"] == 0
+    assert rows["ensemble"]["failed"] == 0
 
 
-def test_reload_and_replace_under_steady_load(two_runs, aws, capsys):
+def test_reload_and_replace_under_steady_load_fail_nothing(two_runs, aws, capsys):
     (a, b), (m_a, m_b) = two_runs["specs"], two_runs["manifests"]
-    log = lambda _m: None
+    endpoint = m_b["endpoint"]["http"]
     results = {}
-    # replace: B serves now (replace); roll A out on the standby ports while requests flow.
-    endpoint = {"http": m_b["endpoint"]["http"]}
-    results["replace"] = _under_load(endpoint, lambda: rollout.rollout(_spec(a, "replace"), *_upload(m_a), log))
-    assert results["replace"]["done"]["replaced"] and results["replace"]["requests"] > 0
-
-    # reload: first switch to a reload container (explicit model control) serving A as version 1 ...
-    first = rollout.rollout(_spec(a, "reload"), *_upload(m_a), log)
-    assert first["version"] == 1
+    # replace: B serves now; A is staged, proven and switched to while requests flow.
+    results["replace"] = _under_load(endpoint, lambda: _roll(_spec(a, "replace"), m_a))
+    assert results["replace"]["done"][1]["switched"]
+    # reload: the first reload deploy stages a reload backend serving A as version 1 ...
+    first, _ = _roll(_spec(a, "reload"), m_a)
+    assert first["version"] == 1 and not first["in_place"]
     # ... then B as version 2, loaded into the running server.
-    endpoint = {"http": first["http"]}
-    results["reload"] = _under_load(endpoint, lambda: rollout.rollout(_spec(b, "reload"), *_upload(m_b), log))
-    done = results["reload"]["done"]
-    assert done["version"] == 2 and done["container"] == first["container"] and done["http"] == first["http"]
-    assert done["reused"] is False and done["load_s"] > 0
+    results["reload"] = _under_load(endpoint, lambda: _roll(_spec(b, "reload"), m_b))
+    staged, _ = results["reload"]["done"]
+    assert staged["version"] == 2 and staged["in_place"] and staged["load_s"] > 0
+    assert staged["candidate"]["container"] == first["candidate"]["container"]
     with capsys.disabled():
         print("\nfailed requests during rollout:",
               {k: (v["failed_requests"], v["requests"], v["rollout_s"], v["errors"]) for k, v in results.items()})
     record("rollouts", {k: {f: v[f] for f in ("requests", "failed_requests", "rollout_s", "errors")}
                         for k, v in results.items()} | {"load": {"threads": 2, "max_tokens": 4,
                                                                  "steady_s_before_and_after": LOAD_S}})
-    assert results["reload"]["requests"] > 5
-    assert results["reload"]["failed_requests"] == 0, results["reload"]["errors"]
+    for k, v in results.items():
+        assert v["requests"] > 5 and v["failed_requests"] == 0, (k, v["errors"])
 
-    # Rolling the reload back: version 2 dropped, version 1 (A) loaded again, same container.
-    back = rollout.roll_back(_spec(b, "reload"), done, log)
-    assert back["action"] == "reloaded version 1"
-    s3c = s3.client(_spec(a, "reload").storage)
-    assert rollout.read_live(s3c, _spec(a, "reload").storage, two_runs["name"])["digest"] == _upload(m_a)[1]
+    # A gate failing after an in-place load: the previous version is loaded back, same backend.
+    back = rollout.abandon(_spec(b, "reload"), staged, lambda _m: None)
+    assert back == "reloaded version 1"
+    storage = _spec(a, "reload").storage
+    assert rollout.read_live(s3.client(storage), storage, two_runs["name"])["digest"] == _upload(m_a)[1]
 
 
-def test_stoker_rollback_cli_and_the_transaction_hook(two_runs, aws):
-    (a, _b), (m_a, m_b) = two_runs["specs"], two_runs["manifests"]
+def test_failed_gate_never_serves_the_candidate_and_rollback_cli(two_runs, aws):
+    (a, b), (m_a, m_b) = two_runs["specs"], two_runs["manifests"]
     name = two_runs["name"]
-    client = docker_engine.connect()
-    # `stoker rollback NAME RUN_ID`: back to run B's repository, rolled out as run B's spec says (replace).
-    r = subprocess.run([sys.executable, "-m", "stoker.cli", "rollback", name, m_b["run_id"]], cwd=ROOT,
-                       env={**two_runs["env"]}, capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr[-2000:]
-    now = rollout.serving(client, name)
-    assert (now.strategy, now.digest) == ("replace", _upload(m_b)[1])
-
-    # A failed step after deploy inside the transaction: the hook returns to B by itself.
-    from prefect import flow, task
-    from prefect.transactions import transaction
+    from prefect import flow
 
     from stoker.run import RunContext, StepResult
-    from tasks.rollout import deploy_endpoint, read_rollback
+    from tasks.rollout import abandon_candidate, read_rollback, stage_candidate
 
-    @task
-    def failing_gate():
-        raise RuntimeError("benchmark gate: p99 TTFT above the limit")
-
+    # Back to a replace backend serving A (the reload backend is replaced by a proven candidate).
+    _roll(_spec(a, "replace"), m_a)
+    assert _serving_digest(name) == _upload(m_a)[1]
     ctx = RunContext.new(two_runs["home"])
-    uri, digest = _upload(m_a)
+    uri, digest = _upload(m_b)
     uploaded = StepResult(name="upload", digest=digest, detail={"repository_uri": uri})
 
     @flow
-    def deploy_then_fail():
-        with transaction():
-            deploy_endpoint(_spec(a, "replace"), uploaded, ctx)
-            failing_gate()
+    def stage_then_fail_the_gate():
+        staged = stage_candidate(_spec(b, "replace"), uploaded, ctx)
+        abandon_candidate(_spec(b, "replace"), staged, ctx, "GateFailed: p99 TTFT above the limit")
+        return staged
 
-    with pytest.raises(RuntimeError, match="gate"):
-        deploy_then_fail()
-    record = read_rollback(ctx)
-    assert record["status"] == "rolled back" and record["from"] == digest
-    now = rollout.serving(client, name)
-    assert (now.strategy, now.digest) == ("replace", _upload(m_b)[1])
+    staged = stage_then_fail_the_gate()
+    assert read_rollback(ctx)["status"] == "rolled back"
+    assert _serving_digest(name) == _upload(m_a)[1]  # B never took traffic
+    client = docker_engine.connect()
+    assert staged.detail["candidate"]["container"] not in [c.name for c in docker_engine.containers(client, name)]
+
+    # `stoker rollback NAME --to RUN_B`: B's build staged, proven and switched to, at the same address.
+    cli = [sys.executable, "-m", "stoker.cli", "rollback"]
+    r = subprocess.run([*cli, name, "--to", m_b["run_id"]], cwd=ROOT, env=two_runs["env"], capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert m_b["endpoint"]["http"] in r.stdout and _serving_digest(name) == _upload(m_b)[1]
+    # Bad input: one line each, nothing that serves is touched.
+    for args, expected in (([name, "--to", m_b["run_id"]], "already serves"),
+                           (["no-such-deployment"], "unknown deployment 'no-such-deployment'"),
+                           ([name, "--to", "20000101T000000-nope"], "did not deploy this deployment")):
+        r = subprocess.run([*cli, *args], cwd=ROOT, env=two_runs["env"], capture_output=True, text=True, timeout=120)
+        assert r.returncode == 1 and expected in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert _serving_digest(name) == _upload(m_b)[1]
+    r = subprocess.run([sys.executable, "-m", "stoker.cli", "status", name], cwd=ROOT, env=two_runs["env"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and "proxy running" in r.stdout and _upload(m_b)[1][:12] in r.stdout, r.stdout

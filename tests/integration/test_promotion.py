@@ -1,0 +1,394 @@
+"""Promotion behind the stable endpoint, on the real Docker engine, real HAProxy, real Triton, real S3 (moto).
+
+Every fault ends the same way: the old build still serves at the same address, and the error is one
+line naming the cause. Load during a replace streams through the proxy over gRPC and HTTP at once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+
+import boto3
+import pytest
+
+from stoker import docker_engine as engine
+from stoker.serving import promote
+from stoker.serving.ports import Ports, choose_backend_ports, is_port_free
+from stoker.stack.services import free_port
+
+from serving_models import publish, write_repo
+
+pytestmark = [pytest.mark.docker, pytest.mark.s3]
+ROOT = Path(__file__).resolve().parents[2]
+SECRET = f"stoker-test-secret-{uuid.uuid4().hex}"
+
+
+@pytest.fixture(scope="module")
+def images(session_state):
+    from stoker.spec import Deploy
+    from stoker.stack.dockerd import ensure_daemon
+    from stoker.stack.image import ensure_proxy_image
+
+    ensure_daemon(os.environ.get("DOCKER_HOST"), session_state)
+    ensure_proxy_image(Deploy().proxy_image, None, lambda _l: None, base=Deploy().image)  # builds both
+    return Deploy().image, Deploy().proxy_image
+
+
+@pytest.fixture(scope="module")
+def client(images):
+    return engine.connect(None)
+
+
+@pytest.fixture(scope="module")
+def s3(local_stack):
+    env = local_stack["aws_env"]
+    c = boto3.client("s3", endpoint_url=local_stack["s3"], region_name="us-east-1",
+                     aws_access_key_id=env["AWS_ACCESS_KEY_ID"], aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"])
+    bucket = f"promo-{uuid.uuid4().hex[:10]}"
+    c.create_bucket(Bucket=bucket)
+    return c, bucket, local_stack["s3"], env
+
+
+def listen_ports() -> Ports:
+    a = free_port()
+    b = free_port(exclude=(a,))
+    return Ports(a, b, free_port(exclude=(a, b)))
+
+
+@pytest.fixture
+def target(client, tmp_path, images):
+    t = promote.Target(name=f"p{uuid.uuid4().hex[:8]}", listen=listen_ports(), proxy_image=images[1],
+                       state_dir=tmp_path / "proxy")
+    yield t
+    engine.remove_deployment(client, t.name, lambda _l: None)
+
+
+class Build:
+    """Publish a test repository and describe the backend that serves it."""
+
+    def __init__(self, s3, images, tmp_path: Path, name: str) -> None:
+        self.s3, self.image, self.tmp, self.name = s3, images[0], tmp_path, name
+
+    def __call__(self, tag: str, ready_timeout_s: float = 60, **model) -> engine.BackendSpec:
+        c, bucket, endpoint, env = self.s3
+        uri, digest = publish(c, bucket, endpoint, write_repo(self.tmp / f"{tag}-{uuid.uuid4().hex[:6]}", tag,
+                                                               **model))
+        return engine.BackendSpec(name=self.name, image=self.image, repository_uri=uri, repo_digest=digest,
+                                  env={**env, "AWS_DEFAULT_REGION": "us-east-1"}, ready_timeout_s=ready_timeout_s,
+                                  run_id=f"run-{tag}")
+
+
+@pytest.fixture
+def build(s3, images, tmp_path, target):
+    return Build(s3, images, tmp_path, target.name)
+
+
+class Lines(list):
+    def __call__(self, line: str) -> None:
+        self.append(line)
+        print(line, flush=True)
+
+
+def generate(http_url: str, text: str = "hi", max_tokens: int = 3, timeout_s: float = 10) -> str:
+    body = json.dumps({"text_input": text, "max_tokens": max_tokens, "stream": True}).encode()
+    req = urllib.request.Request(f"{http_url}/v2/models/ensemble/generate_stream", data=body,
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout_s) as r:
+        raw = r.read().decode()
+    events = [json.loads(ln[5:]) for ln in raw.splitlines() if ln.startswith("data:")]
+    assert events and not any("error" in e for e in events), raw
+    return "".join(e["text_output"] for e in events)
+
+
+def serving_tag(target: promote.Target) -> str:
+    return generate(target.endpoint["http"]).split(":")[0]
+
+
+def deploy(client, target, spec, log=None, settle_s=1.0, watch_s=2.0):
+    log = Lines() if log is None else log
+    staged = promote.prepare(client, target, spec, settle_s, log)
+    if staged["reused"]:
+        return staged, None
+    return staged, promote.go_live(client, target, staged, watch_s, 1.0, 10.0, log)
+
+
+def backends(client, name):
+    return [c for c in engine.containers(client, name, role=engine.ROLE_BACKEND)]
+
+
+def assert_one_live(client, target, tag):
+    assert serving_tag(target) == tag
+    running = [c for c in backends(client, target.name) if c.status == "running"]
+    assert len(running) == 1, [c.name for c in running]
+    view, _ = promote.observe_proxy(client, target)
+    assert view.running and view.live == running[0].labels[engine.LABEL_SLOT]
+
+
+# ------------------------------------------------------------------ the happy path, under load
+
+
+class Load:
+    """Clients streaming through the stable endpoint: persistent gRPC channel + HTTP keep-alive SSE."""
+
+    def __init__(self, endpoint: dict) -> None:
+        self.endpoint, self.stop = endpoint, threading.Event()
+        self.ok = {"grpc": 0, "http": 0}
+        self.failures: list[str] = []
+        self.tags: set[str] = set()
+        self.threads = [threading.Thread(target=self._grpc, daemon=True),
+                        threading.Thread(target=self._http, daemon=True)]
+
+    def __enter__(self) -> Load:
+        for t in self.threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join(timeout=30)
+
+    def _grpc(self) -> None:
+        import asyncio
+
+        import numpy as np
+        from tritonclient.grpc import InferInput
+        from tritonclient.grpc.aio import InferenceServerClient
+
+        async def run() -> None:
+            client = InferenceServerClient(self.endpoint["grpc"])
+            try:
+                while not self.stop.is_set():
+                    text = InferInput("text_input", [1], "BYTES")
+                    text.set_data_from_numpy(np.array([b"hi"], dtype=np.object_))
+                    n = InferInput("max_tokens", [1], "INT32")
+                    n.set_data_from_numpy(np.array([3], dtype=np.int32))
+
+                    async def requests():
+                        yield {"model_name": "ensemble", "inputs": [text, n]}
+
+                    got = []
+                    try:
+                        async for result, error in client.stream_infer(requests()):
+                            if error is not None:
+                                raise error
+                            got.append(result.as_numpy("text_output")[0].decode())
+                            if len(got) == 3:
+                                break
+                    except Exception as exc:  # noqa: BLE001 - every failure is recorded, the test asserts none
+                        self.failures.append(f"grpc: {type(exc).__name__}: {str(exc)[:200]}")
+                        continue
+                    if len(got) != 3:
+                        self.failures.append(f"grpc: truncated stream {got}")
+                    else:
+                        self.ok["grpc"] += 1
+                        self.tags.add(got[0].split(":")[0])
+            finally:
+                await client.close()
+
+        asyncio.run(run())
+
+    def _http(self) -> None:
+        import http.client
+
+        host, port = self.endpoint["http"].removeprefix("http://").split(":")
+        conn = http.client.HTTPConnection(host, int(port), timeout=10)  # one keep-alive connection
+        body = json.dumps({"text_input": "hi", "max_tokens": 3, "stream": True})
+        while not self.stop.is_set():
+            try:
+                conn.request("POST", "/v2/models/ensemble/generate_stream", body,
+                             {"Content-Type": "application/json"})
+                resp = conn.getresponse()
+                raw = resp.read().decode()
+                events = [json.loads(ln[5:]) for ln in raw.splitlines() if ln.startswith("data:")]
+                if resp.status != 200 or len(events) != 3 or any("error" in e for e in events):
+                    self.failures.append(f"http: status {resp.status}, {raw[:200]}")
+                else:
+                    self.ok["http"] += 1
+                    self.tags.add(events[0]["text_output"].split(":")[0])
+            except Exception as exc:  # noqa: BLE001
+                self.failures.append(f"http: {type(exc).__name__}: {exc}")
+                conn.close()
+                conn = http.client.HTTPConnection(host, int(port), timeout=10)
+
+
+def test_replace_under_streaming_load_keeps_the_address_and_drops_nothing(client, target, build):
+    a, b = build("A"), build("B", interval_s=0.01)
+    staged, done = deploy(client, target, a)
+    assert done["switched"] and staged["previous"] is None
+    assert_one_live(client, target, "A")
+    proxy = promote.proxy_container(client, target.name)
+    assert proxy.attrs["HostConfig"]["RestartPolicy"]["Name"] == "unless-stopped"
+    assert proxy.labels[engine.LABEL_ROLE] == "proxy"
+    live = backends(client, target.name)[0]
+    assert live.attrs["HostConfig"]["RestartPolicy"]["Name"] == "unless-stopped"
+    assert SECRET not in json.dumps(live.labels)
+    ports = Ports.parse(live.labels[engine.LABEL_PORTS])
+    assert all(v < 32768 or v > 60999 for v in ports.values())  # never in the ephemeral range
+    assert set(ports.values()).isdisjoint(target.listen.values())
+
+    with Load(target.endpoint) as load:
+        time.sleep(1.5)
+        staged, done = deploy(client, target, b, watch_s=3.0)
+        time.sleep(1.5)
+    assert load.failures == [], load.failures[:5]
+    assert load.ok["grpc"] > 5 and load.ok["http"] > 5 and load.tags == {"A", "B"}
+    assert done["switched"] and done["switch_s"] < 1.0 and "retire_s" in done
+    assert_one_live(client, target, "B")
+
+    # The same digest again: nothing restarts, nothing moves.
+    started = engine.started_at(backends(client, target.name)[0])
+    again, _ = deploy(client, target, b)
+    assert again["reused"] and engine.started_at(backends(client, target.name)[0]) == started
+
+
+# ------------------------------------------------------------------ faults: the old build keeps serving
+
+
+def test_candidate_ready_then_exits_is_caught_by_the_settle_window(client, target, build):
+    """Regression: Triton answered ready once, then exited (its metrics port was taken); the old one was gone."""
+    deploy(client, target, build("A"))
+    lines = Lines()
+    with pytest.raises(engine.NotReady) as err:
+        promote.prepare(client, target, build("X", mode="exit_after", arg=0.5), 4.0, lines)
+    first = str(err.value).splitlines()[0]
+    assert "settle window" in first or "exited before it was ready" in first, first
+    assert "keeps serving" in first
+    assert_one_live(client, target, "A")
+
+
+def test_candidate_that_never_becomes_ready(client, target, build):
+    deploy(client, target, build("A"))
+    t0 = time.monotonic()
+    with pytest.raises(engine.NotReady) as err:
+        promote.prepare(client, target, build("H", mode="hang", ready_timeout_s=6), 1.0, Lines())
+    assert time.monotonic() - t0 < 40
+    assert "not ready after 6 s" in str(err.value).splitlines()[0]
+    assert_one_live(client, target, "A")
+
+
+def test_candidate_whose_smoke_inference_fails(client, target, build):
+    deploy(client, target, build("A"))
+    with pytest.raises(engine.NotReady) as err:
+        promote.prepare(client, target, build("R", mode="raise"), 0.5, Lines())
+    first = str(err.value).splitlines()[0]
+    assert "smoke inference: the model answered an error" in first and "model raising on purpose" in first
+    assert_one_live(client, target, "A")
+
+
+def test_new_backend_dying_in_the_watch_window_switches_back(client, target, build):
+    deploy(client, target, build("A"))
+    lines = Lines()
+    staged = promote.prepare(client, target, build("D", mode="exit_after", arg=4.0), 0.5, lines)
+    with pytest.raises(promote.PromotionFailed) as err:
+        promote.go_live(client, target, staged, 15.0, 1.0, 5.0, lines)
+    msg = str(err.value)
+    assert "\n" not in msg and "during the watch window" in msg and "traffic is back on" in msg, msg
+    assert "died" in msg or "stopped answering ready" in msg
+    assert_one_live(client, target, "A")
+
+
+def test_a_taken_internal_port_is_skipped_or_retried(client, target, build, monkeypatch):
+    deploy(client, target, build("A"))
+    claimed = {p for b in promote.observe_backends(client, target.name) for p in b.ports.values()}
+    first = choose_backend_ports(is_port_free, claimed, seed=f"{target.name}/1", avoid=set(target.listen.values()))
+    with socket.socket() as squatter:  # another process takes the port stoker would pick first
+        squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        squatter.bind(("0.0.0.0", first.metrics))
+        squatter.listen()
+        deploy(client, target, build("B"))
+        ports = Ports.parse(backends(client, target.name)[0].labels[engine.LABEL_PORTS])
+        assert first.metrics not in ports.values()
+        assert_one_live(client, target, "B")
+
+        # Taken between the check and Triton's bind: the check is fooled, Triton fails, stoker retries.
+        claimed = {p for b in promote.observe_backends(client, target.name) for p in b.ports.values()}
+        fooled = choose_backend_ports(is_port_free, claimed, seed=f"{target.name}/1",
+                                      avoid=set(target.listen.values()))
+        with socket.socket() as racer:
+            racer.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            racer.bind(("0.0.0.0", fooled.http))
+            racer.listen()
+            real = promote.is_port_free
+            monkeypatch.setattr(promote, "is_port_free", lambda p: True if p == fooled.http else real(p))
+            lines = Lines()
+            deploy(client, target, build("C"), log=lines)
+            assert any("retrying on other ports" in ln for ln in lines)
+            assert_one_live(client, target, "C")
+
+
+def test_killed_proxy_comes_back_and_a_removed_one_is_recreated(client, target, build):
+    deploy(client, target, build("A"))
+    proxy = promote.proxy_container(client, target.name)
+    pid = proxy.attrs["State"]["Pid"]
+    os.kill(pid, signal.SIGKILL)  # a crash: Docker's restart policy brings it back with its config
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            assert serving_tag(target) == "A"
+            break
+        except (OSError, AssertionError):
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+    proxy.reload()
+    assert proxy.attrs["RestartCount"] >= 1
+
+    proxy.remove(force=True)
+    lines = Lines()
+    deploy(client, target, build("B"), log=lines)  # reconcile recreates it, routed to the live one first
+    assert any("create the proxy" in ln for ln in lines)
+    assert_one_live(client, target, "B")
+
+
+def test_sigkill_of_the_deploy_midway_then_a_rerun(client, target, build, tmp_path):
+    deploy(client, target, build("A"))
+    b = build("B")
+    script = tmp_path / "deploy.py"
+    script.write_text(f"""
+import json, sys
+sys.path.insert(0, {str(ROOT)!r})
+from pathlib import Path
+from stoker import docker_engine as engine
+from stoker.serving import promote
+from stoker.serving.ports import Ports
+t = promote.Target({target.name!r}, Ports(*{list(target.listen.values())!r}), {target.proxy_image!r},
+                   Path({str(target.state_dir)!r}))
+spec = engine.BackendSpec(**json.loads({json.dumps({**b.__dict__, 'env': b.env})!r}))
+promote.prepare(engine.connect(None), t, spec, 30.0, lambda l: print(l, flush=True))
+""")
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    for line in proc.stdout:  # kill it in the middle: the candidate is up, settling
+        if "staging" in line:
+            time.sleep(2.0)
+            proc.kill()
+            break
+    proc.wait(timeout=10)
+    assert len(backends(client, target.name)) == 2  # the killed run's candidate is left behind
+    assert serving_tag(target) == "A"
+    lines = Lines()
+    deploy(client, target, build("C"), log=lines)
+    assert any("reconcile" in ln and "remove" in ln for ln in lines)
+    assert_one_live(client, target, "C")
+
+
+def test_proxy_ports_held_by_a_foreign_process_are_refused_naming_the_owner(client, target):
+    with socket.socket() as squatter:
+        squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        squatter.bind(("0.0.0.0", target.listen.grpc))
+        squatter.listen()
+        with pytest.raises(engine.PortInUse) as err:
+            promote.check_listen_ports(client, target)
+    msg = str(err.value)
+    assert f"port {target.listen.grpc} (deploy.ports.grpc) is in use by pid {os.getpid()}" in msg
+    assert engine.containers(client, target.name) == []  # nothing started
