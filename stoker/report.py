@@ -85,4 +85,5 @@ def markdown(manifest: dict, manifest_uris: list[str]) -> str:
 def _backend(b: dict | None) -> str:
     if not b:
         return "none"
-    return f"{b['container']} (slot {b['slot']}, digest `{b['digest'][:16]}`, {b['http']})"
+    return (f"{b.get('container')} (slot {b.get('slot', '?')}, digest `{str(b.get('digest') or '')[:16]}`, "
+            f"{b.get('http')})")

@@ -15,7 +15,9 @@ def _steps():
         steps[name] = StepResult(name=name, cache_hit=name != "deploy", duration_s=1.0 + i, digest=f"d{i}" * 8,
                                  outputs=[Output(uri=f"file:///x/{name}", sha256="ab" * 32, bytes=1000)])
     steps["fetch"].detail = {"sha": "c0ffee"}
-    steps["deploy"].detail = {"http": "http://127.0.0.1:8000", "grpc": "127.0.0.1:8001"}
+    steps["deploy"].detail = {"endpoint": {"http": "http://127.0.0.1:8000", "grpc": "127.0.0.1:8001"},
+                              "candidate": {"container": "stoker-m-blue", "http": "http://127.0.0.1:20000"},
+                              "http": "http://127.0.0.1:20000", "grpc": "127.0.0.1:20001"}
     level = {"concurrency": 2, "requests": 8, "completed": 7, "errors": 1, "ttft_ms": STATS, "itl_ms": None,
              "e2e_ms": STATS, "output_tokens_per_s": 123.4, "requests_per_s": 5.5, "duration_s": 1.3}
     steps["benchmark"] = StepResult(name="benchmark", duration_s=3.0, detail={"levels": [level]})
@@ -28,7 +30,8 @@ def test_manifest_has_the_required_fields(tmp_path):
     m = build_manifest(SPEC, ctx, steps, steps["fetch"].detail, started_at=0, wall_s=30.0, status="completed")
     assert m["run_id"] == "r1" and m["spec_digest"] == SPEC.digest()
     assert m["model"] == {"repo_id": "org/m", "revision": "main", "sha": "c0ffee", "local_path": None}
-    assert m["endpoint"] == {"http": "http://127.0.0.1:8000", "grpc": "127.0.0.1:8001"}
+    assert m["endpoint"] == {"http": "http://127.0.0.1:8000", "grpc": "127.0.0.1:8001"}  # the stable address
+    assert m["backend"] == {"container": "stoker-m-blue", "http": "http://127.0.0.1:20000"}  # what serves behind it
     assert list(m["steps"]) == ["fetch", "quantize", "build", "package", "upload", "deploy", "benchmark"]
     fetch = m["steps"]["fetch"]
     assert fetch["status"] == "completed" and fetch["cache_hit"] is True and fetch["duration_s"] == 1.0
