@@ -49,7 +49,6 @@ def ensure_tiny_model(repos: Path, log=print) -> None:
 def start_stack(log=print) -> tuple[str, str]:
     from .stack.dockerd import ensure_daemon
     from .stack.hub_mirror import ensure_mirror, repos_dir
-    from .stack.image import ensure_image
     from .stack.s3server import ensure_s3, s3_env
 
     state = state_dir()
@@ -66,7 +65,9 @@ def start_stack(log=print) -> tuple[str, str]:
     from .spec import Deploy
 
     image = spec_image or Deploy().image
-    ensure_image(image, None, log)
+    from .stack.image import ensure_proxy_image
+
+    ensure_proxy_image(Deploy().proxy_image, None, log, base=image)  # the Triton image first, then the proxy's
     return hub, s3_url
 
 

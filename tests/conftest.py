@@ -53,12 +53,12 @@ def local_stack(session_state):
 
 @pytest.fixture(scope="session")
 def triton_image(session_state):
-    """The CPU Triton image on a running Docker daemon (built here when missing)."""
+    """The CPU Triton image and the proxy image on a running Docker daemon (built here when missing)."""
     from stoker.spec import Deploy
     from stoker.stack.dockerd import ensure_daemon
-    from stoker.stack.image import ensure_image
+    from stoker.stack.image import ensure_proxy_image
 
     ensure_daemon(os.environ.get("DOCKER_HOST"), session_state)
     name = Deploy().image
-    ensure_image(name, None, lambda _l: None)
+    ensure_proxy_image(Deploy().proxy_image, None, lambda _l: None, base=name)  # builds the Triton image first
     return name
