@@ -70,9 +70,16 @@ def rollback_to(name: str, run_id: str | None, log=print) -> dict:
     backends = promote.observe_backends(client, name)
     view, _ = promote.observe_proxy(client, target)
     routed = next((b for b in backends if b.slot == view.live and b.running and b.ready), None)
-    chosen = choose(runs, run_id, routed.digest if routed else None)
+    live_digest = routed.digest if routed else None
+    if routed and routed.digest == rollout.live_digest(spec.storage, name):
+        # A reload backend's label names its live repository; the build it serves is in the S3 live state.
+        from .. import s3
+
+        live_digest = rollout.read_live(s3.client(spec.storage), spec.storage, name).get("digest")
+    chosen = choose(runs, run_id, live_digest)
     up = chosen["steps"]["upload"]
-    warm = next((b for b in backends if b is not routed and b.digest == up["digest"] and b.ready), None)
+    warm = next((b for b in backends if b is not routed and b.digest == up["digest"] and b.ready and view.running),
+                None)
     log(f"rollback {name}: to run {chosen['run_id']} (digest {up['digest'][:12]})"
         + (f", warm in {warm.container}" if warm else ""))
     if warm is None:

@@ -64,12 +64,37 @@ class TritonPythonModel:
 """
 
 
+# Stand-ins for the other models of TensorRT-LLM's layout, so a `reload` rollout (which loads
+# preprocessing, tensorrt_llm, postprocessing, then ensemble) finds every name it loads.
+STANDIN_CONFIG = """\
+name: "{name}"
+backend: "python"
+max_batch_size: 0
+input [ {{ name: "IN", data_type: TYPE_INT32, dims: [ 1 ] }} ]
+output [ {{ name: "OUT", data_type: TYPE_INT32, dims: [ 1 ] }} ]
+instance_group [ {{ kind: KIND_CPU, count: 1 }} ]
+"""
+STANDIN_MODEL = """\
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse(output_tensors=[
+            pb_utils.Tensor("OUT", pb_utils.get_input_tensor_by_name(r, "IN").as_numpy())]) for r in requests]
+"""
+
+
 def write_repo(root: Path, tag: str, mode: str = "ok", arg: float = 0.0, interval_s: float = 0.0,
-               instances: int = 2) -> Path:
+               instances: int = 2, full_layout: bool = False) -> Path:
     model = root / "ensemble"
     (model / "1").mkdir(parents=True)
     (model / "config.pbtxt").write_text(CONFIG.format(instances=instances))
     (model / "1" / "model.py").write_text(MODEL.format(tag=tag, mode=mode, arg=arg, interval=interval_s))
+    for name in ("preprocessing", "tensorrt_llm", "postprocessing") if full_layout else ():
+        (root / name / "1").mkdir(parents=True)
+        (root / name / "config.pbtxt").write_text(STANDIN_CONFIG.format(name=name))
+        (root / name / "1" / "model.py").write_text(STANDIN_MODEL)
     return root
 
 
