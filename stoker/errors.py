@@ -44,3 +44,9 @@ def is_transient(exc: BaseException) -> bool:
         "ConnectionResetError",
         "ConnectionRefusedError",
     }
+
+
+def one_line(exc: BaseException) -> str:
+    """`Type: first line` of an exception: what a manifest, report or rollback record shows as the cause."""
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"

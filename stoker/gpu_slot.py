@@ -2,23 +2,21 @@
 
 Limits are named ``gpu-<N>`` with one slot each (deployments/deployments.yaml creates
 ``gpu-0``; add one per GPU of a host). A worker pinned to a GPU sets ``STOKER_GPU=N``.
-The CPU reference target takes no slot. Where a limit does not exist Prefect skips it
+Only targets whose heavy steps run on a GPU take one (stoker/targets/base.py). Where a limit does not exist Prefect skips it
 with a warning, so a missing limit never blocks a run. GPU hosts: not runnable here.
 """
 
 from __future__ import annotations
 
 import os
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import AbstractContextManager
 
 
 def gpu_limit_name() -> str:
     return f"gpu-{os.environ.get('STOKER_GPU', '0')}"
 
 
-def gpu_slot(target: str) -> AbstractContextManager:
-    if target == "reference":
-        return nullcontext()
+def gpu_slot() -> AbstractContextManager:
     from prefect.concurrency.sync import concurrency
 
     return concurrency(gpu_limit_name(), occupy=1, strict=False)

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from . import targets
 from .errors import StokerError
-from .keys import build_key, fetch_key, package_key, quantize_key
 from .run import RunContext
 from .spec import Spec
 
@@ -24,46 +24,20 @@ class PlannedStep:
 
 
 def plan(spec: Spec, ctx: RunContext) -> list[PlannedStep]:
-    from .source import resolve_source
-
-    if spec.target != "reference":
-        # GPU targets: version matrix + GPU rules refuse bad specs here, before any GPU time.
-        from .gpu.planning import plan_gpu
-
-        return plan_gpu(spec, ctx)
-
-    check_model(spec)
-    store = ctx.store
-    out: list[PlannedStep] = []
-    source_id, source = resolve_source(spec)
-    digest: str | None = None
-    chain = (("fetch", lambda d: fetch_key(spec, source_id)), ("quantize", lambda d: quantize_key(spec, d)),
-             ("build", lambda d: build_key(spec, d)), ("package", lambda d: package_key(spec, d)))
-    for i, (name, keyfn) in enumerate(chain):
-        if i > 0 and digest is None:
-            out.append(PlannedStep(name, None, "pending", "key known once the previous step has run"))
-            continue
-        key = keyfn(digest)
-        entry = store.lookup(name, key)
-        note = f"sha {source.get('sha')}" if name == "fetch" else ""
-        out.append(PlannedStep(name, key, "hit" if entry else "miss", note))
-        digest = entry.digest if entry else None
-    out.append(_upload(spec, digest))
-    out.append(_deploy(spec, digest))
-    out.append(PlannedStep("benchmark", None, "runs", "always measured again"))
-    return out
+    """Each of the target's steps (stoker/targets/), refused first where the spec or the model cannot work."""
+    return targets.get(spec.target).plan(spec, ctx)
 
 
 def check_model(spec: Spec) -> None:
     """Refuse (PlanRefused, one line) a model the format or target cannot take, from config.json alone:
     before download or calibration. Facts come from the local checkpoint, known_models.json or the Hub."""
     from .gpu.planning import model_facts
-    from .model_checks import enforce
 
-    enforce(spec, model_facts(spec))
+    targets.get(spec.target).check_model(spec, model_facts(spec))
 
 
-def _upload(spec: Spec, digest: str | None) -> PlannedStep:
+def upload_step(spec: Spec, digest: str | None) -> PlannedStep:
+    """Whether S3 already holds the repository of this package digest (its completion marker)."""
     if digest is None:
         return PlannedStep("upload", None, "pending", "key is the package digest")
     from . import s3
@@ -76,7 +50,8 @@ def _upload(spec: Spec, digest: str | None) -> PlannedStep:
     return PlannedStep("upload", digest[:24], "hit" if marker else "miss", where)
 
 
-def _deploy(spec: Spec, digest: str | None) -> PlannedStep:
+def serving_step(spec: Spec, digest: str | None) -> PlannedStep:
+    """Whether a ready backend behind the deployment's proxy already serves this package digest."""
     if digest is None:
         return PlannedStep("deploy", None, "pending", "serves the package digest")
     try:

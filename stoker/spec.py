@@ -16,15 +16,14 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
+from . import targets
 from .errors import SpecError
 from .gpu.sections import Build, Gpus, Parallel, Runtime, check_image_digest
 
-# The first five run on the CPU reference path too; the last four are GPU-target only.
+# Every format some target runs; which target runs which is the target's answer (stoker/targets/).
 QuantFormat = Literal["none", "fp8", "int4_awq", "int8_sq", "w4a8_awq", "nvfp4", "int8_wo", "int4_wo", "fp8_pc_pt"]
-REFERENCE_FORMATS = ("none", "fp8", "int4_awq", "int8_sq", "w4a8_awq")
 KvCacheDtype = Literal["none", "fp8", "int8"]
-# reference: our CPU runtime; tensorrt: TRT-LLM engine + tensorrtllm backend; pytorch: LLM-API (llmapi model).
-Target = Literal["reference", "tensorrt", "pytorch"]
+# For `stoker render` (stoker/commands/render.py), which renders only these two; everything else asks the target.
 GPU_TARGETS = ("tensorrt", "pytorch")
 
 _BUCKET = re.compile(r"^[0-9a-z][0-9a-z.-]{1,61}[0-9a-z]$")
@@ -226,7 +225,9 @@ class Spec(_Section):
 
     version: Literal[1] = 1
     model: ModelSource
-    target: Target = "reference"  # before quantization: its validator depends on the target
+    # A module of stoker/targets/ (reference: our CPU runtime; tensorrt: TRT-LLM engine + tensorrtllm
+    # backend; pytorch: LLM-API). Before quantization and gpus: their validators ask the target.
+    target: str = targets.DEFAULT
     quantization: Quantization = Quantization()
     gpus: Gpus | None = Field(None, validate_default=True, description="required for GPU targets")
     parallel: Parallel = Parallel()
@@ -240,26 +241,28 @@ class Spec(_Section):
     def digest(self) -> str:
         return section_digest(self)
 
+    @field_validator("target")
+    @classmethod
+    def _known_target(cls, v: str) -> str:
+        targets.get(v)  # ValueError naming the known targets
+        return v
+
     @field_validator("quantization")
     @classmethod
     def _quant_for_target(cls, q: Quantization, info: ValidationInfo) -> Quantization:
-        if info.data.get("target", "reference") != "reference":
-            return q
-        if q.format not in REFERENCE_FORMATS:
-            raise ValueError(f"format {q.format!r} needs a GPU target (tensorrt or pytorch); "
-                             f"the reference path runs {', '.join(REFERENCE_FORMATS)}")
-        if q.kv_cache_dtype == "int8":
-            # export_hf_checkpoint asserts "Invalid KV cache quantization format" for int8 KV (CPU, 0.47).
-            raise ValueError("kv_cache_dtype 'int8' cannot be exported by nvidia-modelopt 0.47; use 'fp8'")
+        _target(info).check_quantization(q)
         return q
 
     @field_validator("gpus")
     @classmethod
     def _gpus_for_target(cls, g: Gpus | None, info: ValidationInfo) -> Gpus | None:
-        target = info.data.get("target", "reference")
-        if g is None and target in GPU_TARGETS:
-            raise ValueError(f"required for target {target!r} (e.g. gpus: {{type: h100-80gb, count: 1}})")
+        _target(info).check_gpus(g)
         return g
+
+
+def _target(info: ValidationInfo):
+    # An unknown target has already been reported; the other sections are checked as for the default.
+    return targets.get(info.data.get("target", targets.DEFAULT))
 
 
 def section_digest(section: BaseModel) -> str:

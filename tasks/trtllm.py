@@ -7,17 +7,16 @@ executor they use is tested for real with the CPU image (tests/integration/test_
 
 from __future__ import annotations
 
-import json
-import shutil
 import time
 from pathlib import Path
 
 from prefect import get_run_logger
 
+from stoker import targets
 from stoker.container_exec import choose_executor
 from stoker.errors import StepError
-from stoker.gpu import matrix, planning, repository, trtllm
-from stoker.gpu.checkpoint_check import CheckpointError, check_trtllm_checkpoint, check_unified_checkpoint
+from stoker.gpu import planning, repository, trtllm
+from stoker.gpu.checkpoint_check import CheckpointError, check_unified_checkpoint
 from stoker.keys import calibration_file, gpu_build_key, gpu_package_key
 from stoker.run import RunContext, StepResult, cached_step, stoker_home
 from stoker.spec import Spec
@@ -34,13 +33,15 @@ def _workspace(spec: Spec, fetched: StepResult, out: Path) -> trtllm.Workspace:
 
 @step_task("build", retries=0)
 def build_gpu(spec: Spec, fetched: StepResult, ctx: RunContext) -> StepResult:
-    """Quantize/convert then trtllm-build (engine) or quantize only (LLM-API), in the serving image.
+    """Quantize/convert then trtllm-build (engine) or quantize only (LLM-API), in the serving image; the
+    target (stoker/targets/) checks what its steps left.
 
     One cache entry, keyed by weights + quant + build config + image/TRT-LLM + GPU arch: a hit skips all GPU work.
     """
     logger = get_run_logger()
     facts = planning.model_facts(spec)
     q = spec.quantization
+    target = targets.get(spec.target)
 
     def produce(out: Path) -> dict:
         ws = _workspace(spec, fetched, out)
@@ -56,11 +57,7 @@ def build_gpu(spec: Spec, fetched: StepResult, ctx: RunContext) -> StepResult:
             detail["steps"].append({"name": step.name, "argv": step.argv, "duration_s": round(res.duration_s, 1),
                                     "log": log_file.name})
         try:
-            if spec.target == "tensorrt":
-                detail["checkpoint"] = check_trtllm_checkpoint(ws.checkpoint, q.format, q.kv_cache_dtype,
-                                                               spec.parallel.world_size)
-                detail["engine"] = check_engine(ws.engine, spec)
-                shutil.rmtree(ws.checkpoint)  # the engine is the artifact; the unified checkpoint stays
+            detail.update(target.check_built(ws, spec))
             if (out / "unified").is_dir():
                 detail["unified"] = check_unified_checkpoint(ws.unified, q.format, q.kv_cache_dtype)
         except CheckpointError as err:
@@ -70,35 +67,15 @@ def build_gpu(spec: Spec, fetched: StepResult, ctx: RunContext) -> StepResult:
     return cached_step(ctx, "build", gpu_build_key(spec, fetched.digest), produce, logger.info)
 
 
-def check_engine(engine: Path, spec: Spec) -> dict:
-    """The engine's config.json says which TRT-LLM built it; it must be the serving image's."""
-    try:
-        config = json.loads((engine / "config.json").read_text())
-    except (OSError, ValueError) as err:
-        raise CheckpointError(f"{engine}/config.json unreadable: {err}") from None
-    want = matrix.image_info(spec.deploy.image).trtllm
-    if str(config.get("version")) != want:
-        raise CheckpointError(f"engine built by TRT-LLM {config.get('version')}, serving image has {want}")
-    ranks = sorted(p.name for p in engine.glob("rank*.engine"))
-    if len(ranks) != spec.parallel.world_size:
-        raise CheckpointError(f"{engine}: {len(ranks)} rank engines, expected {spec.parallel.world_size}")
-    return {"version": config.get("version"), "ranks": ranks, "build_config": config.get("build_config", {})}
-
-
 @step_task("package", retries=0)
 def package_gpu(spec: Spec, fetched: StepResult, built: StepResult, ctx: RunContext) -> StepResult:
-    """inflight_batcher_llm (engine) or llmapi (LLM-API) repository with the engine/checkpoint inside."""
+    """inflight_batcher_llm (engine) or llmapi (LLM-API) repository; the target puts its model files inside."""
     logger = get_run_logger()
     facts = planning.model_facts(spec)
 
     def produce(out: Path) -> dict:
         info = repository.write_repository(spec, facts, out, tokenizer_src=fetched.path)
-        slot = out / "tensorrt_llm" / "1"
-        if spec.target == "tensorrt":
-            shutil.copytree(built.path / "engine", slot / "engine")
-        else:
-            source = built.path / "unified" if (built.path / "unified").is_dir() else fetched.path
-            shutil.copytree(source, slot / "checkpoint")
+        targets.get(spec.target).fill_repository(out / "tensorrt_llm" / "1", fetched, built)
         return info | {"pending": []}
 
     return cached_step(ctx, "package", gpu_package_key(spec, built.digest), produce, logger.info)

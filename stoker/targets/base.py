@@ -1,0 +1,111 @@
+"""What a target is: the one interface that the flow, `stoker plan` and spec validation ask.
+
+Each target answers, in its own module, what the code used to decide by `if spec.target == …`:
+which formats and architectures it takes, where its heavy steps run, which tasks build and package
+it, how it deploys, and how a deployed build is evaluated before it is promoted. The rules behind
+"which formats and architectures" stay in stoker/model_checks.py and stoker/gpu/rules.py; targets
+call them, so there is one place per rule.
+
+Prefect tasks are imported inside the methods that run them: spec validation and `stoker plan` reach
+this module too and must not pay for importing Prefect and the task modules.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from contextlib import AbstractContextManager, nullcontext
+from typing import TYPE_CHECKING, Callable, ClassVar, Literal, Protocol
+
+from .. import model_checks
+
+if TYPE_CHECKING:
+    from ..gpu.facts import ModelFacts
+    from ..gpu.sections import Gpus
+    from ..plan import PlannedStep
+    from ..run import RunContext, StepResult
+    from ..spec import Quantization, Spec
+
+RunsOn = Literal["cpu", "gpu"]
+
+
+class StepRunner(Protocol):
+    """The flow's step recorder (flows/build_and_deploy.Steps): results and failures by step name."""
+
+    metrics: list[dict]  # Triton's counters of the served build, for the report even when a later step fails
+
+    def run(self, name: str, task: Callable[..., StepResult], *args) -> StepResult: ...
+
+
+class Target(ABC):
+    name: ClassVar[str]
+    runs_on: ClassVar[RunsOn]  # where the heavy steps run: a GPU slot today, a work pool to route to later
+    layout: ClassVar[str]  # the Triton repository layout its package step writes
+
+    # Spec validation and plan: pure or light reads, no Prefect.
+
+    def formats(self, gpu_sm: int | None = None) -> list[str]:
+        """Quantized formats it serves (on a GPU of that SM, when known), in stoker's order."""
+        return model_checks.formats_for(self.name, gpu_sm)
+
+    def check_quantization(self, q: Quantization) -> None:
+        """Raise ValueError (one line) for a quantization section it can never take; run by the spec."""
+
+    def check_gpus(self, gpus: Gpus | None) -> None:
+        """Raise ValueError (one line) when the spec's `gpus` section does not fit where it runs."""
+        if gpus is None and self.runs_on == "gpu":
+            raise ValueError(f"required for target {self.name!r} (e.g. gpus: {{type: h100-80gb, count: 1}})")
+
+    def check_model(self, spec: Spec, facts: ModelFacts | None) -> None:
+        """Raise PlanRefused (one line) for a model whose shapes or architecture it cannot build or serve
+        exactly, from config.json alone: before download or calibration."""
+        model_checks.enforce(spec, facts)
+
+    @abstractmethod
+    def plan(self, spec: Spec, ctx: RunContext) -> list[PlannedStep]:
+        """Each step's cache key and whether it would hit, without heavy work."""
+
+    # The flow's steps: each runs its Prefect tasks through `steps`, which records them by name.
+
+    def heavy_slot(self) -> AbstractContextManager:
+        """Held around the build: one GPU step per GPU at a time (stoker/gpu_slot.py); CPU needs none."""
+        if self.runs_on == "gpu":
+            from ..gpu_slot import gpu_slot
+
+            return gpu_slot()
+        return nullcontext()
+
+    @abstractmethod
+    def build(self, steps: StepRunner, spec: Spec, fetched: StepResult, ctx: RunContext) -> StepResult:
+        """Quantize and build from the fetched weights; returns the build step's result."""
+
+    @abstractmethod
+    def package(self, steps: StepRunner, spec: Spec, fetched: StepResult, built: StepResult,
+                ctx: RunContext) -> StepResult:
+        """Write the Triton model repository (`layout`) that the upload step sends to S3."""
+
+    @abstractmethod
+    def deploy(self, steps: StepRunner, spec: Spec, ctx: RunContext, built: StepResult, packaged: StepResult,
+               uploaded: StepResult) -> StepResult:
+        """Serve the build and run `evaluate` on it; returns the benchmark that the promote step records.
+
+        Raises when the build must not be promoted; whatever served before keeps serving where the
+        target can promise it."""
+
+    def evaluate(self, steps: StepRunner, spec: Spec, served: StepResult, built: StepResult,
+                 ctx: RunContext) -> StepResult:
+        """What a served build must pass before it is promoted: the benchmark, then its regression gate.
+
+        reference runs it on the staged candidate before traffic switches to it; GPU targets on their
+        serving container before the promote step makes the run the baseline. The accuracy
+        evaluation of issue 12 (perplexity, greedy agreement with the unquantized build, an lm-eval
+        task) plugs in here, after the benchmark and before the gate: every target gets it at once.
+        """
+        from tasks.gate import gate_benchmark
+        from tasks.rollout import scrape_metrics
+        from tasks.triton_client import benchmark_endpoint
+
+        benchmarked = steps.run("benchmark", benchmark_endpoint, spec, served, built, ctx)
+        steps.metrics = scrape_metrics(served)  # before the gate: a failed run's report shows them too
+        # A failed gate fails the run with a table of what regressed; the build is not promoted.
+        steps.run("gate", gate_benchmark, spec, benchmarked, ctx)
+        return benchmarked

@@ -1,0 +1,27 @@
+"""`pytorch`: TensorRT-LLM's LLM API (PyTorch backend) in one python model (`llmapi` layout).
+
+It loads a Hugging Face checkpoint: no engine, and a build step only when there is something to quantize.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from .gpu import GpuTarget
+
+
+class PyTorch(GpuTarget):
+    name = "pytorch"
+    layout = "llmapi"
+
+    def check_built(self, ws, spec) -> dict:
+        return {}  # the unified checkpoint, its only output, is checked for every GPU target
+
+    def fill_repository(self, slot: Path, fetched, built) -> None:
+        # The quantized checkpoint when the build made one; format none serves the fetched weights as they are.
+        source = built.path / "unified" if (built.path / "unified").is_dir() else fetched.path
+        shutil.copytree(source, slot / "checkpoint")
+
+
+TARGET = PyTorch()

@@ -1,0 +1,85 @@
+"""`reference`: stoker's own CPU runtime in Triton's python backend, in TensorRT-LLM's ensemble layout.
+
+Quantization (ModelOpt PTQ) and the build (dequantize with the checkpoint's scales) run in child
+processes on the orchestrator's machine. A new build is staged as a candidate behind the deployment's
+stable endpoint and evaluated on its own ports; only then does traffic switch to it (tasks/rollout.py).
+"""
+
+from __future__ import annotations
+
+from ..errors import one_line
+from .base import StepRunner, Target
+
+# export_hf_checkpoint asserts "Invalid KV cache quantization format" for int8 KV (CPU, nvidia-modelopt 0.47).
+_KV_UNEXPORTABLE = {"int8": "kv_cache_dtype 'int8' cannot be exported by nvidia-modelopt 0.47; use 'fp8'"}
+
+
+class Reference(Target):
+    name = "reference"
+    runs_on = "cpu"
+    layout = "ensemble"  # preprocessing → tensorrt_llm (stoker runtime, decoupled) → postprocessing
+
+    def check_quantization(self, q) -> None:
+        runs = ("none", *self.formats())
+        if q.format not in runs:
+            from . import get, names
+
+            gpu = " or ".join(n for n in names() if get(n).runs_on == "gpu")
+            raise ValueError(f"format {q.format!r} needs a GPU target ({gpu}); "
+                             f"the reference path runs {', '.join(runs)}")
+        if q.kv_cache_dtype in _KV_UNEXPORTABLE:
+            raise ValueError(_KV_UNEXPORTABLE[q.kv_cache_dtype])
+
+    def plan(self, spec, ctx) -> list:
+        from ..keys import build_key, fetch_key, package_key, quantize_key
+        from ..plan import PlannedStep, check_model, serving_step, upload_step
+        from ..source import resolve_source
+
+        check_model(spec)
+        out: list[PlannedStep] = []
+        source_id, source = resolve_source(spec)
+        digest: str | None = None
+        chain = (("fetch", lambda d: fetch_key(spec, source_id)), ("quantize", lambda d: quantize_key(spec, d)),
+                 ("build", lambda d: build_key(spec, d)), ("package", lambda d: package_key(spec, d)))
+        for i, (name, keyfn) in enumerate(chain):
+            if i > 0 and digest is None:
+                out.append(PlannedStep(name, None, "pending", "key known once the previous step has run"))
+                continue
+            key = keyfn(digest)
+            entry = ctx.store.lookup(name, key)
+            note = f"sha {source.get('sha')}" if name == "fetch" else ""
+            out.append(PlannedStep(name, key, "hit" if entry else "miss", note))
+            digest = entry.digest if entry else None
+        out.append(upload_step(spec, digest))
+        out.append(serving_step(spec, digest))
+        out.append(PlannedStep("benchmark", None, "runs", "always measured again"))
+        return out
+
+    def build(self, steps: StepRunner, spec, fetched, ctx):
+        from tasks.modelopt import quantize_weights
+        from tasks.reference import build_reference
+
+        quantized = steps.run("quantize", quantize_weights, spec, fetched, ctx)
+        return steps.run("build", build_reference, spec, quantized, ctx)
+
+    def package(self, steps: StepRunner, spec, fetched, built, ctx):
+        from tasks.triton_repo import package_repository
+
+        return steps.run("package", package_repository, spec, built, ctx)
+
+    def deploy(self, steps: StepRunner, spec, ctx, built, packaged, uploaded):
+        """stage → evaluate on the candidate → switch; a failure before the switch abandons the candidate."""
+        from tasks.rollout import abandon_candidate, stage_candidate, switch_traffic
+
+        # Triton loads the repository straight from S3, so the candidate is staged from the upload.
+        staged = steps.run("deploy", stage_candidate, spec, uploaded, ctx)  # proven, no traffic yet
+        try:
+            benchmarked = self.evaluate(steps, spec, staged, built, ctx)
+        except Exception as exc:
+            abandon_candidate(spec, staged, ctx, one_line(exc))  # the old backend never stopped serving
+            raise
+        steps.run("switch", switch_traffic, spec, staged, ctx)  # switch, watch, retire (or switch back)
+        return benchmarked
+
+
+TARGET = Reference()

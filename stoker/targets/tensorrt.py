@@ -1,0 +1,48 @@
+"""`tensorrt`: a TensorRT-LLM engine served by Triton's tensorrtllm backend (`inflight_batcher_llm` layout).
+
+Its build exports a TensorRT-LLM checkpoint and runs trtllm-build; the engine is the artifact.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from ..gpu import matrix
+from ..gpu.checkpoint_check import CheckpointError, check_trtllm_checkpoint
+from .gpu import GpuTarget
+
+
+class TensorRT(GpuTarget):
+    name = "tensorrt"
+    layout = "inflight_batcher_llm"
+
+    def check_built(self, ws, spec) -> dict:
+        q = spec.quantization
+        detail = {"checkpoint": check_trtllm_checkpoint(ws.checkpoint, q.format, q.kv_cache_dtype,
+                                                        spec.parallel.world_size),
+                  "engine": check_engine(ws.engine, spec)}
+        shutil.rmtree(ws.checkpoint)  # the engine is the artifact; the unified checkpoint stays
+        return detail
+
+    def fill_repository(self, slot: Path, fetched, built) -> None:
+        shutil.copytree(built.path / "engine", slot / "engine")
+
+
+def check_engine(engine: Path, spec) -> dict:
+    """The engine's config.json says which TRT-LLM built it; it must be the serving image's."""
+    try:
+        config = json.loads((engine / "config.json").read_text())
+    except (OSError, ValueError) as err:
+        raise CheckpointError(f"{engine}/config.json unreadable: {err}") from None
+    want = matrix.image_info(spec.deploy.image).trtllm
+    if str(config.get("version")) != want:
+        raise CheckpointError(f"engine built by TRT-LLM {config.get('version')}, serving image has {want}")
+    ranks = sorted(p.name for p in engine.glob("rank*.engine"))
+    if len(ranks) != spec.parallel.world_size:
+        raise CheckpointError(f"{engine}: {len(ranks)} rank engines, expected {spec.parallel.world_size}")
+    return {"version": config.get("version"), "ranks": ranks, "build_config": config.get("build_config", {})}
+
+
+TARGET = TensorRT()

@@ -1,0 +1,181 @@
+"""Targets as modules: the spec, the plan and the flow's step sequence ask the target, never its name.
+
+Every task is a fake recording its call, so the step order of each target is checked without Prefect,
+Docker or S3: the order the flow had when it branched on `spec.target` is the order it must keep.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+
+import flows.build_and_deploy as flow_module
+from stoker import plan as plan_module
+from stoker import targets
+from stoker.errors import SpecError
+from stoker.plan import PlannedStep
+from stoker.run import RunContext, StepResult
+from stoker.spec import parse_spec
+from stoker.targets.base import Target
+
+BASE = {"model": {"repo_id": "org/model"}, "storage": {"bucket": "my-bucket"}}
+GPUS = {"type": "h100-80gb", "count": 1}
+
+
+class Dummy(Target):
+    """A fourth target that exists only in this test: registered, never added to any other module."""
+
+    name = "dummy"
+    runs_on = "cpu"
+    layout = "dummy"
+
+    def __init__(self, calls: list[str]) -> None:
+        self.calls = calls
+
+    def check_quantization(self, q) -> None:
+        if q.format != "none":
+            raise ValueError(f"the dummy target takes no {q.format!r}")
+
+    def check_model(self, spec, facts) -> None:
+        self.calls.append("check_model")
+
+    def plan(self, spec, ctx):
+        return [PlannedStep("convert", "k", "miss", "dummy")]
+
+    def build(self, steps, spec, fetched, ctx):
+        return steps.run("convert", fake("convert", self.calls), spec, fetched, ctx)
+
+    def package(self, steps, spec, fetched, built, ctx):
+        return steps.run("package", fake("package", self.calls), spec, built, ctx)
+
+    def deploy(self, steps, spec, ctx, built, packaged, uploaded):
+        served = steps.run("deploy", fake("deploy", self.calls), spec, uploaded, ctx)
+        return self.evaluate(steps, spec, served, built, ctx)
+
+
+def fake(name: str, calls: list[str], fail: bool = False):
+    def task(*args):
+        calls.append(name)
+        if fail:
+            raise RuntimeError(f"{name} refused")
+        return StepResult(name=name, digest="d" * 64)
+    return task
+
+
+@pytest.fixture
+def calls(monkeypatch) -> list[str]:
+    """Every task the flow or a target runs, faked; the list records what ran, in order."""
+    import tasks.gate
+    import tasks.modelopt
+    import tasks.reference
+    import tasks.rollout
+    import tasks.triton_client
+    import tasks.triton_repo
+    import tasks.trtllm
+    from stoker import gpu_slot
+
+    seen: list[str] = []
+    for module, attr, step in [
+        (flow_module, "preflight_checks", "preflight"), (flow_module, "fetch_weights", "fetch"),
+        (flow_module, "upload_repository", "upload"), (flow_module, "promote_run", "promote"),
+        (tasks.modelopt, "quantize_weights", "quantize"), (tasks.reference, "build_reference", "build"),
+        (tasks.triton_repo, "package_repository", "package"), (tasks.rollout, "stage_candidate", "deploy"),
+        (tasks.rollout, "switch_traffic", "switch"),
+        (tasks.triton_client, "benchmark_endpoint", "benchmark"), (tasks.gate, "gate_benchmark", "gate"),
+        (tasks.trtllm, "build_gpu", "build"), (tasks.trtllm, "package_gpu", "package"),
+        (tasks.trtllm, "deploy_gpu", "deploy"),
+    ]:
+        monkeypatch.setattr(module, attr, fake(step, seen))
+    monkeypatch.setattr(tasks.rollout, "scrape_metrics", lambda served: seen.append("metrics") or [{"m": 1}])
+    monkeypatch.setattr(tasks.rollout, "abandon_candidate",
+                        lambda spec, staged, ctx, cause: seen.append(f"abandon: {cause}"))
+
+    @contextlib.contextmanager
+    def slot():
+        seen.append("gpu slot")
+        yield
+        seen.append("gpu slot released")
+
+    monkeypatch.setattr(gpu_slot, "gpu_slot", slot)
+    return seen
+
+
+@pytest.fixture
+def dummy(calls):
+    target = targets.register(Dummy(calls))
+    yield target
+    targets.unregister(target.name)
+
+
+def run(spec_data: dict, tmp_path) -> flow_module.Steps:
+    steps = flow_module.Steps()
+    flow_module.run_steps(parse_spec({**BASE, **spec_data}), RunContext.new(tmp_path), steps)
+    return steps
+
+
+def test_the_three_targets_are_their_modules():
+    ref, trt, pt = (targets.get(n) for n in ("reference", "tensorrt", "pytorch"))
+    assert [(t.name, t.runs_on, t.layout) for t in (ref, trt, pt)] == [
+        ("reference", "cpu", "ensemble"), ("tensorrt", "gpu", "inflight_batcher_llm"), ("pytorch", "gpu", "llmapi")]
+    assert targets.names()[0] == "reference" and set(targets.names()) == {"reference", "tensorrt", "pytorch"}
+    # The formats come from stoker/model_checks.py, not from a list of the target's own.
+    assert ref.formats() == ["fp8", "int4_awq", "int8_sq", "w4a8_awq"]
+    assert "nvfp4" in trt.formats() and "int8_sq" not in pt.formats()
+
+
+def test_an_unknown_target_is_one_line_naming_the_known_ones():
+    with pytest.raises(SpecError) as err:
+        parse_spec({**BASE, "target": "onnx"}, "s.yaml")
+    assert str(err.value) == "s.yaml: target: Input should be 'reference', 'pytorch' or 'tensorrt'"
+
+
+def test_reference_step_order_is_unchanged(calls, tmp_path):
+    steps = run({"quantization": {"format": "fp8"}}, tmp_path)
+    assert calls == ["preflight", "fetch", "quantize", "build", "package", "upload", "deploy", "benchmark",
+                     "metrics", "gate", "switch", "promote"]
+    assert list(steps) == ["fetch", "quantize", "build", "package", "upload", "deploy", "benchmark", "gate",
+                           "switch", "promote"]
+    assert steps.metrics == [{"m": 1}]
+
+
+def test_reference_abandons_a_candidate_that_fails_its_gate(calls, monkeypatch, tmp_path):
+    import tasks.gate
+
+    monkeypatch.setattr(tasks.gate, "gate_benchmark", fake("gate", calls, fail=True))
+    with pytest.raises(RuntimeError, match="gate refused"):
+        run({}, tmp_path)
+    # No switch: the candidate never serves; the metrics scraped before the gate still reach the report.
+    assert calls[-4:] == ["benchmark", "metrics", "gate", "abandon: RuntimeError: gate refused"]
+
+
+@pytest.mark.parametrize("target", ["tensorrt", "pytorch"])
+def test_gpu_step_order_is_unchanged(calls, tmp_path, target):
+    steps = run({"target": target, "gpus": GPUS}, tmp_path)
+    assert calls == ["preflight", "fetch", "gpu slot", "build", "gpu slot released", "package", "upload",
+                     "deploy", "benchmark", "metrics", "gate", "promote"]
+    assert list(steps) == ["fetch", "build", "package", "upload", "deploy", "benchmark", "gate", "promote"]
+
+
+def test_a_fourth_target_is_one_module_the_spec_plan_and_flow_dispatch_to(dummy, calls, tmp_path):
+    assert "dummy" in targets.names()
+    with pytest.raises(SpecError, match="quantization: the dummy target takes no 'fp8'"):
+        parse_spec({**BASE, "target": "dummy", "quantization": {"format": "fp8"}})
+    # A local folder without config.json: no model facts, and no Hub lookup for them.
+    spec = parse_spec({**BASE, "model": {"local_path": str(tmp_path)}, "target": "dummy"})
+    assert plan_module.plan(spec, RunContext.new(tmp_path)) == [PlannedStep("convert", "k", "miss", "dummy")]
+    plan_module.check_model(spec)
+    assert calls == ["check_model"]
+
+    steps = run({"target": "dummy"}, tmp_path)
+    assert list(steps) == ["fetch", "convert", "package", "upload", "deploy", "benchmark", "gate", "promote"]
+    assert "gpu slot" not in calls  # runs_on cpu: no GPU slot
+
+
+def test_gpu_targets_need_gpus_and_the_reference_refuses_gpu_only_formats():
+    with pytest.raises(SpecError, match="^s.yaml: gpus: required for target 'pytorch'"):
+        parse_spec({**BASE, "target": "pytorch"}, "s.yaml")
+    with pytest.raises(SpecError) as err:
+        parse_spec({**BASE, "quantization": {"format": "nvfp4"}}, "s.yaml")
+    assert str(err.value) == ("s.yaml: quantization: format 'nvfp4' needs a GPU target (pytorch or tensorrt); "
+                              "the reference path runs none, fp8, int4_awq, int8_sq, w4a8_awq")
