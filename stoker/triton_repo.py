@@ -7,7 +7,7 @@
   ensemble/       config.pbtxt, 1/ (empty, as Triton requires)
 
 Everything the server needs travels inside the repository, so the image only
-has to provide Python, torch, numpy, safetensors and tokenizers.
+has to provide Python, torch, transformers, numpy, safetensors and tokenizers.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ _PKG = Path(__file__).resolve().parent
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                    "generation_config.json", "stoker_runtime.json")
 # Runtime modules the model step imports inside Triton (dequantization happened at build time).
-RUNTIME_MODULES = ("__init__.py", "llama.py", "generate.py", "kvquant.py")
+RUNTIME_MODULES = ("__init__.py", "model.py", "generate.py", "kvquant.py")
 EMPTY_DIRS = ("ensemble/1",)
 
 

@@ -1,4 +1,10 @@
-"""Token-by-token generation over the reference Llama.
+"""Token-by-token generation over the reference model (transformers' model class, our loop).
+
+Our own loop rather than transformers' `generate`: each token must leave as soon as it is
+sampled (one streamed response per token), and TensorRT-LLM's request semantics below differ
+from transformers' in details (end_id is not returned, stop words are, min_tokens holds back
+end_id only). The logits are the model's own, so greedy output equals transformers' greedy
+`generate` token for token.
 
 End token: like TensorRT-LLM, `end_id` is never yielded. Its sampling kernels set the
 "finished" state without increasing the sequence length when the end id is sampled ("Seq len
@@ -24,7 +30,7 @@ from collections.abc import Iterator, Sequence
 
 import torch
 
-from .llama import LlamaModel
+from .model import ReferenceModel
 
 
 def _ends_with(sequence: list[int], words: list[list[int]]) -> bool:
@@ -66,7 +72,7 @@ def sample_next(
 
 
 def generate(
-    model: LlamaModel,
+    model: ReferenceModel,
     input_ids: Sequence[int],
     max_new_tokens: int,
     end_id: int,
@@ -100,7 +106,7 @@ def generate(
         raise ValueError(f"top_k must be >= 0, got {top_k}")
     if repetition_penalty <= 0.0:
         raise ValueError(f"repetition_penalty must be > 0, got {repetition_penalty}")
-    vocab = model.spec.vocab_size
+    vocab = model.vocab_size
     if min(prompt) < 0 or max(prompt) >= vocab:
         raise ValueError(f"input_ids must lie in 0..{vocab - 1}")
     words = [[int(t) for t in w] for w in stop_words if len(w)]
@@ -111,7 +117,7 @@ def generate(
 
 
 def _decode(
-    model: LlamaModel,
+    model: ReferenceModel,
     prompt: list[int],
     budget: int,
     end_id: int,
@@ -123,8 +129,8 @@ def _decode(
     min_new_tokens: int = 0,
     stop_words: list[list[int]] | None = None,
 ) -> Iterator[int]:
-    cache = model.new_cache(len(prompt) + budget)
-    seen = torch.zeros(model.spec.vocab_size, dtype=torch.bool)
+    cache = model.new_cache()
+    seen = torch.zeros(model.vocab_size, dtype=torch.bool)
     seen[torch.tensor(prompt)] = True
     sequence = list(prompt)  # stop words may reach back into the prompt, as TensorRT-LLM's do
     logits = model.forward(prompt, cache)[-1]

@@ -2,7 +2,9 @@
 
 It speaks the tensor interface of TensorRT-LLM's `tensorrt_llm` model so the same ensemble
 serves either, but generates with stoker's float32 reference runtime (copied next to this file
-as the `stoker_runtime` package) from the reference artifact in `gpt_model_path`.
+as the `stoker_runtime` package) from the reference artifact in `gpt_model_path`: transformers'
+own model class for the artifact's architecture, our dequantized weights, our KV-cache rounding
+and our token-by-token loop.
 
 Inputs (leading batch dim): input_ids INT32 [-1], input_lengths INT32 [1], request_output_len
 INT32 [1]; optional end_id, pad_id INT32 [1], streaming BOOL [1], temperature FP32 [1],
@@ -50,7 +52,7 @@ import triton_python_backend_utils as pb_utils
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from stoker_stop_words import from_word_list
 from stoker_runtime.generate import generate
-from stoker_runtime.llama import RUNTIME_FILE, LlamaModel, load_model
+from stoker_runtime.model import RUNTIME_FILE, ReferenceModel, load_model
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
@@ -151,7 +153,7 @@ class _Job:
             "min_new_tokens": 0 if min_tokens is None else max(0, int(min_tokens)),
         }
 
-    def tokens(self, model: LlamaModel) -> Iterator[int]:
+    def tokens(self, model: ReferenceModel) -> Iterator[int]:
         try:
             return generate(model, self.prompt, self.max_new_tokens, self.end_id, stop_words=self.stop_words,
                             **self.kwargs)
@@ -186,7 +188,7 @@ class TritonPythonModel:
         self.stopping = threading.Event()
         self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="stoker-gen")
         pb_utils.Logger.log_info(
-            f"tensorrt_llm (reference runtime): {weights}, quantization {self.model.info.quant_format}, "
+            f"tensorrt_llm (reference runtime): {weights}, {self.model.architecture} (transformers), quantization {self.model.info.quant_format}, "
             f"kv cache {self.model.info.kv_cache_dtype or 'float32'}, end_id {self.defaults[0]}, stop ids {stop_ids}, "
             f"decoupled {self.decoupled}, threads {num_threads}, workers {workers}"
         )

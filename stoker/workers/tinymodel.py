@@ -1,8 +1,12 @@
-"""Build a tiny, seeded Llama checkpoint with its own byte-level BPE tokenizer, fully offline.
+"""Build a tiny, seeded decoder checkpoint with its own byte-level BPE tokenizer, fully offline.
 
 Run as a child process (it imports torch and transformers):
 
-    python -m stoker.workers.tinymodel --out DIR --seed 0
+    python -m stoker.workers.tinymodel --out DIR --seed 0 [--architecture llama|qwen2|mistral|phi3]
+
+Llama is the demo model; the others exist so tests can serve architectures nobody on the project
+wrote, each with what makes it differ from Llama switched on (Qwen2's q/k/v biases, Mistral's
+sliding window, Phi-3's fused qkv/gate_up projections).
 
 It prints one JSON line {"out": DIR, "files": {name: sha256}} and exits 0. The same seed gives
 byte-identical files, so the checkpoint can stand in for a pinned Hub revision in tests.
@@ -90,17 +94,14 @@ def _add_legacy_config_keys(config_path: Path) -> None:
     config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 
-def build(out: Path, seed: int) -> dict[str, str]:
-    """Write the checkpoint and tokenizer into out; returns {file name: sha256}."""
-    import torch
-    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
+ARCHITECTURES = ("llama", "qwen2", "mistral", "phi3")
 
-    torch.manual_seed(seed)
-    out.mkdir(parents=True, exist_ok=True)
-    vocab = _save_tokenizer(out)
-    if vocab > VOCAB_SIZE:
-        raise TinyModelError(f"tokenizer has {vocab} tokens, more than the model's {VOCAB_SIZE}")
-    config = LlamaConfig(
+
+def _config(architecture: str):
+    """transformers' config of the architecture, with the tiny shapes and Llama's special ids."""
+    import transformers
+
+    common = dict(
         vocab_size=VOCAB_SIZE,
         hidden_size=HIDDEN_SIZE,
         intermediate_size=INTERMEDIATE_SIZE,
@@ -113,7 +114,41 @@ def build(out: Path, seed: int) -> dict[str, str]:
         eos_token_id=EOS_ID,
         pad_token_id=PAD_ID,
     )
-    model = LlamaForCausalLM(config).to(torch.bfloat16).eval()
+    if architecture == "llama":
+        return transformers.LlamaConfig(**common)
+    if architecture == "qwen2":  # Qwen2 always has q/k/v biases
+        return transformers.Qwen2Config(**common)
+    if architecture == "mistral":  # a window shorter than the tests' sequences, so it matters
+        return transformers.MistralConfig(**common, sliding_window=16)
+    if architecture == "phi3":
+        return transformers.Phi3Config(**common)
+    raise TinyModelError(f"unknown architecture {architecture!r}; known: {', '.join(ARCHITECTURES)}")
+
+
+def _randomize_biases(model) -> None:
+    """Random init zeroes biases, which would make a runtime that drops them look right."""
+    import torch
+
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith(".bias"):
+                param.copy_(torch.randn_like(param) * 0.5)
+
+
+def build(out: Path, seed: int, architecture: str = "llama") -> dict[str, str]:
+    """Write the checkpoint and tokenizer into out; returns {file name: sha256}."""
+    import torch
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
+    config = _config(architecture)
+    torch.manual_seed(seed)
+    out.mkdir(parents=True, exist_ok=True)
+    vocab = _save_tokenizer(out)
+    if vocab > VOCAB_SIZE:
+        raise TinyModelError(f"tokenizer has {vocab} tokens, more than the model's {VOCAB_SIZE}")
+    model = AutoModelForCausalLM.from_config(config)
+    _randomize_biases(model)
+    model = model.to(torch.bfloat16).eval()
     model.config.dtype = torch.bfloat16
     model.generation_config = GenerationConfig(bos_token_id=BOS_ID, eos_token_id=EOS_ID, pad_token_id=PAD_ID)
     model.save_pretrained(out, safe_serialization=True)
@@ -121,13 +156,14 @@ def build(out: Path, seed: int) -> dict[str, str]:
     return {path.name: sha256_file(path) for path in sorted(out.iterdir()) if path.is_file()}
 
 
-def make_tiny_model(out: Path, seed: int = 0, timeout_s: float = 300) -> dict[str, str]:
+def make_tiny_model(out: Path, seed: int = 0, timeout_s: float = 300, architecture: str = "llama") -> dict[str, str]:
     """Run this worker in a child process; returns {file name: sha256}.
 
     Raises:
         TinyModelError: the worker failed or timed out (message carries its last stderr line).
     """
-    argv = [sys.executable, "-m", "stoker.workers.tinymodel", "--out", str(out), "--seed", str(seed)]
+    argv = [sys.executable, "-m", "stoker.workers.tinymodel", "--out", str(out), "--seed", str(seed),
+            "--architecture", architecture]
     try:
         result = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s)
     except subprocess.TimeoutExpired as exc:
@@ -142,9 +178,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--architecture", choices=ARCHITECTURES, default="llama")
     args = parser.parse_args(argv)
     try:
-        files = build(args.out, args.seed)
+        files = build(args.out, args.seed, args.architecture)
     except TinyModelError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

@@ -30,7 +30,7 @@ from safetensors.torch import save_file
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
 from stoker.runtime.generate import generate
-from stoker.runtime.llama import load_model
+from stoker.runtime.model import load_model
 from stoker.stack import local_triton
 from stoker.triton_models import install_model_code
 

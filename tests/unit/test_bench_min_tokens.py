@@ -13,7 +13,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from stoker import triton_config as tc
 from stoker.runtime.generate import generate
-from stoker.runtime.llama import load_model
+from stoker.runtime.model import load_model
 
 PROMPT = [1, 17, 300, 5, 999, 42, 42, 7, 1500, 64, 3, 2047]
 NO_END = -1

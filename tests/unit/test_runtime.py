@@ -1,4 +1,4 @@
-"""The CPU reference runtime against transformers' Llama on tiny random models."""
+"""The CPU reference runtime (transformers' model class + our loop and KV rounding) against transformers itself."""
 
 from __future__ import annotations
 
@@ -7,18 +7,19 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 
 transformers = pytest.importorskip("transformers")
 
 from stoker.runtime.generate import generate
-from stoker.runtime.llama import ArtifactError, LlamaModel, load_model
+from stoker.runtime.kvquant import FakeQuantCache
+from stoker.runtime.model import ArtifactError, ReferenceModel, load_model
 
 TINY = {
-    "hidden_size": 256,
-    "intermediate_size": 512,
-    "num_hidden_layers": 4,
-    "num_attention_heads": 8,
+    "hidden_size": 128,
+    "intermediate_size": 256,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
     "num_key_value_heads": 2,
     "vocab_size": 2048,
     "max_position_embeddings": 256,
@@ -26,17 +27,17 @@ TINY = {
 }
 PROMPT = [1, 17, 300, 5, 999, 42, 42, 7, 1500, 64, 3, 2047]
 NO_END = -1  # an end id that can never be sampled
+CONFIGS = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config,
+           "mistral": lambda **kw: transformers.MistralConfig(sliding_window=8, **kw)}
 
 
-def hf_model(seed: int = 0, **overrides) -> transformers.LlamaForCausalLM:
+def hf_model(arch: str = "llama", seed: int = 0, **overrides):
     torch.manual_seed(seed)
-    config = transformers.LlamaConfig(**{**TINY, **overrides})
-    model = transformers.LlamaForCausalLM(config).to(torch.float32).eval()
-    model.config._attn_implementation = "eager"
-    # Random init leaves norms at 1.0; perturb them so RMSNorm weights are really exercised.
+    model = transformers.AutoModelForCausalLM.from_config(CONFIGS[arch](**{**TINY, **overrides})).float().eval()
+    # Random init leaves norms at 1.0 and biases at 0; perturb them so both are really exercised.
     with torch.no_grad():
         for name, param in model.named_parameters():
-            if "norm" in name:
+            if "norm" in name or name.endswith(".bias"):
                 param.add_(torch.randn_like(param) * 0.1)
     model.generation_config.eos_token_id = None
     model.generation_config.pad_token_id = 0
@@ -44,13 +45,8 @@ def hf_model(seed: int = 0, **overrides) -> transformers.LlamaForCausalLM:
 
 
 def write_artifact(model, root: Path, quantization: dict | None = None, end_id: int = 2, pad_id: int = 0) -> Path:
-    """Lay out `model` as a stoker reference artifact (float32 safetensors + configs)."""
-    root.mkdir(parents=True, exist_ok=True)
-    state = {k: v.detach().to(torch.float32).contiguous() for k, v in model.state_dict().items()}
-    if model.config.tie_word_embeddings:
-        state.pop("lm_head.weight", None)
-    save_file(state, str(root / "model.safetensors"))
-    (root / "config.json").write_text(model.config.to_json_string())
+    """Lay out `model` as a stoker reference artifact (float32 HF checkpoint + stoker_runtime.json)."""
+    model.save_pretrained(root)
     runtime = {
         "format": "stoker-reference/1",
         "dtype": "float32",
@@ -62,51 +58,48 @@ def write_artifact(model, root: Path, quantization: dict | None = None, end_id: 
     return root
 
 
-def hf_logits(model, ids: list[int]) -> torch.Tensor:
+def hf_greedy(model, ids: list[int], n: int, cache=None, **kwargs) -> list[int]:
     with torch.no_grad():
-        return model(torch.tensor([ids])).logits[0]
+        out = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                             max_new_tokens=n, do_sample=False, past_key_values=cache, **kwargs)
+    return out[0, len(ids):].tolist()
 
 
-def our_logits(model: LlamaModel, ids: list[int]) -> torch.Tensor:
-    return model.forward(ids, model.new_cache(len(ids)))
+def our_logits(model: ReferenceModel, ids: list[int]) -> torch.Tensor:
+    return model.forward(ids, model.new_cache())
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory) -> tuple[object, LlamaModel, Path]:
+def tiny(tmp_path_factory) -> tuple[object, ReferenceModel, Path]:
     ref = hf_model()
     root = write_artifact(ref, tmp_path_factory.mktemp("artifact"))
     return ref, load_model(root, num_threads=2), root
 
 
-def test_prefill_logits_match_transformers(tiny) -> None:
-    ref, ours, _ = tiny
-    diff = (our_logits(ours, PROMPT) - hf_logits(ref, PROMPT)).abs().max().item()
-    assert diff < 1e-4
+@pytest.mark.parametrize("arch", sorted(CONFIGS))
+def test_greedy_generation_matches_transformers(arch, tmp_path: Path) -> None:
+    """Qwen2's q/k/v biases and Mistral's sliding window (8 < prompt + 24) come from transformers itself."""
+    ref = hf_model(arch)
+    ours = load_model(write_artifact(ref, tmp_path), num_threads=2)
+    assert ours.architecture == type(ref).__name__
+    expected = hf_greedy(ref, PROMPT, 24)
+    assert len(expected) == 24
+    assert list(generate(ours, PROMPT, 24, end_id=NO_END)) == expected
 
 
 def test_cached_decode_matches_full_forward(tiny) -> None:
     ref, ours, _ = tiny
-    cache = ours.new_cache(len(PROMPT))
+    cache = ours.new_cache()
     ours.forward(PROMPT[:5], cache)
     step_logits = [ours.forward([t], cache)[0] for t in PROMPT[5:]]
-    full = hf_logits(ref, PROMPT)[5:]
-    assert (torch.stack(step_logits) - full).abs().max().item() < 1e-4
-
-
-def test_greedy_generation_matches_transformers(tiny) -> None:
-    ref, ours, _ = tiny
     with torch.no_grad():
-        expected = ref.generate(torch.tensor([PROMPT]), attention_mask=torch.ones(1, len(PROMPT), dtype=torch.long),
-                                max_new_tokens=16, do_sample=False)[0, len(PROMPT):].tolist()
-    assert len(expected) == 16
-    assert list(generate(ours, PROMPT, 16, end_id=NO_END)) == expected
+        full = ref(torch.tensor([PROMPT])).logits[0, 5:]
+    assert (torch.stack(step_logits) - full).abs().max().item() < 1e-4
 
 
 def test_repetition_penalty_matches_transformers(tiny) -> None:
     ref, ours, _ = tiny
-    with torch.no_grad():
-        expected = ref.generate(torch.tensor([PROMPT]), attention_mask=torch.ones(1, len(PROMPT), dtype=torch.long),
-                                max_new_tokens=16, do_sample=False, repetition_penalty=1.5)[0, len(PROMPT):].tolist()
+    expected = hf_greedy(ref, PROMPT, 16, repetition_penalty=1.5)
     got = list(generate(ours, PROMPT, 16, end_id=NO_END, repetition_penalty=1.5))
     assert got == expected
     assert got != list(generate(ours, PROMPT, 16, end_id=NO_END))
@@ -149,25 +142,20 @@ def test_invalid_requests_fail_before_compute(tiny) -> None:
             generate(ours, end_id=NO_END, **kwargs)
 
 
-def test_llama3_rope_scaling_matches_transformers(tmp_path: Path) -> None:
-    rope = {"rope_type": "llama3", "rope_theta": 50000.0, "factor": 8.0, "low_freq_factor": 1.0,
-            "high_freq_factor": 4.0, "original_max_position_embeddings": 8}
-    ref = hf_model(seed=1, rope_parameters=rope)
-    ours = load_model(write_artifact(ref, tmp_path))
-    ids = (PROMPT * 3)[:30]  # past original_max_position_embeddings, where the scaling matters
-    assert (our_logits(ours, ids) - hf_logits(ref, ids)).abs().max().item() < 1e-4
-
-
 def test_tied_embeddings_without_lm_head(tmp_path: Path) -> None:
     ref = hf_model(seed=2, tie_word_embeddings=True)
-    ours = load_model(write_artifact(ref, tmp_path))
-    assert (our_logits(ours, PROMPT) - hf_logits(ref, PROMPT)).abs().max().item() < 1e-4
+    root = write_artifact(ref, tmp_path)
+    assert "lm_head.weight" not in load_file(str(root / "model.safetensors"))
+    ours = load_model(root)
+    with torch.no_grad():
+        expected = ref(torch.tensor([PROMPT])).logits[0]
+    assert (our_logits(ours, PROMPT) - expected).abs().max().item() < 1e-4
 
 
-def kv_amax(model: LlamaModel, ids: list[int]) -> list[tuple[float, float]]:
-    cache = model.new_cache(len(ids))
+def kv_amax(model: ReferenceModel, ids: list[int]) -> list[tuple[float, float]]:
+    cache = model.new_cache()
     model.forward(ids, cache)
-    return [(cache.k[i].abs().max().item(), cache.v[i].abs().max().item()) for i in range(model.spec.num_layers)]
+    return [(layer.keys.abs().max().item(), layer.values.abs().max().item()) for layer in cache.layers]
 
 
 @pytest.mark.parametrize("kv_dtype,qmax", [("fp8", 448.0), ("int8", 127.0)])
@@ -184,20 +172,34 @@ def test_kv_fake_quant_changes_outputs_slightly(tiny, tmp_path: Path, kv_dtype: 
     assert torch.nn.functional.cosine_similarity(got, base, dim=-1).min().item() > 0.99
 
 
+def test_kv_rounding_cache_in_transformers_generate_gives_the_served_tokens(tiny, tmp_path: Path) -> None:
+    """Our loop over the rounding cache = transformers' generate handed the same cache."""
+    ref, ours, _ = tiny
+    # Coarse int8 scales, so the rounding visibly changes the greedy path.
+    scales = {str(i): {"k": k / 16, "v": v / 16} for i, (k, v) in enumerate(kv_amax(ours, PROMPT))}
+    quantized = load_model(write_artifact(ref, tmp_path, quantization={
+        "format": "none", "kv_cache_dtype": "int8", "kv_scales": scales}))
+    expected = hf_greedy(ref, PROMPT, 24, cache=quantized.new_cache())
+    assert list(generate(quantized, PROMPT, 24, end_id=NO_END)) == expected
+    assert expected != list(generate(ours, PROMPT, 24, end_id=NO_END))
+    assert isinstance(quantized.new_cache(), FakeQuantCache)
+
+
 def test_artifact_errors_name_the_problem(tiny, tmp_path: Path) -> None:
     ref, _, _root = tiny
-    bad = write_artifact(ref, tmp_path / "rope")
-    cfg = json.loads((bad / "config.json").read_text())
-    cfg["rope_parameters"] = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0}
-    (bad / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(ArtifactError, match="yarn"):
-        load_model(bad)
-
     quant = {"format": "fp8", "kv_cache_dtype": "fp8", "kv_scales": {"0": {"k": 1.0, "v": 1.0}}}
     with pytest.raises(ArtifactError, match="layer 1"):
         load_model(write_artifact(ref, tmp_path / "scales", quantization=quant))
 
+    missing = write_artifact(ref, tmp_path / "weights")
+    (missing / "model.safetensors").unlink()
     with pytest.raises(ArtifactError, match="model.safetensors"):
-        missing = write_artifact(ref, tmp_path / "weights")
-        (missing / "model.safetensors").unlink()
         load_model(missing)
+
+    # A tensor the architecture does not expect (a dequantizer naming it wrong) is refused, never left random.
+    renamed = write_artifact(ref, tmp_path / "renamed")
+    weights = load_file(str(renamed / "model.safetensors"))
+    weights["model.layers.0.self_attn.q.weight"] = weights.pop("model.layers.0.self_attn.q_proj.weight")
+    save_file(weights, str(renamed / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(ArtifactError, match="missing keys for LlamaForCausalLM: model.layers.0.self_attn.q_proj.weight"):
+        load_model(renamed)

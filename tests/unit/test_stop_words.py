@@ -95,7 +95,7 @@ def _tiny_model(root: Path):
     transformers = pytest.importorskip("transformers")
     from safetensors.torch import save_file
 
-    from stoker.runtime.llama import load_model
+    from stoker.runtime.model import load_model
 
     torch.manual_seed(0)
     config = transformers.LlamaConfig(hidden_size=128, intermediate_size=256, num_hidden_layers=2,
