@@ -21,9 +21,10 @@ REFERENCE_FORMATS = ("fp8", "int4_awq", "int8_sq", "w4a8_awq")
 # The reference runtime runs transformers' own model class for config.json's architecture
 # (stoker/runtime/model.py), so biases, sliding windows, rope variants and activations are transformers'.
 # What limits it is the build step: dequantizing every quantized linear by name and finding the exported
-# per-layer K/V scales. These are the architectures whose ModelOpt exports (fp8 + fp8 KV, int4_awq) are
-# dequantized, served and matched with transformers token for token (tests/integration/
-# test_architectures_served.py); any other would be a guess.
+# per-layer K/V scales. These are the architectures served and matched with transformers token for token
+# (tests/integration/test_architectures_served.py: each unquantized, Qwen2 fp8 + fp8 KV for biases beside
+# quantized weights, Phi-3 int4_awq for fused qkv/gate_up; Mistral shares Llama's tensor names); any other
+# would be a guess.
 REFERENCE_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM", "Phi3ForCausalLM")
 # The engine target exports every format (none included) with ModelOpt's export_tensorrt_llm_checkpoint,
 # decoder_type = config.json model_type; its decoder-only branches are these. Measured on an H100: llama
