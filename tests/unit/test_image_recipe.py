@@ -27,3 +27,15 @@ def test_no_package_host_is_named_in_readme_makefile_infra_or_stoker():
              for host in PACKAGE_HOSTS if host in p.read_text(errors="replace")]
     assert found == []
     assert recipe_digest(PROXY_DIR)
+
+
+def test_image_pins_the_transformers_the_project_tests_against():
+    """The reference runtime is transformers' own model code: the image must serve the version the tests matched."""
+    import re
+
+    root = PROXY_DIR.parents[1]
+    versions = dict(line.split("=", 1) for line in (root / "infra/image/versions.env").read_text().splitlines()
+                    if line and not line.startswith("#"))
+    pinned = re.search(r'"transformers==([^"]+)"', (root / "pyproject.toml").read_text()).group(1)
+    assert versions["TRANSFORMERS_VERSION"] == pinned
+    assert '"transformers==${TRANSFORMERS_VERSION}"' in (root / "infra/image/rootfs-setup.sh").read_text()

@@ -3,13 +3,15 @@ import numpy as np
 import safetensors
 import tokenizers
 import torch
+import transformers
 import triton_python_backend_utils as pb_utils
 
 
 class TritonPythonModel:
     def execute(self, requests):
         versions = f"torch={torch.__version__} numpy={np.__version__} " \
-                   f"safetensors={safetensors.__version__} tokenizers={tokenizers.__version__}"
+                   f"safetensors={safetensors.__version__} tokenizers={tokenizers.__version__} " \
+                   f"transformers={transformers.__version__}"
         responses = []
         for request in requests:
             x = torch.from_numpy(pb_utils.get_input_tensor_by_name(request, "X").as_numpy())
