@@ -32,7 +32,7 @@ FORMATS = {
     "W4A8_AWQ": "w4a8_awq",
 }
 KV_FORMATS = {"FP8": "fp8"}
-# Tensors that only carry quantization metadata; none of them is an HF Llama parameter.
+# Tensors that only carry quantization metadata; none of them is a parameter of transformers' model.
 SCALE_SUFFIXES = (".weight_scale", ".weight_scale_2", ".input_scale", ".pre_quant_scale", ".k_scale", ".v_scale")
 _KV_SCALE = re.compile(r"\.layers\.(\d+)\.self_attn\.([kv])_proj\.([kv])_scale$")
 
@@ -144,7 +144,13 @@ def load_raw(directory: Path) -> dict[str, torch.Tensor]:
 
 
 def load_dequantized(directory: Path | str) -> tuple[dict[str, torch.Tensor], dict[int, dict[str, float]]]:
-    """(float32 state dict with plain HF Llama names, {layer: {"k": scale, "v": scale}}).
+    """(float32 state dict with the checkpoint's own HF names, {layer: {"k": scale, "v": scale}}).
+
+    Architecture-agnostic by name: every `X.weight` with an `X.weight_scale` is dequantized (so fused
+    projections such as Phi-3's qkv_proj/gate_up_proj too), every other float tensor (biases such as
+    Qwen2's q_proj.bias, norms, embeddings) passes through. ModelOpt files K/V scales under
+    self_attn.k_proj/v_proj even where the model fuses them (Phi-3); the runtime's strict load then
+    refuses any name transformers' class does not expect.
 
     An unquantized checkpoint comes back cast to float32 with no KV scales.
 

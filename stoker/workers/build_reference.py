@@ -2,7 +2,7 @@
 
     python -m stoker.workers.build_reference --checkpoint DIR --out OUTDIR
 
-OUTDIR receives model.safetensors (float32, plain HF Llama names, dequantized with the
+OUTDIR receives model.safetensors (float32, the checkpoint's own HF names, dequantized with the
 checkpoint's own scales), config.json (without quantization_config), the tokenizer files,
 generation_config.json when present, and stoker_runtime.json. The same input gives the same
 bytes in every file, so the artifact can be cached by content. Progress goes to stderr, one
