@@ -21,12 +21,23 @@ them): temperature <= 0 or top_k == 1 is greedy (argmax); otherwise logits / tem
 then top_k (0 = no limit), then top_p (nucleus; 1.0 = no limit). Repetition penalty follows
 the CTRL/HF rule over prompt and generated tokens: positive logits divided by it, negative
 ones multiplied.
+
+Log probabilities (TensorRT-LLM's output_log_probs / cum_log_probs; a `Record` passed to
+`generate` collects them): each token's log prob is taken from the distribution it was chosen
+from, as TensorRT-LLM reports the sampled token's log prob from the processed logits: the
+log-softmax of the logits after the repetition penalty, the min_tokens mask and, when sampling,
+the temperature, over the whole vocabulary (before top-k/top-p truncation). Greedy decoding
+ignores the temperature, so a greedy token's log prob is the log-softmax of the model's own
+logits. The end id is not yielded, so its log prob is not recorded either: the cumulative log
+prob is the sum of the recorded ones. Context logits are the prompt's logits from the prefill,
+[prompt_len, vocab], the model's raw output.
 """
 
 from __future__ import annotations
 
 import secrets
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 
 import torch
 
@@ -36,6 +47,36 @@ from .model import ReferenceModel
 def _ends_with(sequence: list[int], words: list[list[int]]) -> bool:
     # Same rule as triton_models/stop_words.py; repeated here so the runtime package stays self-contained.
     return any(len(w) <= len(sequence) and sequence[-len(w):] == w for w in words)
+
+
+@dataclass
+class Record:
+    """What a generation reports besides its tokens, filled while it runs (see the module docstring)."""
+
+    want_log_probs: bool = True
+    want_context_logits: bool = False
+    log_probs: list[float] = field(default_factory=list)  # one per yielded token
+    context_logits: torch.Tensor | None = None  # [prompt_len, vocab], after the prefill
+
+    @property
+    def cum_log_prob(self) -> float:
+        return float(sum(self.log_probs))
+
+
+def token_log_probs(logits: torch.Tensor, tokens: Sequence[int]) -> torch.Tensor:
+    """log_softmax(logits[i])[tokens[i]] for each row: logits [N, vocab], tokens N ids → [N] float32.
+
+    Also a prompt's log probabilities from its context logits: token_log_probs(context_logits[:-1], prompt[1:]).
+    """
+    rows = torch.log_softmax(logits.float(), dim=-1)
+    return rows[torch.arange(len(tokens)), torch.as_tensor(list(tokens), dtype=torch.long)]
+
+
+def _processed(logits: torch.Tensor, temperature: float, top_k: int) -> torch.Tensor:
+    """The logits the token is drawn from, before truncation: divided by the temperature unless greedy."""
+    if temperature <= 0.0 or top_k == 1:
+        return logits
+    return logits / temperature
 
 
 def _apply_repetition_penalty(logits: torch.Tensor, seen: torch.Tensor, penalty: float) -> torch.Tensor:
@@ -83,6 +124,7 @@ def generate(
     seed: int | None = None,
     min_new_tokens: int = 0,
     stop_words: Sequence[Sequence[int]] = (),
+    record: Record | None = None,
 ) -> Iterator[int]:
     """Yield generated token ids one at a time: prefill the prompt, then decode with the cache.
 
@@ -92,6 +134,7 @@ def generate(
     settings. `seed` makes sampling reproducible; None draws a fresh random seed. `min_new_tokens`
     (TensorRT-LLM's min_tokens) keeps `end_id` from being sampled before that many tokens.
     `stop_words` (token id sequences) end the generation after the token that completes one.
+    `record`, when given, collects each yielded token's log prob and/or the prompt's context logits.
     """
     prompt = [int(t) for t in input_ids]
     if not prompt:
@@ -113,7 +156,7 @@ def generate(
     budget = min(max_new_tokens, model.max_positions - len(prompt))
     generator = torch.Generator().manual_seed(seed if seed is not None else secrets.randbits(63))
     return _decode(model, prompt, budget, end_id, temperature, top_k, top_p, repetition_penalty, generator,
-                   min_new_tokens, words)
+                   min_new_tokens, words, record)
 
 
 def _decode(
@@ -128,12 +171,17 @@ def _decode(
     generator: torch.Generator,
     min_new_tokens: int = 0,
     stop_words: list[list[int]] | None = None,
+    record: Record | None = None,
 ) -> Iterator[int]:
     cache = model.new_cache()
     seen = torch.zeros(model.vocab_size, dtype=torch.bool)
     seen[torch.tensor(prompt)] = True
     sequence = list(prompt)  # stop words may reach back into the prompt, as TensorRT-LLM's do
-    logits = model.forward(prompt, cache)[-1]
+    context = model.forward(prompt, cache)
+    if record is not None and record.want_context_logits:
+        record.context_logits = context
+    logits = context[-1]
+    del context
     for step in range(budget):
         if repetition_penalty != 1.0:
             logits = _apply_repetition_penalty(logits, seen, repetition_penalty)
@@ -143,6 +191,8 @@ def _decode(
         token = sample_next(logits, temperature, top_k, top_p, generator)
         if token == end_id:
             return
+        if record is not None and record.want_log_probs:
+            record.log_probs.append(float(torch.log_softmax(_processed(logits, temperature, top_k), dim=-1)[token]))
         yield token
         sequence.append(token)
         if step + 1 == budget or (stop_words and _ends_with(sequence, stop_words)):
