@@ -66,6 +66,8 @@ class Build(_Section):
     use_paged_context_fmha: bool = True
     use_fp8_context_fmha: bool = False
     multiple_profiles: bool = False
+    gather_context_logits: bool = Field(False, description="let requests ask for context_logits "
+                                        "(return_context_logits); costs engine memory")
     workers: int = Field(1, ge=1, le=64, description="parallel build workers (one per rank at most)")
     allow_long_context: bool = Field(False, description="opt in to max_seq_len beyond the model's context")
     image: str | None = Field(None, description="build in another image; refused unless its TRT-LLM matches")

@@ -111,6 +111,7 @@ def build_argv(spec, facts: ModelFacts | None) -> list[str]:
              "--use_paged_context_fmha", _ON[b.use_paged_context_fmha and b.kv_cache_type == "paged"],
              "--use_fp8_context_fmha", _ON[b.use_fp8_context_fmha],
              "--multiple_profiles", _ON[b.multiple_profiles],
+             *(["--gather_context_logits"] if b.gather_context_logits else []),
              "--workers", str(min(b.workers, spec.parallel.world_size)),
              "--input_timing_cache", timing, "--output_timing_cache", timing, "--log_level", "info"]
     return argv

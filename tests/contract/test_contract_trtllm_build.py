@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -84,3 +85,17 @@ def test_multi_rank_serve_uses_the_image_launcher(world, expect):
     spec = parse_spec({"model": {"repo_id": "a/b"}, "storage": {"bucket": "bkt"}, "target": "tensorrt",
                        "gpus": {"type": "h100-80gb", "count": world}, "parallel": {"tensor": world}})
     assert expect in " ".join(serve_argv(spec))
+
+
+def test_gather_context_logits_flag_is_upstreams(build_flags):
+    """return_context_logits on the engine target needs this build flag; it must be one trtllm-build 1.2 accepts."""
+    from stoker.gpu import trtllm
+    from stoker.gpu.facts import known
+    from stoker.spec import load_spec
+
+    spec = load_spec(Path(__file__).resolve().parents[2] / "deployments/specs/llama3-8b-fp8-h100-engine.yaml")
+    spec = spec.model_copy(update={"build": spec.build.model_copy(update={"gather_context_logits": True})})
+    flags = [a for a in trtllm.build_argv(spec, known("meta-llama/Meta-Llama-3-8B-Instruct")) if a.startswith("--")]
+    assert "--gather_context_logits" in flags
+    assert "--gather_context_logits" in build_flags["accepted"]
+    assert "--gather_context_logits" not in build_flags["deprecated"] | build_flags["unsupported"]

@@ -67,3 +67,12 @@ def test_end_id_prefers_the_turn_end_of_instruct_models():
     stretched = from_config({"hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 2, "vocab_size": 128,
                              "max_position_embeddings": 4096, "rope_scaling": {"type": "linear", "factor": 2.0}})
     assert stretched.context == 8192 and cfg["heads"] == 32
+
+
+def test_gather_context_logits_is_opt_in_and_changes_the_engine():
+    """return_context_logits needs an engine built with --gather_context_logits; off by default (memory)."""
+    base = load_spec(SPECS / "llama3-8b-fp16-a100-40gb-modal.yaml")
+    assert "--gather_context_logits" not in trtllm.build_argv(base, LLAMA)
+    on = base.model_copy(update={"build": base.build.model_copy(update={"gather_context_logits": True})})
+    assert trtllm.build_argv(on, LLAMA).count("--gather_context_logits") == 1
+    assert gpu_build_key(on, "w" * 64) != gpu_build_key(base, "w" * 64)
