@@ -69,7 +69,8 @@ def rollback_to(name: str, run_id: str | None, log=print) -> dict:
     target = rollout.target_for(spec)
     backends = promote.observe_backends(client, name)
     view, _ = promote.observe_proxy(client, target)
-    routed = next((b for b in backends if b.slot == view.live and b.running and b.ready), None)
+    routed = next((b for b in backends if view.running and b.slot == view.live and b.running
+                   and view.http_ports.get(b.slot) == b.ports.http), None)
     live_digest = routed.digest if routed else None
     if routed and routed.digest == rollout.live_digest(spec.storage, name):
         # A reload backend's label names its live repository; the build it serves is in the S3 live state.

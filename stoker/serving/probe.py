@@ -31,11 +31,17 @@ def http_status(url: str, timeout_s: float) -> int:
         return err.code
 
 
-def is_ready(http_url: str, timeout_s: float = 2.0) -> bool:
-    try:
-        return http_status(f"{http_url}/v2/health/ready", timeout_s) == 200
-    except OSError:
-        return False
+def is_ready(http_url: str, timeout_s: float = 2.0, attempts: int = 1) -> bool:
+    """One 200 from /v2/health/ready within ``attempts`` tries (a saturated server can be slow to answer)."""
+    for i in range(attempts):
+        try:
+            if http_status(f"{http_url}/v2/health/ready", timeout_s) == 200:
+                return True
+        except OSError:
+            pass
+        if i + 1 < attempts:
+            time.sleep(0.2)
+    return False
 
 
 def wait_ready(

@@ -105,7 +105,8 @@ def observe_backends(client: docker.DockerClient, name: str) -> list[topology.Ba
         out.append(topology.Backend(
             container=c.name, slot=c.labels.get(engine.LABEL_SLOT, ""), ports=ports,
             digest=c.labels.get(engine.LABEL_DIGEST, ""), running=running,
-            ready=running and probe.is_ready(f"http://127.0.0.1:{ports.http}"), created=engine.created_key(c),
+            ready=running and probe.is_ready(f"http://127.0.0.1:{ports.http}", timeout_s=5.0, attempts=2),
+            created=engine.created_key(c),
             run_id=c.labels.get(engine.LABEL_RUN, ""), legacy=engine.LABEL_ROLE not in c.labels))
     return out
 
@@ -336,7 +337,7 @@ def watch(client: docker.DockerClient, live: BackendRef, window_s: float, max_er
         if reason:
             return WatchResult(False, f"{live.container} died during the watch window ({reason})",
                                time.monotonic() - t0, ok, bad)
-        if not probe.is_ready(live.http):
+        if not probe.is_ready(live.http, timeout_s=5.0, attempts=2):  # under load a probe can be slow
             return WatchResult(False, f"{live.container} stopped answering ready during the watch window",
                                time.monotonic() - t0, ok, bad)
         try:

@@ -63,13 +63,14 @@ def other_slot(slot: str | None) -> str:
 def plan_repair(backends: list[Backend], proxy: ProxyView, listen: Ports) -> Repair:
     """The one consistent state to reach from what runs. Pure.
 
-    The live backend is the one the proxy routes to, when it runs, is ready and sits on the
-    ports the proxy uses; else the newest running, ready backend (a proxy that died, or a
-    switch that was cut off). Every other backend goes.
+    The live backend is the one the proxy routes to while its container runs, even if a health
+    probe just timed out (a saturated server answers slowly; removing it would take the endpoint
+    down); else the newest running, ready backend (a proxy that died, or a switch that was cut
+    off). Every other backend goes.
     """
-    serving = [b for b in backends if b.running and b.ready and not b.legacy]
-    routed = next((b for b in serving if proxy.running and b.slot == proxy.live
+    routed = next((b for b in backends if b.running and not b.legacy and proxy.running and b.slot == proxy.live
                    and proxy.http_ports.get(b.slot) == b.ports.http), None)
+    serving = [b for b in backends if b.running and b.ready and not b.legacy]
     live = routed or max(serving, key=lambda b: b.created, default=None)
     remove = tuple(b for b in backends if b is not live)
     if not proxy.exists:

@@ -18,10 +18,8 @@ from __future__ import annotations
 
 import json
 import os
-import queue
 import subprocess
 import sys
-from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -34,6 +32,8 @@ transformers = pytest.importorskip("transformers")
 pytest.importorskip("pytriton")
 grpcclient = pytest.importorskip("tritonclient.grpc")
 from tokenizers import Tokenizer
+
+from grpc_stream import stream_responses
 
 from stoker.runtime.model import load_model
 from stoker.stack import local_triton
@@ -109,27 +109,8 @@ def _served_stream(served, prompt_ids: list[int]) -> list[list[int]]:
     """Every streamed response's output_ids from the tensorrt_llm model (gRPC stream_infer)."""
     inputs = {"input_ids": np.array([prompt_ids], np.int32), "input_lengths": np.array([[len(prompt_ids)]], np.int32),
               "request_output_len": np.array([[BUDGET]], np.int32), "streaming": np.array([[True]])}
-    tensors = []
-    for name, data in inputs.items():
-        t = grpcclient.InferInput(name, list(data.shape), "BOOL" if data.dtype == bool else "INT32")
-        t.set_data_from_numpy(data)
-        tensors.append(t)
-    results: queue.Queue = queue.Queue()
-    client = grpcclient.InferenceServerClient(served["server"].grpc_url)
-    client.start_stream(callback=partial(lambda q, result, error: q.put((result, error)), results))
-    try:
-        client.async_stream_infer("tensorrt_llm", tensors, enable_empty_final_response=True)
-        responses = []
-        while True:
-            result, error = results.get(timeout=120)
-            assert error is None, str(error)
-            if result.get_response().outputs:
-                responses.append(result.as_numpy("output_ids").reshape(-1).tolist())
-            if result.get_response().parameters["triton_final_response"].bool_param:
-                return responses
-    finally:
-        client.stop_stream()
-        client.close()
+    return [r.as_numpy("output_ids").reshape(-1).tolist()
+            for r in stream_responses(served["server"].grpc_url, "tensorrt_llm", inputs)]
 
 
 def test_the_served_model_is_transformers_own_class(served) -> None:

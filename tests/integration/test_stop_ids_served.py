@@ -12,9 +12,7 @@ difference: end_id is never returned, while a matched stop word is (transformers
 from __future__ import annotations
 
 import json
-import queue
 import time
-from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +25,8 @@ transformers = pytest.importorskip("transformers")
 pytest.importorskip("pytriton")
 grpcclient = pytest.importorskip("tritonclient.grpc")
 from tokenizers import Tokenizer
+
+from grpc_stream import stream_responses
 
 from stoker.stack import local_triton
 from stoker.triton_config import RepoSettings
@@ -100,29 +100,7 @@ def served(tmp_path_factory):
 
 
 def _stream(served, model_name: str, inputs: dict[str, np.ndarray]) -> list:
-    """Every response of one request over gRPC stream_infer (decoupled models answer only there)."""
-    dtypes = {np.dtype(object): "BYTES", np.dtype(np.int32): "INT32", np.dtype(bool): "BOOL"}
-    tensors = []
-    for name, data in inputs.items():
-        t = grpcclient.InferInput(name, list(data.shape), dtypes[data.dtype])
-        t.set_data_from_numpy(data)
-        tensors.append(t)
-    results: queue.Queue = queue.Queue()
-    client = grpcclient.InferenceServerClient(served["server"].grpc_url)
-    client.start_stream(callback=partial(lambda q, result, error: q.put((result, error)), results))
-    try:
-        client.async_stream_infer(model_name, tensors, enable_empty_final_response=True)
-        out = []
-        while True:
-            result, error = results.get(timeout=120)
-            assert error is None, str(error)
-            if result.get_response().outputs:
-                out.append(result)
-            if result.get_response().parameters["triton_final_response"].bool_param:
-                return out
-    finally:
-        client.stop_stream()
-        client.close()
+    return stream_responses(served["server"].grpc_url, model_name, inputs)
 
 
 def _served_texts(served, prompt: str, **extra: np.ndarray) -> list[str]:

@@ -154,6 +154,16 @@ def test_routed_backend_died_so_another_ready_one_takes_over():
     assert gone.live is None and gone.reroute and "route the proxy to nothing" in gone.actions()
 
 
+def test_a_slow_health_answer_never_unseats_the_routed_backend():
+    """Regression: a saturated live backend missed one health probe and reconcile removed it."""
+    busy = B("b", "blue", 20000, ready=False)  # running, routed, probe timed out
+    r = plan_repair([busy], ProxyView(True, True, "blue", {"blue": 20000}, LISTEN), LISTEN)
+    assert r.live is busy and r.remove == () and not r.reroute and r.actions() == []
+    leftover = B("g", "green", 20003, created=2)
+    r = plan_repair([busy, leftover], ProxyView(True, True, "blue", {"blue": 20000}, LISTEN), LISTEN)
+    assert r.live is busy and r.remove == (leftover,)
+
+
 def test_wave_one_containers_are_replaced_and_next_slot_alternates():
     legacy = B("old", "", 8000, legacy=True)
     r = plan_repair([legacy], ProxyView(False, False), LISTEN)
