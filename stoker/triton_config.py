@@ -47,10 +47,19 @@ MODEL_IN: tuple[Tensor, ...] = (
     ("exclude_input_in_output", "TYPE_BOOL", (1,), True),
     ("min_tokens", "TYPE_INT32", (1,), True),
     ("stop_words_list", "TYPE_INT32", (2, -1), True),
+    ("return_log_probs", "TYPE_BOOL", (1,), True),
+    ("return_context_logits", "TYPE_BOOL", (1,), True),
+)
+# TensorRT-LLM's optional outputs, sent only when the request asks (return_log_probs, return_context_logits).
+SCORE_OUT: tuple[Tensor, ...] = (
+    ("cum_log_probs", "TYPE_FP32", (-1,), False),  # per beam
+    ("output_log_probs", "TYPE_FP32", (-1, -1), False),  # beam, generated tokens
+    ("context_logits", "TYPE_FP32", (-1, -1), False),  # prompt tokens, vocab
 )
 MODEL_OUT: tuple[Tensor, ...] = (
     ("output_ids", "TYPE_INT32", (-1, -1), False),
     ("sequence_length", "TYPE_INT32", (-1,), False),
+    *SCORE_OUT,
 )
 POSTPROCESSING_IN: tuple[Tensor, ...] = (
     ("TOKENS_BATCH", "TYPE_INT32", (-1, -1), False),
@@ -71,8 +80,10 @@ ENSEMBLE_IN: tuple[Tensor, ...] = (
     ("exclude_input_in_output", "TYPE_BOOL", (1,), True),
     ("min_tokens", "TYPE_INT32", (1,), True),  # lets a benchmark ask for an exact OSL (ignore EOS)
     ("stop_words", "TYPE_STRING", (-1,), True),  # replaces the model's default stop words; [""] for none
+    ("return_log_probs", "TYPE_BOOL", (1,), True),
+    ("return_context_logits", "TYPE_BOOL", (1,), True),
 )
-ENSEMBLE_OUT: tuple[Tensor, ...] = (("text_output", "TYPE_STRING", (-1,), False),)
+ENSEMBLE_OUT: tuple[Tensor, ...] = (("text_output", "TYPE_STRING", (-1,), False), *SCORE_OUT)
 
 MODEL_NAME = "tensorrt_llm"  # the model step keeps upstream's name so BLS/clients find it
 ENSEMBLE_NAME = "ensemble"
@@ -144,8 +155,11 @@ def ensemble(s: RepoSettings) -> mc.ModelConfig:
                           "repetition_penalty": "repetition_penalty", "seed": "seed",
                           # Like TensorRT-LLM, a non-streamed answer includes the prompt unless asked not to.
                           "exclude_input_in_output": "exclude_input_in_output", "min_tokens": "min_tokens",
-                          "stop_words_list": "_STOP_WORDS_IDS"})
+                          "stop_words_list": "_STOP_WORDS_IDS", "return_log_probs": "return_log_probs",
+                          "return_context_logits": "return_context_logits"})
     gen.output_map.update({"output_ids": "_TOKENS_BATCH", "sequence_length": "_SEQUENCE_LENGTH"})
+    # Straight to the ensemble's outputs, as upstream's ensemble does; absent when not asked for.
+    gen.output_map.update({name: name for name, *_ in SCORE_OUT})
     post = steps.add(model_name="postprocessing", model_version=-1)
     post.input_map.update({"TOKENS_BATCH": "_TOKENS_BATCH", "SEQUENCE_LENGTH": "_SEQUENCE_LENGTH"})
     post.output_map.update({"OUTPUT": "text_output"})

@@ -10,15 +10,24 @@ Inputs (leading batch dim): input_ids INT32 [-1], input_lengths INT32 [1], reque
 INT32 [1]; optional end_id, pad_id INT32 [1], streaming BOOL [1], temperature FP32 [1],
 runtime_top_k INT32 [1], runtime_top_p FP32 [1], repetition_penalty FP32 [1], seed UINT64 [1],
 exclude_input_in_output BOOL [1], min_tokens INT32 [1] (end_id cannot end the output before that many tokens),
-stop_words_list INT32 [2, -1] (TensorRT-LLM's layout, see stoker_stop_words.py).
-Outputs: output_ids INT32 [-1, -1] (beam, tokens), sequence_length INT32 [-1] (per beam).
+stop_words_list INT32 [2, -1] (TensorRT-LLM's layout, see stoker_stop_words.py),
+return_log_probs BOOL [1], return_context_logits BOOL [1].
+Outputs: output_ids INT32 [-1, -1] (beam, tokens), sequence_length INT32 [-1] (per beam); only
+when asked (as TensorRT-LLM): cum_log_probs FP32 [-1] (per beam) and output_log_probs FP32
+[-1, -1] (beam, generated tokens; zero-padded) for return_log_probs, context_logits FP32
+[-1, -1] (prompt tokens, vocab; zero-padded across a batch) for return_context_logits. Log probs
+are those of the distribution each token was sampled from (stoker_runtime.generate's docstring);
+prompt log probabilities are read from context_logits (generate.token_log_probs), as TensorRT-LLM's
+Triton interface has no tensor of its own for them.
 Parameters: gpt_model_path (default "weights", relative to the version dir unless absolute),
 num_threads (torch threads, default 2), max_concurrent_requests (default 1),
 exclude_input_in_output (default "false", as upstream).
 
 Behaviour, matched to TensorRT-LLM where it defines one:
 - Streaming (decoupled only): one response per generated token, output_ids [1, 1, 1] and
-  sequence_length [1, 1] = 1, then an empty response flagged COMPLETE_FINAL. Streamed tokens
+  sequence_length [1, 1] = 1 (and, when asked, that token's output_log_probs [1, 1, 1], the
+  running cum_log_probs [1, 1], and context_logits with the first response), then an empty
+  response flagged COMPLETE_FINAL. Streamed tokens
   never include the prompt. Streaming takes one sequence per request (batch 1).
 - Non-streaming: one response, output_ids [batch, 1, T] right-padded with pad_id, and
   sequence_length; the prompt is included unless exclude_input_in_output.
@@ -51,7 +60,7 @@ import triton_python_backend_utils as pb_utils
 # The runtime is shipped beside this file as a plain package (no stoker install in Triton).
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from stoker_stop_words import from_word_list
-from stoker_runtime.generate import generate
+from stoker_runtime.generate import Record, generate
 from stoker_runtime.model import RUNTIME_FILE, ReferenceModel, load_model
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -137,6 +146,8 @@ class _Job:
         words = _stop_words(request, batch, index)
         self.stop_words = defaults[2] if words is None else words
         self.streaming = bool(_scalar(request, "streaming", batch, index) or False)
+        self.record = Record(want_log_probs=bool(_scalar(request, "return_log_probs", batch, index) or False),
+                             want_context_logits=bool(_scalar(request, "return_context_logits", batch, index) or False))
         exclude = _scalar(request, "exclude_input_in_output", batch, index)
         self.exclude_input = exclude_default if exclude is None else bool(exclude)
         seed = _scalar(request, "seed", batch, index)
@@ -156,7 +167,7 @@ class _Job:
     def tokens(self, model: ReferenceModel) -> Iterator[int]:
         try:
             return generate(model, self.prompt, self.max_new_tokens, self.end_id, stop_words=self.stop_words,
-                            **self.kwargs)
+                            record=self.record, **self.kwargs)
         except ValueError as exc:
             raise RequestError(str(exc)) from None
 
@@ -167,6 +178,32 @@ def _parse(request: Any, defaults: tuple, exclude_default: bool) -> list[_Job]:
         raise RequestError("input_ids is required")
     batch = ids.as_numpy().shape[0]
     return [_Job(request, batch, i, defaults, exclude_default) for i in range(batch)]
+
+
+def _context_logits_tensor(records: list[Record]) -> Any:
+    """context_logits [batch, prompt tokens, vocab], zero-padded; rows not asked for stay zero."""
+    shown = [r.context_logits for r in records if r.context_logits is not None]
+    width = max(t.shape[0] for t in shown)
+    out = np.zeros((len(records), width, shown[0].shape[1]), np.float32)
+    for i, r in enumerate(records):
+        if r.context_logits is not None:
+            out[i, : r.context_logits.shape[0]] = r.context_logits.numpy()
+    return pb_utils.Tensor("context_logits", out)
+
+
+def _score_tensors(records: list[Record]) -> list[Any]:
+    """The optional outputs any sequence of a non-streamed request asked for; none when none did."""
+    tensors = []
+    if any(r.want_log_probs for r in records):
+        width = max(1, max(len(r.log_probs) for r in records))
+        per_token = np.zeros((len(records), 1, width), np.float32)
+        for i, r in enumerate(records):
+            per_token[i, 0, : len(r.log_probs)] = r.log_probs
+        cum = np.array([[r.cum_log_prob] for r in records], np.float32)
+        tensors += [pb_utils.Tensor("cum_log_probs", cum), pb_utils.Tensor("output_log_probs", per_token)]
+    if any(r.context_logits is not None for r in records):
+        tensors.append(_context_logits_tensor(records))
+    return tensors
 
 
 class TritonPythonModel:
@@ -213,13 +250,27 @@ class TritonPythonModel:
             output[i, 0, : len(row)] = row
             output[i, 0, len(row):] = job.pad_id
         lengths = np.array([[len(r)] for r in rows], np.int32)
-        return [pb_utils.Tensor("output_ids", output), pb_utils.Tensor("sequence_length", lengths)]
+        return [pb_utils.Tensor("output_ids", output), pb_utils.Tensor("sequence_length", lengths),
+                *_score_tensors([job.record for job in jobs])]
 
     def _stream(self, request: Any, job: _Job, sender: Any) -> None:
         one = np.ones((1, 1), np.int32)
+        record = job.record
+        sent = 0
         for token in job.tokens(self.model):
             self._check(request)
             tensors = [pb_utils.Tensor("output_ids", np.array([[[token]]], np.int32)), pb_utils.Tensor("sequence_length", one)]
+            if record.want_log_probs:
+                tensors += [pb_utils.Tensor("output_log_probs", np.array([[[record.log_probs[-1]]]], np.float32)),
+                            pb_utils.Tensor("cum_log_probs", np.array([[record.cum_log_prob]], np.float32))]
+            if sent == 0 and record.context_logits is not None:
+                tensors.append(_context_logits_tensor([record]))
+            sender.send(pb_utils.InferenceResponse(output_tensors=tensors))
+            sent += 1
+        if sent == 0 and record.context_logits is not None:
+            # Nothing generated (end_id first): the prompt's logits still go back, with an empty output.
+            tensors = [pb_utils.Tensor("output_ids", np.zeros((1, 1, 0), np.int32)),
+                       pb_utils.Tensor("sequence_length", np.zeros((1, 1), np.int32)), _context_logits_tensor([record])]
             sender.send(pb_utils.InferenceResponse(output_tensors=tensors))
         sender.send(flags=FINAL)
 

@@ -131,3 +131,51 @@ def test_llmapi_repository_matches_upstream(rendered, llmapi_layout):
     assert doc["triton_config"]["decoupled"] is True  # streaming needs it
     assert doc["model"] == "/models/tensorrt_llm/1/checkpoint"
     assert (repo / "tensorrt_llm/1/model.py").read_text().count("/app/all_models/llmapi/tensorrt_llm/1") == 1
+
+
+SCORES = {"return_log_probs": ("cum_log_probs", "output_log_probs"), "return_context_logits": ("context_logits",)}
+# Upstream's dims (the extracts omit them): per beam, [beam, tokens], [prompt tokens, vocab].
+SCORE_DIMS = {"cum_log_probs": [-1], "output_log_probs": [-1, -1], "context_logits": [-1, -1]}
+
+
+def _check_scores_wiring(ens: mc.ModelConfig, model: mc.ModelConfig, ibl: dict) -> None:
+    """Request flags and score outputs: upstream's names and types, passed straight through the ensemble."""
+    gen = next(s for s in ens.ensemble_scheduling.step if s.model_name == "tensorrt_llm")
+    up_ens_in, up_ens_out = _upstream_io(ibl["ensemble"]["inputs"]), _upstream_io(ibl["ensemble"]["outputs"])
+    up_trt_in, up_trt_out = _upstream_io(ibl["tensorrt_llm"]["inputs"]), _upstream_io(ibl["tensorrt_llm"]["outputs"])
+    ens_in, trt_in = _io(ens.input), _io(model.input)
+    ens_out = {o.name: (mc.DataType.Name(o.data_type), list(o.dims)) for o in ens.output}
+    trt_out = {o.name: (mc.DataType.Name(o.data_type), list(o.dims)) for o in model.output}
+    for flag, outputs in SCORES.items():
+        assert ens_in[flag] == up_ens_in[flag] == ("TYPE_BOOL", True)
+        assert trt_in[flag] == up_trt_in[flag]
+        assert gen.input_map[flag] == flag
+        for name in outputs:
+            assert ens_out[name] == (up_ens_out[name][0], SCORE_DIMS[name]), name
+            assert trt_out[name] == (up_trt_out[name][0], SCORE_DIMS[name]), name
+            assert gen.output_map[name] == name
+
+
+def test_engine_ensemble_requests_and_returns_log_probs(rendered, ibl):
+    if rendered["doc"]["target"] != "tensorrt":
+        return
+    repo = rendered["repo"]
+    ens = _load(repo, "ensemble")
+    _check_scores_wiring(ens, _load(repo, "tensorrt_llm"), ibl)
+    assert {o.name for o in ens.output} <= {e["name"] for e in ibl["ensemble"]["outputs"]}
+
+
+def test_reference_repository_speaks_upstreams_log_prob_interface(ibl):
+    """The CPU reference's tensorrt_llm and ensemble: every tensor one of upstream's, with its type and optionality."""
+    from stoker import triton_config
+
+    cfgs = {c.name: c for c in (triton_config.model(triton_config.RepoSettings()),
+                                triton_config.ensemble(triton_config.RepoSettings()))}
+    model, ens = cfgs["tensorrt_llm"], cfgs["ensemble"]
+    _check_scores_wiring(ens, model, ibl)
+    up_trt_in = _upstream_io(ibl["tensorrt_llm"]["inputs"])
+    up_trt_out = {k: v[0] for k, v in _upstream_io(ibl["tensorrt_llm"]["outputs"]).items()}
+    assert all(up_trt_in[k] == v for k, v in _io(model.input).items() if k != "input_ids")  # upstream: optional
+    assert all(up_trt_out[k] == v[0] for k, v in _io(model.output).items())
+    up_ens_out = {k: v[0] for k, v in _upstream_io(ibl["ensemble"]["outputs"]).items()}
+    assert all(up_ens_out[k] == v[0] for k, v in _io(ens.output).items())

@@ -69,7 +69,11 @@ def test_model_step_is_decoupled_and_python_with_upstream_tensor_names():
     assert inputs["runtime_top_k"] == ("TYPE_INT32", True)
     assert inputs["seed"] == ("TYPE_UINT64", True)
     outputs = {o.name: (mc.DataType.Name(o.data_type), list(o.dims)) for o in cfg.output}
-    assert outputs == {"output_ids": ("TYPE_INT32", [-1, -1]), "sequence_length": ("TYPE_INT32", [-1])}
+    assert outputs == {"output_ids": ("TYPE_INT32", [-1, -1]), "sequence_length": ("TYPE_INT32", [-1]),
+                       "cum_log_probs": ("TYPE_FP32", [-1]), "output_log_probs": ("TYPE_FP32", [-1, -1]),
+                       "context_logits": ("TYPE_FP32", [-1, -1])}
+    assert inputs["return_log_probs"] == ("TYPE_BOOL", True)
+    assert inputs["return_context_logits"] == ("TYPE_BOOL", True)
     assert cfg.parameters["gpt_model_path"].string_value == "weights"
 
 
@@ -104,3 +108,18 @@ def test_instance_counts_and_batch_size_come_from_settings():
     assert cfgs["tensorrt_llm"].instance_group[0].count == 3
     assert cfgs["tensorrt_llm"].instance_group[0].kind == mc.ModelInstanceGroup.KIND_CPU
     assert all(c.max_batch_size == 2 for c in cfgs.values())
+
+
+def test_ensemble_passes_the_log_prob_flags_and_returns_the_outputs():
+    """TensorRT-LLM's ensemble: the request flags go through unchanged, the outputs come back under the same names."""
+    cfgs = _parsed()
+    ens, model = cfgs["ensemble"], cfgs["tensorrt_llm"]
+    gen = next(s for s in ens.ensemble_scheduling.step if s.model_name == "tensorrt_llm")
+    for flag in ("return_log_probs", "return_context_logits"):
+        assert gen.input_map[flag] == flag
+        assert next(i for i in ens.input if i.name == flag).optional
+    model_out = {o.name: (o.data_type, list(o.dims)) for o in model.output}
+    ens_out = {o.name: (o.data_type, list(o.dims)) for o in ens.output}
+    for name in ("cum_log_probs", "output_log_probs", "context_logits"):
+        assert gen.output_map[name] == name
+        assert ens_out[name] == model_out[name]
