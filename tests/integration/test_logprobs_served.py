@@ -160,3 +160,23 @@ def test_ensemble_streams_them(served) -> None:
     assert len(out) == n and all(_names(r) == {"text_output", "cum_log_probs", "output_log_probs"} for r in out)
     per_token = np.array([r.as_numpy("output_log_probs")[0, 0, 0] for r in out])
     _check_scores(served, tokens, per_token, float(out[-1].as_numpy("cum_log_probs")[0, 0]))
+
+
+def test_a_batch_scores_each_sequence_it_was_asked_for(served) -> None:
+    """Batch of two prompts (lengths differ): row 0 asks, row 1 does not; rows are zero-padded, TRT-LLM's layout."""
+    long, short = served["prompt_ids"], served["prompt_ids"][:2]
+    ids = np.array([long, short + [0] * (len(long) - len(short))], np.int32)
+    inputs = {"input_ids": ids, "input_lengths": np.array([[len(long)], [len(short)]], np.int32),
+              "request_output_len": np.array([[BUDGET], [BUDGET]], np.int32),
+              "exclude_input_in_output": np.array([[True], [True]]),
+              "return_log_probs": np.array([[True], [False]]), "return_context_logits": np.array([[True], [False]])}
+    [result] = stream_responses(served["server"].grpc_url, "tensorrt_llm", inputs)
+    n = int(result.as_numpy("sequence_length")[0, 0])
+    tokens = result.as_numpy("output_ids")[0, 0, :n].tolist()
+    per_token = result.as_numpy("output_log_probs")
+    assert per_token.shape[:2] == (2, 1) and not per_token[1].any() and not per_token[0, 0, n:].any()
+    _check_scores(served, tokens, per_token[0, 0, :n], float(result.as_numpy("cum_log_probs")[0, 0]))
+    assert result.as_numpy("cum_log_probs")[1, 0] == 0
+    context = result.as_numpy("context_logits")
+    assert context.shape == (2, len(long), served["model"].config.vocab_size) and not context[1].any()
+    _check_context(served, context[:1])
