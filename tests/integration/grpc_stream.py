@@ -1,9 +1,12 @@
-"""One request to a decoupled Triton model over gRPC stream_infer (decoupled models answer only there)."""
+"""Serving a tiny checkpoint with the local tritonserver, and one request to a decoupled model over gRPC
+stream_infer (decoupled models answer only there)."""
 
 from __future__ import annotations
 
 import queue
+from contextlib import contextmanager
 from functools import partial
+from pathlib import Path
 
 import numpy as np
 import tritonclient.grpc as grpcclient
@@ -34,3 +37,24 @@ def stream_responses(grpc_url: str, model_name: str, inputs: dict[str, np.ndarra
     finally:
         client.stop_stream()
         client.close()
+
+
+@contextmanager
+def serve_checkpoint(ckpt: Path, root: Path):
+    """Build ``ckpt`` with the real reference build step, assemble the Triton repository and serve it
+    with the local tritonserver; yields (server, artifact folder)."""
+    from stoker.stack import local_triton
+    from stoker.triton_config import RepoSettings
+    from stoker.triton_repo import assemble
+    from stoker.workers import build_reference
+
+    artifact = root / "artifact"
+    build_reference.build(ckpt, artifact)
+    repo = root / "repo"
+    assemble(artifact, repo, RepoSettings(model_threads=1))
+    (repo / "ensemble" / "1").mkdir(parents=True, exist_ok=True)  # Triton wants the ensemble's version folder
+    server = local_triton.start(repo, local_triton.pick_free_ports(), root / "tritonserver.log")
+    try:
+        yield server, artifact
+    finally:
+        server.stop(deadline_s=30)

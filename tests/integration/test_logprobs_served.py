@@ -20,12 +20,8 @@ pytest.importorskip("pytriton")
 pytest.importorskip("tritonclient.grpc")
 from tokenizers import Tokenizer
 
-from grpc_stream import stream_responses
+from grpc_stream import serve_checkpoint, stream_responses
 
-from stoker.stack import local_triton
-from stoker.triton_config import RepoSettings
-from stoker.triton_repo import assemble
-from stoker.workers import build_reference
 from stoker.workers.tinymodel import make_tiny_model
 
 PROMPT = "The quick brown fox"
@@ -41,16 +37,8 @@ def served(tmp_path_factory):
     make_tiny_model(ckpt, seed=0)
     tok = Tokenizer.from_file(str(ckpt / "tokenizer.json"))
     model = transformers.LlamaForCausalLM.from_pretrained(ckpt, dtype=torch.float32).eval()
-    artifact = root / "artifact"
-    build_reference.build(ckpt, artifact)
-    repo = root / "repo"
-    assemble(artifact, repo, RepoSettings(model_threads=1))
-    (repo / "ensemble" / "1").mkdir(parents=True, exist_ok=True)
-    server = local_triton.start(repo, local_triton.pick_free_ports(), root / "tritonserver.log")
-    try:
+    with serve_checkpoint(ckpt, root) as (server, _artifact):
         yield {"server": server, "model": model, "prompt_ids": tok.encode(PROMPT).ids}
-    finally:
-        server.stop(deadline_s=30)
 
 
 def _hf_logits(served, ids: list[int]) -> np.ndarray:

@@ -26,12 +26,8 @@ pytest.importorskip("pytriton")
 grpcclient = pytest.importorskip("tritonclient.grpc")
 from tokenizers import Tokenizer
 
-from grpc_stream import stream_responses
+from grpc_stream import serve_checkpoint, stream_responses
 
-from stoker.stack import local_triton
-from stoker.triton_config import RepoSettings
-from stoker.triton_repo import assemble
-from stoker.workers import build_reference
 from stoker.workers.tinymodel import make_tiny_model
 
 # Picked for the seed-0 tiny model: the first greedily reaches a stop word, the second the tokenizer eos,
@@ -86,17 +82,9 @@ def served(tmp_path_factory):
     tok_config["eos_token"] = tok.id_to_token(eos)
     (ckpt / "tokenizer_config.json").write_text(json.dumps(tok_config, indent=2))
 
-    artifact = root / "artifact"
-    build_reference.build(ckpt, artifact)
-    repo = root / "repo"
-    assemble(artifact, repo, RepoSettings(model_threads=1))
-    (repo / "ensemble" / "1").mkdir(parents=True, exist_ok=True)
-    server = local_triton.start(repo, local_triton.pick_free_ports(), root / "tritonserver.log")
-    try:
+    with serve_checkpoint(ckpt, root) as (server, artifact):
         yield {"server": server, "tok": tok, "model": model, "prompts": prompts, "ids": (never, stop, eos),
                "artifact": artifact}
-    finally:
-        server.stop(deadline_s=30)
 
 
 def _stream(served, model_name: str, inputs: dict[str, np.ndarray]) -> list:
