@@ -230,6 +230,10 @@ def stop_and_remove(c: Container, log: Log, timeout_s: int = STOP_TIMEOUT_S) -> 
         c.remove(force=True)  # force: SIGKILL if anything survived the stop
     except docker.errors.NotFound:
         pass
+    except (docker.errors.DockerException, requests.exceptions.RequestException) as err:
+        # The daemon is gone (restarting): keep the error that brought us here; the next deploy's
+        # reconcile removes what is left.
+        log(f"could not remove {c.name} ({one_line(err)}); the next deploy removes it")
 
 
 def remove_deployment(client: docker.DockerClient, name: str, log: Log) -> list[str]:
