@@ -58,6 +58,11 @@ def test_service_start_reuse_stop(state_dir: Path) -> None:
     assert services.stop_service("web", state_dir) is True
     assert services.is_running("web", state_dir) is None
     assert not (state_dir / "run" / "web.json").exists()
+    # The connection port_open() made may still be closing in the kernel (LAST_ACK) for a moment after the
+    # process is gone, and it holds the port until then: give it a few seconds, as a restart would.
+    deadline = time.monotonic() + 5
+    while not services.port_free(port) and time.monotonic() < deadline:
+        time.sleep(0.1)
     assert services.port_free(port)
     assert services.stop_service("web", state_dir) is False
 
