@@ -69,16 +69,9 @@ def ensure_image(name: str, docker_host: str | None, log: Callable[[str], None])
     """
     client = connect(docker_host)
     want = recipe_digest()
-    try:
-        image = client.images.get(name)
-        have = (image.labels or {}).get(RECIPE_LABEL)
-        if have == want:
-            log(f"image {name} is up to date (recipe {want[:12]})")
-            return image.id
-        log(f"image {name} has recipe {str(have)[:12]}, want {want[:12]}: rebuilding")
-    except docker.errors.ImageNotFound:
-        log(f"image {name} not found: building it (a few minutes the first time)")
-
+    current, _old = _current(client, name, want, "a few minutes the first time", log)
+    if current:
+        return current
     _run_build(name, docker_host, log)
     image = client.images.get(name)
     if (image.labels or {}).get(RECIPE_LABEL) != want:
@@ -127,6 +120,21 @@ def _run_build(name: str, docker_host: str | None, log: Callable[[str], None]) -
         )
 
 
+def _current(client, name: str, want: str, cost: str, log: Callable[[str], None]) -> tuple[str | None, str | None]:
+    """(id of ``name`` when its recipe label is ``want``, else None; the id of an outdated image, else None)."""
+    try:
+        image = client.images.get(name)
+    except docker.errors.ImageNotFound:
+        log(f"image {name} not found: building it ({cost})")
+        return None, None
+    have = (image.labels or {}).get(RECIPE_LABEL)
+    if have == want:
+        log(f"image {name} is up to date (recipe {want[:12]})")
+        return image.id, None
+    log(f"image {name} has recipe {str(have)[:12]}, want {want[:12]}: rebuilding")
+    return None, image.id
+
+
 def proxy_recipe_digest(base_id: str, proxy_dir: Path = PROXY_DIR) -> str:
     """Digest of the proxy recipe folder and the base image's id: a rebuilt base rebuilds the proxy."""
     return hashlib.sha256(f"{recipe_digest(proxy_dir)}\nbase {base_id}\n".encode()).hexdigest()
@@ -142,17 +150,9 @@ def ensure_proxy_image(image: str = DEFAULT_PROXY_IMAGE, docker_host: str | None
     base_id = ensure_image(base, docker_host, log)
     client = connect(docker_host)
     want = proxy_recipe_digest(base_id)
-    old_id = None
-    try:
-        old = client.images.get(image)
-        have = (old.labels or {}).get(RECIPE_LABEL)
-        if have == want:
-            log(f"image {image} is up to date (recipe {want[:12]})")
-            return old.id
-        old_id = old.id
-        log(f"image {image} has recipe {str(have)[:12]}, want {want[:12]}: rebuilding")
-    except docker.errors.ImageNotFound:
-        log(f"image {image} not found: building it from {base} (apt-get install haproxy, ~1 min)")
+    current, old_id = _current(client, image, want, f"from {base}, apt-get install haproxy, ~1 min", log)
+    if current:
+        return current
 
     suite = _pin("SUITE")
     try:
