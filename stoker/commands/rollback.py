@@ -8,6 +8,7 @@ Reads run manifests from $STOKER_HOME/runs; the repository is still in S3 (diges
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 
@@ -107,12 +108,6 @@ def _handler(args) -> int:
 def register(sub) -> None:
     p = sub.add_parser("rollback", help="serve again, at the same address, what an earlier run deployed")
     p.add_argument("name", help="deploy.name of the spec")
-    p.add_argument("run_id", nargs="?", default=None, help=argparse_suppress())
+    p.add_argument("run_id", nargs="?", default=None, help=argparse.SUPPRESS)  # the older positional form
     p.add_argument("--to", default=None, metavar="RUN_ID", help="default: the newest run serving something else")
     p.set_defaults(fn=_handler)
-
-
-def argparse_suppress() -> str:
-    import argparse
-
-    return argparse.SUPPRESS
