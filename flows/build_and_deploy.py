@@ -1,4 +1,5 @@
-"""build_and_deploy: (preflight) fetch → build → package → upload → deploy → benchmark → gate → promote.
+"""build_and_deploy: (preflight) fetch → eval-data → build → package → upload → deploy → benchmark → baseline →
+evaluate → gate → promote.
 
 The target (stoker/targets/) supplies the steps between fetch and promote. reference: quantize → build
 → package, then "deploy" stages a candidate behind the deployment's stable endpoint, the benchmark and
@@ -21,6 +22,7 @@ from stoker.manifest import build_manifest, write_atomic, write_local
 from stoker.report import benchmark_rows, markdown
 from stoker.run import RunContext, StepResult
 from stoker.spec import Spec
+from tasks.evaluate import evaluation_data
 from tasks.gate import promote_run
 from tasks.hub import fetch_weights
 from tasks.preflight import preflight_checks
@@ -34,6 +36,7 @@ class Steps(dict[str, StepResult]):
     def __init__(self) -> None:
         super().__init__()
         self.metrics: list[dict] = []  # set by the target's evaluate, kept when a later step fails
+        self.evaluation: dict | None = None  # likewise: the accuracy evaluation, even when its gate failed
 
     def run(self, name: str, task: Callable[..., StepResult], *args) -> StepResult:
         t0 = time.perf_counter()
@@ -63,7 +66,7 @@ def build_and_deploy(spec: Spec, home: str | None = None) -> dict:
         rollback = read_rollback(ctx)
         manifest = build_manifest(spec, ctx, steps, source, started, time.perf_counter() - t0,
                                   "failed" if error else "completed", error, rollback=rollback,
-                                  metrics=steps.metrics)
+                                  metrics=steps.metrics, evaluation=steps.evaluation)
         if error:
             emit_failure(spec, ctx, error, rollback)
         publish_run(spec, ctx, manifest, s3_ok="upload" in steps and steps["upload"].status == "completed")
@@ -75,6 +78,8 @@ def run_steps(spec: Spec, ctx: RunContext, steps: Steps) -> None:
     target = targets.get(spec.target)
     preflight_checks(spec)
     fetched = steps.run("fetch", fetch_weights, spec, ctx)
+    if spec.evaluation.enabled and target.evaluates:  # a bad evaluation text is refused here, before heavy work
+        steps.run("eval-data", evaluation_data, spec, fetched, ctx)
     with target.heavy_slot():  # a global concurrency limit per GPU (stoker/gpu_slot.py); CPU: no slot
         built = target.build(steps, spec, fetched, ctx)
     packaged = target.package(steps, spec, fetched, built, ctx)

@@ -50,3 +50,11 @@ def one_line(exc: BaseException) -> str:
     """`Type: first line` of an exception: what a manifest, report or rollback record shows as the cause."""
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0] if text else ''}"
+
+
+class EvaluationFailed(StepError):
+    """The candidate answers measurably worse than the unquantized build allows (names the metric)."""
+
+    def __init__(self, message: str, detail: dict | None = None) -> None:
+        super().__init__(message)
+        self.detail = detail or {}  # the whole evaluation, for the manifest of the failed run

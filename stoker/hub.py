@@ -295,3 +295,16 @@ def _check_file(root: Path, entry: RepoFile, repo_id: str, sha: str) -> FileReco
     if lfs_sha and lfs_sha != digest:
         raise HubError(f"{entry.path}: sha256 {digest[:12]} differs from the Hub's {lfs_sha[:12]}")
     return FileRecord(path=entry.path, sha256=digest, bytes=size)
+
+
+def dataset_file(repo_id: str, revision: str, path: str, endpoint: str, dest: Path, token: str | None = None) -> Path:
+    """Download one file of a Hub *dataset* repo (evaluation text) into dest; returns its local path.
+
+    Raises RepoNotFound / RevisionNotFound / HubUnavailable / HubError with one line naming the dataset.
+    """
+    from huggingface_hub import hf_hub_download
+
+    where = f"dataset {repo_id}"
+    with _hub_errors(where, revision, endpoint, token):
+        return Path(hf_hub_download(repo_id, path, repo_type="dataset", revision=revision, endpoint=endpoint,
+                                    token=token or False, local_dir=str(dest)))

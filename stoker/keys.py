@@ -86,3 +86,21 @@ def gpu_package_key(spec: Spec, build_digest: str) -> str:
                             "runtime": spec.runtime.model_dump(mode="json"), "build": spec.build.model_dump(mode="json"),
                             "parallel": spec.parallel.model_dump(mode="json")},
                     versions=pick("tritonclient") | {"code": code_digest("gpu", "triton_models", "triton_config.py")})
+
+
+# ---- evaluation: measurements are cached; the verdict (thresholds) is judged again every run ----
+
+def baseline_key(baseline_build_digest: str, weights_digest: str, evalset_digest: str, tolerance: float) -> str:
+    """The unquantized build's scores on the evaluation set, checked against transformers on the weights."""
+    return step_key("baseline", inputs={"build": baseline_build_digest, "weights": weights_digest,
+                                        "evalset": evalset_digest},
+                    config={"tolerance": tolerance}, versions=pick("torch", "transformers") | {
+                        "code": code_digest("workers/evaluate_baseline.py", "evaluation", "runtime")})
+
+
+def evaluate_key(served_digest: str, evalset_digest: str, lm_eval: dict | None) -> str:
+    """The served repository's scores: the same digest, data and metric code give the same numbers."""
+    return step_key("evaluate", inputs={"served": served_digest, "evalset": evalset_digest},
+                    config={"lm_eval": lm_eval},
+                    versions={"code": code_digest("evaluation")}
+                    | ({"lm_eval_code": code_digest("workers/lm_eval_run.py")} | pick("lm-eval") if lm_eval else {}))

@@ -19,7 +19,8 @@ STAT_FIELDS = ("mean", "p50", "p90", "p99")
 
 def build_manifest(spec: Spec, ctx: RunContext, steps: dict[str, StepResult], source: dict,
                    started_at: float, wall_s: float, status: str, error: str | None = None,
-                   rollback: dict | None = None, metrics: list[dict] | None = None) -> dict:
+                   rollback: dict | None = None, metrics: list[dict] | None = None,
+                   evaluation: dict | None = None) -> dict:
     deploy = steps.get("deploy")
     switch = steps.get("switch")
     # What serves is this run's build only once traffic is on it (GPU targets have no switch step).
@@ -44,6 +45,9 @@ def build_manifest(spec: Spec, ctx: RunContext, steps: dict[str, StepResult], so
         "steps": {name: steps[name].manifest_entry() for name in (*STEPS, *(n for n in steps if n not in STEPS))
                   if name in steps},
         "benchmark": {"levels": [_level(lv) for lv in levels]},
+        # Accuracy against the unquantized build of the same revision (None when evaluation is off or
+        # the run stopped before it); present also when its gate failed.
+        "evaluation": evaluation,
         "rollout": ({"strategy": deploy.detail.get("strategy"), "previous": deploy.detail.get("previous"),
                      "version": deploy.detail.get("version"), "reused": deploy.detail.get("reused"),
                      **({"switch": switch.detail} if switch and switch.status == "completed" else {})}

@@ -25,7 +25,29 @@ class PlannedStep:
 
 def plan(spec: Spec, ctx: RunContext) -> list[PlannedStep]:
     """Each of the target's steps (stoker/targets/), refused first where the spec or the model cannot work."""
-    return targets.get(spec.target).plan(spec, ctx)
+    warnings = check_evaluation(spec)
+    steps = targets.get(spec.target).plan(spec, ctx)
+    target = targets.get(spec.target)
+    if spec.evaluation.enabled and target.evaluates:
+        steps.append(PlannedStep("evaluate", None, "runs", "; ".join(
+            ["against the unquantized build; cached by served digest, data and code", *warnings])))
+    elif spec.evaluation.enabled:
+        steps.append(PlannedStep("evaluate", None, "skipped", target.evaluation_note))
+    return steps
+
+
+def check_evaluation(spec: Spec) -> list[str]:
+    """Refuse (SpecError, one line) a missing, empty or too short evaluation text or an unknown Hub dataset;
+    return warnings (evaluation text = calibration text)."""
+    import tempfile
+    from pathlib import Path
+
+    from .evaluation.source import plan_check
+
+    if not (spec.evaluation.enabled and targets.get(spec.target).evaluates):
+        return []
+    with tempfile.TemporaryDirectory() as tmp:
+        return plan_check(spec, Path(tmp))
 
 
 def check_model(spec: Spec) -> None:

@@ -57,6 +57,17 @@ def markdown(manifest: dict, manifest_uris: list[str]) -> str:
         lines.append(f"| {name} | {st['status']} | {'yes' if st['cache_hit'] else 'no'} | {st['duration_s']:.2f} | "
                      f"{len(st['outputs'])} files, {size / 1e6:.2f} MB | `{(st.get('digest') or '-')[:16]}` |")
     lines += ["", "## Benchmark", ""] + _table(benchmark_rows(manifest))
+    if manifest.get("evaluation"):
+        ev = manifest["evaluation"]
+        check = ev["baseline"]["check"]
+        lines += ["", "## Evaluation (against the unquantized build)", "",
+                  f"- **{'passed' if ev['passed'] else 'FAILED'}**" + (f": {ev['cause']}" if ev.get("cause") else "")
+                  + (" (measurement reused: same served digest, data and code)" if ev.get("cache_hit") else ""),
+                  f"- data: {ev['data']['source']}: {ev['data']['windows']} windows, {ev['data']['prompts']} "
+                  f"prompts × {ev['data']['greedy_tokens']} tokens",
+                  f"- baseline checked against {check['against']}: max |Δ log prob| {check['max_abs_log_prob_diff']:.2e}"
+                  f" over {check['positions']} positions (tolerance {check['tolerance']:g})", "",
+                  ev["table"].rstrip("\n")]
     if manifest.get("rollout"):
         ro = manifest["rollout"]
         prev = (ro.get("previous") or {}).get("digest")

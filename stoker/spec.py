@@ -220,6 +220,71 @@ class Benchmark(_Section):
         return self
 
 
+class EvalDataset(_Section):
+    """Evaluation text from a Hub dataset repo: one .txt file, or a .jsonl file whose rows carry `text_field`."""
+
+    repo_id: str
+    revision: str = "main"
+    path: str = Field(description="file inside the dataset repo, e.g. data/eval.txt or data/eval.jsonl")
+    text_field: str = "text"
+
+    @field_validator("repo_id")
+    @classmethod
+    def _repo_id(cls, v: str) -> str:
+        if not _REPO_ID.match(v):
+            raise ValueError(f"{v!r} is not an 'org/name' repo id")
+        return v
+
+    @field_validator("path")
+    @classmethod
+    def _path(cls, v: str) -> str:
+        if not v.endswith((".txt", ".jsonl")) or ".." in v.split("/"):
+            raise ValueError(f"{v!r}: give a .txt or .jsonl file inside the dataset repo")
+        return v
+
+
+class LmEvalTask(_Section):
+    """An lm-evaluation-harness task run against the candidate through its endpoint (local data only)."""
+
+    task: str
+    limit: int = Field(20, ge=1, le=100000, description="documents scored")
+    min_score: float | None = Field(None, ge=0, le=1, description="the task's score (e.g. acc) must reach this")
+
+    @field_validator("task")
+    @classmethod
+    def _known(cls, v: str) -> str:
+        from .evaluation.lm_tasks import check_task
+
+        check_task(v)
+        return v
+
+
+class Evaluation(_Section):
+    """Accuracy of the served candidate against the unquantized build of the same revision, before it serves."""
+
+    enabled: bool = Field(True, description="a failed evaluation fails the run; the candidate never serves")
+    text_file: Path | None = Field(None, description="held-out text; default: stoker's bundled evaluation.txt")
+    dataset: EvalDataset | None = Field(None, description="held-out text from a Hub dataset instead of a file")
+    window_tokens: int = Field(64, ge=8, le=8192, description="perplexity window, in tokens")
+    max_windows: int = Field(8, ge=1, le=4096)
+    prompts: int = Field(8, ge=1, le=1024, description="greedy-agreement prompts (N)")
+    prompt_tokens: int = Field(16, ge=1, le=4096)
+    greedy_tokens: int = Field(16, ge=1, le=4096, description="tokens generated per prompt (M)")
+    max_perplexity_rise_pct: float | None = Field(10.0, ge=0, le=100000)
+    min_greedy_agreement: float | None = Field(0.5, ge=0, le=1, description="token match rate with the baseline")
+    baseline_tolerance: float = Field(1e-3, gt=0, le=1, description="largest |Δ log prob| (nats) allowed between "
+                                      "the unquantized build as served and transformers")
+    lm_eval: LmEvalTask | None = None
+
+    @model_validator(mode="after")
+    def _one_text(self) -> Evaluation:
+        if self.text_file is not None and self.dataset is not None:
+            raise ValueError("set at most one of evaluation.text_file or evaluation.dataset")
+        if self.prompt_tokens >= self.window_tokens:
+            raise ValueError("prompt_tokens must be shorter than window_tokens (prompts are cut from the windows)")
+        return self
+
+
 class Spec(_Section):
     """A whole run: model → quantization → target → Triton → storage → deploy → benchmark."""
 
@@ -237,6 +302,7 @@ class Spec(_Section):
     storage: Storage
     deploy: Deploy = Deploy()
     benchmark: Benchmark = Benchmark()
+    evaluation: Evaluation = Evaluation()
 
     def digest(self) -> str:
         return section_digest(self)
@@ -308,10 +374,12 @@ def load_spec(path: str | Path) -> Spec:
 
 
 def _anchor_paths(spec: Spec, base: Path) -> Spec:
-    model, quant = spec.model, spec.quantization
+    model, quant, ev = spec.model, spec.quantization, spec.evaluation
+    if ev.text_file is not None and not ev.text_file.is_absolute():
+        ev = ev.model_copy(update={"text_file": base / ev.text_file})
     if model.local_path is not None and not model.local_path.is_absolute():
         model = model.model_copy(update={"local_path": base / model.local_path})
     cal = quant.calibration
     if cal.text_file is not None and not cal.text_file.is_absolute():
         quant = quant.model_copy(update={"calibration": cal.model_copy(update={"text_file": base / cal.text_file})})
-    return spec.model_copy(update={"model": model, "quantization": quant})
+    return spec.model_copy(update={"model": model, "quantization": quant, "evaluation": ev})

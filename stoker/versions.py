@@ -13,7 +13,7 @@ from pathlib import Path
 
 _PACKAGES = (
     "stoker", "prefect", "torch", "transformers", "nvidia-modelopt", "safetensors", "tokenizers",
-    "huggingface_hub", "boto3", "docker", "tritonclient", "nvidia-pytriton",
+    "huggingface_hub", "boto3", "docker", "tritonclient", "nvidia-pytriton", "lm-eval",
 )
 
 # Triton in the CPU image: the binary shipped by nvidia-pytriton 0.7.0.

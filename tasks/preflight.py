@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prefect import get_run_logger
 
-from stoker.plan import check_model
+from stoker.plan import check_evaluation, check_model
 from stoker.preflight import preflight
 from stoker.spec import Spec
 
@@ -16,4 +16,6 @@ def preflight_checks(spec: Spec) -> None:
     """Fail in seconds on a model the format/target cannot take, an unreachable S3, a missing daemon or image,
     or a port in use."""
     check_model(spec)
+    for warning in check_evaluation(spec):
+        get_run_logger().warning(warning)
     preflight(spec, get_run_logger().info)

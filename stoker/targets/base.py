@@ -32,6 +32,9 @@ class StepRunner(Protocol):
     """The flow's step recorder (flows/build_and_deploy.Steps): results and failures by step name."""
 
     metrics: list[dict]  # Triton's counters of the served build, for the report even when a later step fails
+    evaluation: dict | None  # the accuracy evaluation, kept when its gate fails
+
+    def __getitem__(self, name: str) -> StepResult: ...
 
     def run(self, name: str, task: Callable[..., StepResult], *args) -> StepResult: ...
 
@@ -40,6 +43,8 @@ class Target(ABC):
     name: ClassVar[str]
     runs_on: ClassVar[RunsOn]  # where the heavy steps run: a GPU slot today, a work pool to route to later
     layout: ClassVar[str]  # the Triton repository layout its package step writes
+    evaluates: ClassVar[bool] = False  # runs the accuracy evaluation (spec `evaluation`) before promoting
+    evaluation_note: ClassVar[str] = "no accuracy evaluation for this target"
 
     # Spec validation and plan: pure or light reads, no Prefect.
 
@@ -93,19 +98,40 @@ class Target(ABC):
 
     def evaluate(self, steps: StepRunner, spec: Spec, served: StepResult, built: StepResult,
                  ctx: RunContext) -> StepResult:
-        """What a served build must pass before it is promoted: the benchmark, then its regression gate.
+        """What a served build must pass before it is promoted: the benchmark, the accuracy evaluation
+        against the unquantized build of the same revision, then the benchmark's regression gate.
 
         reference runs it on the staged candidate before traffic switches to it; GPU targets on their
-        serving container before the promote step makes the run the baseline. The accuracy
-        evaluation of issue 12 (perplexity, greedy agreement with the unquantized build, an lm-eval
-        task) plugs in here, after the benchmark and before the gate: every target gets it at once.
+        serving container before the promote step makes the run the baseline.
         """
         from tasks.gate import gate_benchmark
         from tasks.rollout import scrape_metrics
         from tasks.triton_client import benchmark_endpoint
 
         benchmarked = steps.run("benchmark", benchmark_endpoint, spec, served, built, ctx)
-        steps.metrics = scrape_metrics(served)  # before the gate: a failed run's report shows them too
+        steps.metrics = scrape_metrics(served)  # before the gates: a failed run's report shows them too
+        if spec.evaluation.enabled and self.evaluates:
+            self.evaluate_accuracy(steps, spec, served, built, ctx)
         # A failed gate fails the run with a table of what regressed; the build is not promoted.
         steps.run("gate", gate_benchmark, spec, benchmarked, ctx)
         return benchmarked
+
+    def evaluate_accuracy(self, steps: StepRunner, spec: Spec, served: StepResult, built: StepResult,
+                          ctx: RunContext) -> StepResult:
+        """The baseline (the target's unquantized build), then the candidate through its endpoint."""
+        from stoker.errors import EvaluationFailed
+        from tasks.evaluate import evaluate_candidate
+
+        baseline = self.baseline(steps, spec, ctx)
+        try:
+            evaluated = steps.run("evaluate", evaluate_candidate, spec, served, steps["package"], built,
+                                  steps["eval-data"], baseline, ctx)
+        except EvaluationFailed as exc:
+            steps.evaluation = exc.detail
+            raise
+        steps.evaluation = evaluated.detail
+        return evaluated
+
+    def baseline(self, steps: StepRunner, spec: Spec, ctx: RunContext) -> StepResult:
+        """The unquantized build's scores on the evaluation set, checked against transformers."""
+        raise NotImplementedError(self.evaluation_note)

@@ -15,6 +15,9 @@ from .base import StepRunner, Target
 
 class GpuTarget(Target):
     runs_on = "gpu"
+    # Not built yet, and it could not run here (no TensorRT-LLM): the baseline would be the bf16 build of
+    # the same revision, served and scored by the same endpoint code (stoker/evaluation/endpoint.py).
+    evaluation_note = "not available on GPU targets yet: the bf16 baseline is not built; evaluation skipped"
 
     def plan(self, spec, ctx) -> list:
         from ..gpu.planning import plan_gpu

@@ -18,6 +18,7 @@ class Reference(Target):
     name = "reference"
     runs_on = "cpu"
     layout = "ensemble"  # preprocessing → tensorrt_llm (stoker runtime, decoupled) → postprocessing
+    evaluates = True
 
     def check_quantization(self, q) -> None:
         runs = ("none", *self.formats())
@@ -66,6 +67,11 @@ class Reference(Target):
         from tasks.triton_repo import package_repository
 
         return steps.run("package", package_repository, spec, built, ctx)
+
+    def baseline(self, steps: StepRunner, spec, ctx):
+        from tasks.evaluate import baseline_reference
+
+        return steps.run("baseline", baseline_reference, spec, steps["fetch"], steps["eval-data"], ctx)
 
     def deploy(self, steps: StepRunner, spec, ctx, built, packaged, uploaded):
         """stage → evaluate on the candidate → switch; a failure before the switch abandons the candidate."""

@@ -1,0 +1,124 @@
+"""evaluate: is the candidate still the model it was quantized from? Measured through its endpoint.
+
+eval-data (after fetch, before any heavy step): the held-out text as token ids of the model's own
+tokenizer, or a one-line refusal.
+baseline: the `none` build of the same revision (cached quantize/build steps) scored by stoker's
+runtime in a child process and checked against transformers; cached by weights, data and code.
+evaluate: the candidate's perplexity and greedy outputs through its served `tensorrt_llm`, plus the
+optional lm-eval task; cached by the served repository's digest. The verdict against the spec's
+thresholds is judged every run, so changing a threshold never needs a re-measurement.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import time
+from pathlib import Path
+
+from prefect import get_run_logger
+from prefect.artifacts import create_table_artifact
+
+from stoker.child import run_module
+from stoker.errors import EvaluationFailed
+from stoker.evaluation import metrics
+from stoker.evaluation.data import EvalSet
+from stoker.evaluation.source import evalset as make_evalset
+from stoker.keys import baseline_key, evaluate_key
+from stoker.manifest import write_atomic
+from stoker.run import RunContext, StepResult, cached_step
+from stoker.spec import Quantization, Spec
+
+from . import step_task
+
+CANDIDATE_FILE = "candidate.json"
+BASELINE_FILE = "baseline.json"
+TASK_FILE = "lm_eval.json"
+
+
+@step_task("eval-data", retries=0)
+def evaluation_data(spec: Spec, fetched: StepResult, ctx: RunContext) -> StepResult:
+    t0 = time.perf_counter()
+    logger = get_run_logger()
+    evalset, warnings = make_evalset(spec, fetched.path / "tokenizer.json", ctx.run_dir / "eval-data")
+    for w in warnings:
+        logger.warning(w)
+    tokens = sum(len(w) for w in evalset.windows)
+    logger.info(f"eval-data: {len(evalset.windows)} windows ({tokens} tokens), {len(evalset.prompts)} prompts × "
+                f"{evalset.greedy_tokens} tokens from {evalset.source}")
+    return StepResult(name="eval-data", duration_s=time.perf_counter() - t0,
+                      detail={"evalset": evalset.to_dict(), "digest": evalset.digest, "warnings": warnings})
+
+
+@step_task("baseline", retries=1)
+def baseline_reference(spec: Spec, fetched: StepResult, eval_data: StepResult, ctx: RunContext) -> StepResult:
+    """The unquantized build's scores (its quantize and build steps are cached like any other run's)."""
+    from tasks.modelopt import quantize_weights
+    from tasks.reference import build_reference
+
+    log = get_run_logger().info
+    unquantized = spec.model_copy(update={"quantization": Quantization()})
+    quantized = quantize_weights.fn(unquantized, fetched, ctx)
+    built = build_reference.fn(unquantized, quantized, ctx)
+    tolerance = spec.evaluation.baseline_tolerance
+
+    def produce(out: Path) -> dict:
+        with tempfile.TemporaryDirectory() as tmp:
+            request = Path(tmp) / "request.json"
+            request.write_text(json.dumps({"artifact": str(built.path), "checkpoint": str(fetched.path),
+                                           "evalset": eval_data.detail["evalset"], "tolerance": tolerance}))
+            run_module("stoker.workers.evaluate_baseline", ["--request", str(request), "--out",
+                                                            str(out / BASELINE_FILE)], log)
+        result = json.loads((out / BASELINE_FILE).read_text())
+        return {"perplexity": result["perplexity"], "check": result["check"], "build": built.digest}
+
+    key = baseline_key(built.digest, fetched.digest, eval_data.detail["digest"], tolerance)
+    return cached_step(ctx, "baseline", key, produce, log)
+
+
+@step_task("evaluate", retries=0)
+def evaluate_candidate(spec: Spec, served: StepResult, packaged: StepResult, built: StepResult,
+                       eval_data: StepResult, baseline: StepResult, ctx: RunContext) -> StepResult:
+    """Measure (or reuse the measurement of) the served candidate, then judge it against the baseline."""
+    t0 = time.perf_counter()
+    logger = get_run_logger()
+    ev = spec.evaluation
+    evalset = EvalSet.from_dict(eval_data.detail["evalset"])
+    task = ev.lm_eval.model_dump(mode="json", exclude={"min_score"}) if ev.lm_eval else None
+
+    def produce(out: Path) -> dict:
+        from stoker.evaluation.endpoint import score
+
+        measured = score(served.detail["grpc"], evalset, logger.info)
+        (out / CANDIDATE_FILE).write_text(json.dumps(measured))
+        if task:
+            run_module("stoker.workers.lm_eval_run", [
+                "--grpc-url", served.detail["grpc"], "--tokenizer", str(built.path / "tokenizer.json"),
+                "--task", task["task"], "--limit", str(task["limit"]), "--out", str(out / TASK_FILE)], logger.info)
+        return {"perplexity": measured["perplexity"]}
+
+    measured = cached_step(ctx, "evaluate", evaluate_key(packaged.digest, evalset.digest, task), produce, logger.info)
+    scores = json.loads((measured.path / CANDIDATE_FILE).read_text())
+    base = json.loads((baseline.path / BASELINE_FILE).read_text())
+    candidate = {"perplexity": scores["perplexity"], "agreement": metrics.agreement(scores["greedy"], base["greedy"])}
+    if task:
+        candidate["task"] = json.loads((measured.path / TASK_FILE).read_text())
+    limits = {"max_perplexity_rise_pct": ev.max_perplexity_rise_pct, "min_greedy_agreement": ev.min_greedy_agreement,
+              "min_task_score": ev.lm_eval.min_score if ev.lm_eval else None}
+    rows, failure = metrics.verdict(candidate, base, limits)
+    table = metrics.markdown(rows)
+    write_atomic(ctx.run_dir / "evaluation.md", table)
+    create_table_artifact([r.cells() for r in rows], key=f"stoker-{spec.deploy.name}-evaluation",
+                          description=f"evaluation against the unquantized build ({evalset.source})")
+    detail = {"passed": failure is None, "cause": failure, "cache_hit": measured.cache_hit,
+              "candidate": candidate, "baseline": {"perplexity": base["perplexity"], "check": base["check"]},
+              "thresholds": limits, "data": {"source": evalset.source, "digest": evalset.digest,
+                                             "windows": len(evalset.windows), "prompts": len(evalset.prompts),
+                                             "greedy_tokens": evalset.greedy_tokens},
+              "rows": [r.cells() for r in rows], "table": table, "measure_s": round(measured.duration_s, 3)}
+    logger.info(f"evaluate {'passed' if failure is None else 'FAILED'} "
+                f"({'cache hit' if measured.cache_hit else 'measured'}):\n{table}")
+    if failure:
+        raise EvaluationFailed(failure, detail)
+    return StepResult(name="evaluate", duration_s=time.perf_counter() - t0, key=measured.key,
+                      digest=measured.digest, path=measured.path, cache_hit=measured.cache_hit, detail=detail)
