@@ -80,6 +80,8 @@ def run_steps(spec: Spec, ctx: RunContext, steps: Steps) -> None:
     fetched = steps.run("fetch", fetch_weights, spec, ctx)
     if spec.evaluation.enabled and target.evaluates:  # a bad evaluation text is refused here, before heavy work
         steps.run("eval-data", evaluation_data, spec, fetched, ctx)
+    elif spec.evaluation.enabled:
+        get_run_logger().warning(f"evaluate: {target.evaluation_note}")
     with target.heavy_slot():  # a global concurrency limit per GPU (stoker/gpu_slot.py); CPU: no slot
         built = target.build(steps, spec, fetched, ctx)
     packaged = target.package(steps, spec, fetched, built, ctx)

@@ -56,6 +56,7 @@ def baseline_reference(spec: Spec, fetched: StepResult, eval_data: StepResult, c
     from tasks.modelopt import quantize_weights
     from tasks.reference import build_reference
 
+    t0 = time.perf_counter()
     log = get_run_logger().info
     unquantized = spec.model_copy(update={"quantization": Quantization()})
     quantized = quantize_weights.fn(unquantized, fetched, ctx)
@@ -73,7 +74,8 @@ def baseline_reference(spec: Spec, fetched: StepResult, eval_data: StepResult, c
         return {"perplexity": result["perplexity"], "check": result["check"], "build": built.digest}
 
     key = baseline_key(built.digest, fetched.digest, eval_data.detail["digest"], tolerance)
-    return cached_step(ctx, "baseline", key, produce, log)
+    result = cached_step(ctx, "baseline", key, produce, log)
+    return result.model_copy(update={"duration_s": time.perf_counter() - t0})  # its builds included
 
 
 @step_task("evaluate", retries=0)

@@ -96,10 +96,18 @@ class Target(ABC):
         Raises when the build must not be promoted; whatever served before keeps serving where the
         target can promise it."""
 
+    def start_baseline(self, steps: StepRunner, spec: Spec, ctx: RunContext) -> Callable[[], StepResult] | None:
+        """Start the accuracy baseline in the background; returns what joins it (None: no evaluation).
+
+        Started before the candidate's deploy and joined before its benchmark, so it overlaps the
+        container start and never the measurement."""
+        return None
+
     def evaluate(self, steps: StepRunner, spec: Spec, served: StepResult, built: StepResult,
-                 ctx: RunContext) -> StepResult:
+                 ctx: RunContext, baseline: Callable[[], StepResult] | None = None) -> StepResult:
         """What a served build must pass before it is promoted: the benchmark, the accuracy evaluation
-        against the unquantized build of the same revision, then the benchmark's regression gate.
+        against the unquantized build of the same revision (when `baseline` was started), then the
+        benchmark's regression gate.
 
         reference runs it on the staged candidate before traffic switches to it; GPU targets on their
         serving container before the promote step makes the run the baseline.
@@ -108,21 +116,22 @@ class Target(ABC):
         from tasks.rollout import scrape_metrics
         from tasks.triton_client import benchmark_endpoint
 
+        joined = steps.run("baseline", baseline) if baseline is not None else None
         benchmarked = steps.run("benchmark", benchmark_endpoint, spec, served, built, ctx)
         steps.metrics = scrape_metrics(served)  # before the gates: a failed run's report shows them too
-        if spec.evaluation.enabled and self.evaluates:
-            self.evaluate_accuracy(steps, spec, served, built, ctx)
+        if joined is not None:
+            self.evaluate_accuracy(steps, spec, served, built, joined, ctx)
         # A failed gate fails the run with a table of what regressed; the build is not promoted.
         steps.run("gate", gate_benchmark, spec, benchmarked, ctx)
         return benchmarked
 
     def evaluate_accuracy(self, steps: StepRunner, spec: Spec, served: StepResult, built: StepResult,
-                          ctx: RunContext) -> StepResult:
-        """The baseline (the target's unquantized build), then the candidate through its endpoint."""
+                          baseline: StepResult, ctx: RunContext) -> StepResult:
+        """The candidate through its endpoint, judged against the baseline; kept for the manifest even
+        when it fails."""
         from stoker.errors import EvaluationFailed
         from tasks.evaluate import evaluate_candidate
 
-        baseline = self.baseline(steps, spec, ctx)
         try:
             evaluated = steps.run("evaluate", evaluate_candidate, spec, served, steps["package"], built,
                                   steps["eval-data"], baseline, ctx)
@@ -131,7 +140,3 @@ class Target(ABC):
             raise
         steps.evaluation = evaluated.detail
         return evaluated
-
-    def baseline(self, steps: StepRunner, spec: Spec, ctx: RunContext) -> StepResult:
-        """The unquantized build's scores on the evaluation set, checked against transformers."""
-        raise NotImplementedError(self.evaluation_note)

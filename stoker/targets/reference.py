@@ -68,19 +68,24 @@ class Reference(Target):
 
         return steps.run("package", package_repository, spec, built, ctx)
 
-    def baseline(self, steps: StepRunner, spec, ctx):
+    def start_baseline(self, steps: StepRunner, spec, ctx):
+        """The `none` build of the same revision, scored by the runtime in a child process (Prefect task
+        future: it runs while the candidate container starts)."""
+        if not spec.evaluation.enabled:
+            return None
         from tasks.evaluate import baseline_reference
 
-        return steps.run("baseline", baseline_reference, spec, steps["fetch"], steps["eval-data"], ctx)
+        return baseline_reference.submit(spec, steps["fetch"], steps["eval-data"], ctx).result
 
     def deploy(self, steps: StepRunner, spec, ctx, built, packaged, uploaded):
         """stage → evaluate on the candidate → switch; a failure before the switch abandons the candidate."""
         from tasks.rollout import abandon_candidate, stage_candidate, switch_traffic
 
         # Triton loads the repository straight from S3, so the candidate is staged from the upload.
+        baseline = self.start_baseline(steps, spec, ctx)
         staged = steps.run("deploy", stage_candidate, spec, uploaded, ctx)  # proven, no traffic yet
         try:
-            benchmarked = self.evaluate(steps, spec, staged, built, ctx)
+            benchmarked = self.evaluate(steps, spec, staged, built, ctx, baseline)
         except Exception as exc:
             abandon_candidate(spec, staged, ctx, one_line(exc))  # the old backend never stopped serving
             raise
