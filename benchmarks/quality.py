@@ -170,8 +170,7 @@ def main() -> None:
                                             key=lambda f: formats[f]["perplexity"])
 
         # 3. damaged scales: a new quantize key (one calibration sample fewer) whose cache entry is the damage.
-        good_fp8 = on["steps"]["quantize"]["outputs"][0]["uri"].removeprefix("file://")
-        good_dir = Path(good_fp8).parent
+        good_dir = tmp / "cold-on" / "cache" / "quantize" / on["steps"]["quantize"]["key"] / "out"
         serving = names[1]
         spec_path = write_spec(base, tmp / "damaged.yaml", deploy__name=serving,
                                deploy__ports=yaml.safe_load((tmp / f"{serving}.yaml").read_text())["deploy"]["ports"],

@@ -90,3 +90,21 @@ def test_port_in_use_fails_in_preflight(tmp_path, local_stack, prefect_home, tri
     assert r.returncode == 1 and len(err) == 1, r.stderr[-2000:]
     assert f"port {port}" in err[0] and "in use" in err[0]
     assert _no_cache(tmp_path)
+
+
+@pytest.mark.parametrize("args", [("plan",), ("run",)])
+def test_unknown_hub_eval_dataset_is_refused_before_any_heavy_step(tmp_path, local_stack, prefect_home, args):
+    r, err = _run(tmp_path, local_stack, prefect_home, lambda d: d.setdefault("evaluation", {}).update(
+        dataset={"repo_id": "stoker/no-such-eval-set", "path": "eval.txt"}), args)
+    assert r.returncode == 1 and len(err) == 1, r.stderr[-2000:]
+    assert "dataset stoker/no-such-eval-set" in err[0]
+    assert _no_cache(tmp_path)
+
+
+def test_evaluation_text_shorter_than_a_window_is_refused_at_plan(tmp_path, local_stack, prefect_home):
+    short = tmp_path / "short.txt"
+    short.write_text("Only a few words.")
+    r, err = _run(tmp_path, local_stack, prefect_home, lambda d: d.setdefault("evaluation", {}).update(
+        text_file=str(short)), ("plan",))
+    assert r.returncode == 1 and len(err) == 1, r.stderr[-2000:]
+    assert "shorter than one window of 64 tokens (evaluation.window_tokens)" in err[0]

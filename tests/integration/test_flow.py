@@ -75,6 +75,13 @@ def test_demo_spec_end_to_end_then_a_rerun_of_cache_hits(tmp_path, local_stack, 
     assert m1["model"]["sha"] == git_sha
     # fp8 really happened: the quantize step checked the export structurally.
     assert m1["steps"]["quantize"]["detail"]["format"] == "fp8"
+    # Evaluated on the candidate before it served, against the unquantized build checked against transformers.
+    ev = m1["evaluation"]
+    assert ev["passed"] and ev["baseline"]["check"]["passed"]
+    assert ev["baseline"]["check"]["max_abs_log_prob_diff"] <= ev["baseline"]["check"]["tolerance"]
+    assert ev["candidate"]["perplexity"] > 1 and 0 <= ev["candidate"]["agreement"]["token_match_rate"] <= 1
+    order = list(m1["steps"])
+    assert order.index("benchmark") < order.index("evaluate") < order.index("gate") < order.index("switch")
     for level in m1["benchmark"]["levels"]:
         assert level["errors"] == 0 and level["requests"] == 4
         assert level["ttft_ms"]["p50"] > 0 and level["output_tokens_per_s"] > 0
@@ -105,6 +112,8 @@ def test_demo_spec_end_to_end_then_a_rerun_of_cache_hits(tmp_path, local_stack, 
     assert all(m2["steps"][s]["cache_hit"] for s in (*HEAVY_STEPS, "deploy")), {
         s: m2["steps"][s]["cache_hit"] for s in m2["steps"]}
     assert m2["steps"]["benchmark"]["status"] == "completed" and not m2["steps"]["benchmark"]["cache_hit"]
+    assert m2["steps"]["evaluate"]["cache_hit"] and m2["steps"]["baseline"]["cache_hit"]
+    assert m2["evaluation"]["candidate"] == m1["evaluation"]["candidate"]
     assert m2["endpoint"] == m1["endpoint"]
     for s in HEAVY_STEPS:
         assert m2["steps"][s]["digest"] == m1["steps"][s]["digest"]
@@ -114,4 +123,31 @@ def test_demo_spec_end_to_end_then_a_rerun_of_cache_hits(tmp_path, local_stack, 
     assert plan.returncode == 0, plan.stderr
     rows = {line.split()[0]: line.split()[1] for line in plan.stdout.splitlines()[2:]}
     assert rows == {"fetch": "hit", "quantize": "hit", "build": "hit", "package": "hit", "upload": "hit",
-                    "deploy": "hit", "benchmark": "runs"}, plan.stdout
+                    "deploy": "hit", "benchmark": "runs", "evaluate": "runs"}, plan.stdout
+
+    # A checkpoint with damaged scales (well-formed, wrong numbers) fails the evaluation gate in one line;
+    # the candidate never serves and the first build still answers at the same address.
+    from eval_faults import publish_damaged
+
+    from stoker.keys import quantize_key
+    from stoker.spec import load_spec
+
+    data["quantization"]["calibration"]["samples"] = 15  # a new quantize key; its cache entry is the damage
+    damaged_spec = path.with_name("damaged.yaml")
+    damaged_spec.write_text(yaml.safe_dump(data))
+    good = Path(env["STOKER_HOME"]) / "cache" / "quantize" / m1["steps"]["quantize"]["key"] / "out"
+    publish_damaged(Path(env["STOKER_HOME"]) / "cache", quantize_key(load_spec(damaged_spec),
+                                                                     m1["steps"]["fetch"]["digest"]), good)
+    third = _stoker(["run", str(damaged_spec)], env)
+    assert third.returncode != 0
+    last = third.stderr.strip().splitlines()[-1]
+    assert "evaluation failed:" in last and ("greedy agreement" in last or "perplexity" in last), last
+    m3 = json.loads(sorted((Path(env["STOKER_HOME"]) / "runs").glob("*/manifest.json"))[-1].read_text())
+    assert m3["status"] == "failed" and m3["evaluation"]["passed"] is False
+    assert m3["steps"]["quantize"]["cache_hit"] and not m3["steps"]["build"]["cache_hit"]
+    assert "switch" not in m3["steps"]
+    assert m3["backend"]["digest"] == m1["backend"]["digest"]
+    with urllib.request.urlopen(urllib.request.Request(
+            f"{m1['endpoint']['http']}/v2/models/ensemble/generate", data=json.dumps(
+                {"text_input": "The quick brown fox", "max_tokens": 4}).encode()), timeout=60) as resp:
+        assert "text_output" in json.loads(resp.read())
