@@ -29,8 +29,11 @@ def plan(spec: Spec, ctx: RunContext) -> list[PlannedStep]:
     steps = targets.get(spec.target).plan(spec, ctx)
     target = targets.get(spec.target)
     if spec.evaluation.enabled and target.evaluates:
+        source = ("the unquantized build, scored here" if target.baseline_source == "runtime"
+                  else "the bf16 build's record in S3")
+        what = "" if target.scores_perplexity(spec) else " (greedy agreement only: no context logits)"
         steps.append(PlannedStep("evaluate", None, "runs", "; ".join(
-            ["against the unquantized build; cached by served digest, data and code", *warnings])))
+            [f"against {source}{what}; cached by served digest, data and code", *warnings])))
     elif spec.evaluation.enabled:
         steps.append(PlannedStep("evaluate", None, "skipped", target.evaluation_note))
     return steps

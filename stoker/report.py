@@ -65,8 +65,10 @@ def markdown(manifest: dict, manifest_uris: list[str]) -> str:
                   + (" (measurement reused: same served digest, data and code)" if ev.get("cache_hit") else ""),
                   f"- data: {ev['data']['source']}: {ev['data']['windows']} windows, {ev['data']['prompts']} "
                   f"prompts × {ev['data']['greedy_tokens']} tokens",
-                  f"- baseline checked against {check['against']}: max |Δ log prob| {check['max_abs_log_prob_diff']:.2e}"
-                  f" over {check['positions']} positions (tolerance {check['tolerance']:g})", "",
+                  (f"- baseline checked against {check['against']}: max |Δ log prob| "
+                   f"{check['max_abs_log_prob_diff']:.2e} over {check['positions']} positions (tolerance "
+                   f"{check['tolerance']:g})" if check.get("passed") is not None
+                   else f"- baseline not checked: {check['against']}"), "",
                   ev["table"].rstrip("\n")]
     if manifest.get("rollout"):
         ro = manifest["rollout"]

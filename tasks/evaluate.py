@@ -1,5 +1,11 @@
 """evaluate: is the candidate still the model it was quantized from? Measured through its endpoint.
 
+Two sources of the unquantized baseline, as the target says (Target.baseline_source):
+- "runtime" (reference): the `none` build, run by stoker's runtime in a child process.
+- "recorded" (GPU targets, by contract: not run here): the bf16 (`none`) build of the same weights, as
+  measured through its own endpoint and checked against transformers, recorded in S3 by the run that
+  served it; a quantized run without that record is refused at eval-data, before the GPU build.
+
 eval-data (after fetch, before any heavy step): the held-out text as token ids of the model's own
 tokenizer, or a one-line refusal.
 baseline: the `none` build of the same revision (cached quantize/build steps) scored by stoker's
@@ -19,12 +25,13 @@ from pathlib import Path
 from prefect import get_run_logger
 from prefect.artifacts import create_table_artifact
 
+from stoker import s3, targets
 from stoker.child import run_module
-from stoker.errors import EvaluationFailed
+from stoker.errors import EvaluationFailed, StepError
 from stoker.evaluation import metrics
 from stoker.evaluation.data import EvalSet
 from stoker.evaluation.source import evalset as make_evalset
-from stoker.keys import baseline_key, evaluate_key
+from stoker.keys import baseline_key, evaluate_key, step_key
 from stoker.manifest import write_atomic
 from stoker.run import RunContext, StepResult, cached_step
 from stoker.spec import Quantization, Spec
@@ -43,6 +50,7 @@ def evaluation_data(spec: Spec, fetched: StepResult, ctx: RunContext) -> StepRes
     evalset, warnings = make_evalset(spec, fetched.path / "tokenizer.json", ctx.run_dir / "eval-data")
     for w in warnings:
         logger.warning(w)
+    require_record(spec, fetched.digest, evalset.digest)
     tokens = sum(len(w) for w in evalset.windows)
     logger.info(f"eval-data: {len(evalset.windows)} windows ({tokens} tokens), {len(evalset.prompts)} prompts × "
                 f"{evalset.greedy_tokens} tokens from {evalset.source}")
@@ -61,7 +69,7 @@ def baseline_reference(spec: Spec, fetched: StepResult, eval_data: StepResult, c
     unquantized = spec.model_copy(update={"quantization": Quantization()})
     quantized = quantize_weights.fn(unquantized, fetched, ctx)
     built = build_reference.fn(unquantized, quantized, ctx)
-    tolerance = spec.evaluation.baseline_tolerance
+    tolerance = targets.get(spec.target).tolerance(spec)
 
     def produce(out: Path) -> dict:
         with tempfile.TemporaryDirectory() as tmp:
@@ -78,8 +86,59 @@ def baseline_reference(spec: Spec, fetched: StepResult, eval_data: StepResult, c
     return result.model_copy(update={"duration_s": time.perf_counter() - t0})  # its builds included
 
 
+def record_key(spec: Spec, weights_digest: str, evalset_digest: str) -> str:
+    return f"{spec.storage.prefix}/evaluation/baselines/{weights_digest}/{evalset_digest}.json"
+
+
+def needs_record(spec: Spec) -> bool:
+    return targets.get(spec.target).baseline_source == "recorded" and spec.quantization.format != "none"
+
+
+def recorded_baseline(spec: Spec, weights_digest: str, evalset_digest: str) -> dict | None:
+    st = spec.storage
+    return s3.get_json(s3.client(st), st, record_key(spec, weights_digest, evalset_digest))
+
+
+def require_record(spec: Spec, weights_digest: str, evalset_digest: str) -> None:
+    """A quantized build on a GPU target needs its weights' bf16 baseline: refuse before the GPU build."""
+    if needs_record(spec) and recorded_baseline(spec, weights_digest, evalset_digest) is None:
+        raise StepError(f"evaluation: no bf16 baseline recorded for these weights and evaluation set "
+                        f"(s3://{spec.storage.bucket}/{record_key(spec, weights_digest, evalset_digest)}): run this "
+                        "spec once with quantization.format none, or set evaluation.enabled false")
+
+
+@step_task("baseline", retries=1)
+def baseline_recorded(spec: Spec, fetched: StepResult, eval_data: StepResult, ctx: RunContext) -> StepResult:
+    """GPU targets (by contract): the recorded bf16 baseline; a `none` run measures its own (detail "self")."""
+    t0 = time.perf_counter()
+    if spec.quantization.format == "none":
+        return StepResult(name="baseline", duration_s=time.perf_counter() - t0, detail={"self": True})
+    record = recorded_baseline(spec, fetched.digest, eval_data.detail["digest"])
+    if record is None:  # eval-data checked it; it went away since
+        raise StepError(f"evaluation: the bf16 baseline record {record_key(spec, fetched.digest, '…')} vanished")
+
+    def produce(out: Path) -> dict:
+        (out / BASELINE_FILE).write_text(json.dumps(record))
+        return {"perplexity": record["perplexity"], "check": record["check"]}
+
+    key = step_key("baseline", inputs={"record": record_key(spec, fetched.digest, eval_data.detail["digest"])},
+                   config={"perplexity": record["perplexity"]}, versions={})
+    return cached_step(ctx, "baseline", key, produce, get_run_logger().info)
+
+
+def _self_baseline(spec: Spec, fetched: StepResult, eval_data: StepResult, measured: dict, out: Path, log) -> None:
+    """A `none` build on a GPU target is its own baseline once it matches transformers (child process)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        request = Path(tmp) / "request.json"
+        request.write_text(json.dumps({"served": measured, "checkpoint": str(fetched.path),
+                                       "evalset": eval_data.detail["evalset"],
+                                       "tolerance": targets.get(spec.target).tolerance(spec)}))
+        run_module("stoker.workers.evaluate_baseline", ["--request", str(request), "--out", str(out / BASELINE_FILE)],
+                   log)
+
+
 @step_task("evaluate", retries=0)
-def evaluate_candidate(spec: Spec, served: StepResult, packaged: StepResult, built: StepResult,
+def evaluate_candidate(spec: Spec, served: StepResult, packaged: StepResult, fetched: StepResult,
                        eval_data: StepResult, baseline: StepResult, ctx: RunContext) -> StepResult:
     """Measure (or reuse the measurement of) the served candidate, then judge it against the baseline."""
     t0 = time.perf_counter()
@@ -91,17 +150,24 @@ def evaluate_candidate(spec: Spec, served: StepResult, packaged: StepResult, bui
     def produce(out: Path) -> dict:
         from stoker.evaluation.endpoint import score
 
-        measured = score(served.detail["grpc"], evalset, logger.info)
+        measured = score(served.detail["grpc"], evalset, logger.info,
+                         context_logits=targets.get(spec.target).scores_perplexity(spec))
         (out / CANDIDATE_FILE).write_text(json.dumps(measured))
+        if baseline.detail.get("self"):
+            _self_baseline(spec, fetched, eval_data, measured, out, logger.info)
         if task:
             run_module("stoker.workers.lm_eval_run", [
-                "--grpc-url", served.detail["grpc"], "--tokenizer", str(built.path / "tokenizer.json"),
+                "--grpc-url", served.detail["grpc"], "--tokenizer", str(fetched.path / "tokenizer.json"),
                 "--task", task["task"], "--limit", str(task["limit"]), "--out", str(out / TASK_FILE)], logger.info)
         return {"perplexity": measured["perplexity"]}
 
     measured = cached_step(ctx, "evaluate", evaluate_key(packaged.digest, evalset.digest, task), produce, logger.info)
     scores = json.loads((measured.path / CANDIDATE_FILE).read_text())
-    base = json.loads((baseline.path / BASELINE_FILE).read_text())
+    own = baseline.detail.get("self")
+    base = json.loads(((measured.path if own else baseline.path) / BASELINE_FILE).read_text())
+    if own:  # recorded for the quantized builds of these weights (GPU targets)
+        st = spec.storage
+        s3.put_json(s3.client(st), st, record_key(spec, fetched.digest, evalset.digest), base)
     candidate = {"perplexity": scores["perplexity"], "agreement": metrics.agreement(scores["greedy"], base["greedy"])}
     if task:
         candidate["task"] = json.loads((measured.path / TASK_FILE).read_text())

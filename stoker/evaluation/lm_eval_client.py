@@ -111,8 +111,12 @@ class TritonLLMClient:
             raise ServedModelError(f"{self.model} returned context_logits of shape {shape} for {len(ids)} tokens")
         return logits[0]
 
-    def generate(self, ids: list[int], max_new_tokens: int) -> list[int]:
-        """Greedy continuation of ``ids``, up to max_new_tokens or the model's end id (not returned)."""
-        result = self._infer(self._request(ids, max_new_tokens))
+    def generate(self, ids: list[int], max_new_tokens: int, min_tokens: int = 0) -> list[int]:
+        """Greedy continuation of ``ids``, up to max_new_tokens or the model's end id (not returned);
+        `min_tokens` holds the end id back that long (TensorRT-LLM's min_tokens; stop words still end it)."""
+        request = self._request(ids, max_new_tokens)
+        if min_tokens:
+            request["min_tokens"] = np.array([[min_tokens]], np.int32)
+        result = self._infer(request)
         n = int(result.as_numpy("sequence_length")[0, 0])
         return result.as_numpy("output_ids")[0, 0, :n].tolist()

@@ -73,9 +73,15 @@ def verdict(candidate: dict, baseline: dict, limits: dict) -> tuple[list[Row], s
     rows: list[Row] = []
     causes: list[str] = []
     ppl, base_ppl = candidate["perplexity"], baseline["perplexity"]
-    rise, limit = _pct(ppl, base_ppl), limits.get("max_perplexity_rise_pct")
-    ok = None if limit is None else rise <= limit
-    rows.append(Row("perplexity", ppl, base_ppl, f"{rise:+.2f}%", "—" if limit is None else f"≤ +{limit:g}%", ok))
+    limit = limits.get("max_perplexity_rise_pct")
+    if ppl is None:  # the serving build cannot return context logits (see Target.scores_perplexity)
+        rise, ok = math.nan, None
+        rows.append(Row("perplexity", None, base_ppl, "n/a", "not measured: no context logits", None))
+    else:
+        rise = _pct(ppl, base_ppl)
+        ok = None if limit is None else rise <= limit
+        rows.append(Row("perplexity", ppl, base_ppl, f"{rise:+.2f}%", "—" if limit is None else f"≤ +{limit:g}%",
+                        ok))
     if ok is False:
         causes.append(f"perplexity rose {rise:.1f}% over the unquantized build ({ppl:.4g} vs {base_ppl:.4g}; "
                       f"limit {limit:g}%, evaluation.max_perplexity_rise_pct)")

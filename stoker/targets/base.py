@@ -45,6 +45,16 @@ class Target(ABC):
     layout: ClassVar[str]  # the Triton repository layout its package step writes
     evaluates: ClassVar[bool] = False  # runs the accuracy evaluation (spec `evaluation`) before promoting
     evaluation_note: ClassVar[str] = "no accuracy evaluation for this target"
+    baseline_tolerance: ClassVar[float] = 1e-3  # nats; spec evaluation.baseline_tolerance overrides
+    # runtime: the `none` build scored in a child process; recorded: the bf16 build's own measurement, in S3
+    baseline_source: ClassVar[Literal["runtime", "recorded"]] = "runtime"
+
+    def scores_perplexity(self, spec: Spec) -> bool:
+        """Whether the served build returns context logits (the perplexity windows need them)."""
+        return True
+
+    def tolerance(self, spec: Spec) -> float:
+        return spec.evaluation.baseline_tolerance or self.baseline_tolerance
 
     # Spec validation and plan: pure or light reads, no Prefect.
 
@@ -133,7 +143,7 @@ class Target(ABC):
         from tasks.evaluate import evaluate_candidate
 
         try:
-            evaluated = steps.run("evaluate", evaluate_candidate, spec, served, steps["package"], built,
+            evaluated = steps.run("evaluate", evaluate_candidate, spec, served, steps["package"], steps["fetch"],
                                   steps["eval-data"], baseline, ctx)
         except EvaluationFailed as exc:
             steps.evaluation = exc.detail

@@ -15,9 +15,12 @@ from .base import StepRunner, Target
 
 class GpuTarget(Target):
     runs_on = "gpu"
-    # Not built yet, and it could not run here (no TensorRT-LLM): the baseline would be the bf16 build of
-    # the same revision, served and scored by the same endpoint code (stoker/evaluation/endpoint.py).
-    evaluation_note = "not available on GPU targets yet: the bf16 baseline is not built; evaluation skipped"
+    # By contract (no TensorRT-LLM here): the baseline is the bf16 (`none`) build of the same weights,
+    # scored through its own endpoint by the same code as any candidate and checked against transformers;
+    # that run records it in S3 for the quantized builds (tasks/evaluate.py).
+    evaluates = True
+    baseline_source = "recorded"
+    baseline_tolerance = 0.1  # a bf16 engine against float32 transformers
 
     def plan(self, spec, ctx) -> list:
         from ..gpu.planning import plan_gpu
@@ -40,7 +43,14 @@ class GpuTarget(Target):
         from tasks.trtllm import deploy_gpu
 
         deployed = steps.run("deploy", deploy_gpu, spec, packaged, ctx)
-        return self.evaluate(steps, spec, deployed, built, ctx)
+        return self.evaluate(steps, spec, deployed, built, ctx, self.start_baseline(steps, spec, ctx))
+
+    def start_baseline(self, steps: StepRunner, spec, ctx):
+        if not spec.evaluation.enabled:
+            return None
+        from tasks.evaluate import baseline_recorded
+
+        return lambda: baseline_recorded(spec, steps["fetch"], steps["eval-data"], ctx)
 
     @abstractmethod
     def check_built(self, ws, spec) -> dict:

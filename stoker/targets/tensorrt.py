@@ -18,6 +18,11 @@ class TensorRT(GpuTarget):
     name = "tensorrt"
     layout = "inflight_batcher_llm"
 
+    def scores_perplexity(self, spec) -> bool:
+        # An engine returns context logits only when built with --gather_context_logits (engine memory:
+        # max_num_tokens × vocab × 4 B); without them the evaluation measures greedy agreement only.
+        return spec.build.gather_context_logits
+
     def check_built(self, ws, spec) -> dict:
         q = spec.quantization
         detail = {"checkpoint": check_trtllm_checkpoint(ws.checkpoint, q.format, q.kv_cache_dtype,

@@ -3,7 +3,9 @@
     python -m stoker.workers.evaluate_baseline --request REQUEST.json --out BASELINE.json
 
 REQUEST: {"artifact": the `none` reference build, "checkpoint": the fetched HF checkpoint,
-"evalset": stoker.evaluation.data.EvalSet.to_dict(), "tolerance": nats}.
+"evalset": stoker.evaluation.data.EvalSet.to_dict(), "tolerance": nats}; GPU targets (by contract, not
+run here) send "served": the bf16 build's own window log probs as measured through its endpoint, instead
+of "artifact", and only the check against transformers runs.
 
 The `none` build is run by stoker's own runtime (stoker/runtime, the code Triton's python backend
 runs), so its numbers are what the served unquantized build would answer: per-window next-token log
@@ -53,19 +55,25 @@ def transformers_log_probs(checkpoint: Path, evalset: EvalSet) -> list[list[floa
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
-    model = AutoModelForCausalLM.from_pretrained(str(checkpoint), dtype=torch.float32, local_files_only=True).eval()
+    device = "cuda" if torch.cuda.is_available() else "cpu"  # a GPU host checks its bf16 build on its GPU
+    model = AutoModelForCausalLM.from_pretrained(str(checkpoint), dtype=torch.float32, local_files_only=True)
+    model = model.to(device).eval()
     with torch.inference_mode():
-        return [next_token_log_probs(model(input_ids=torch.tensor([w])).logits[0].float().numpy(), w).tolist()
-                for w in evalset.windows]
+        return [next_token_log_probs(model(input_ids=torch.tensor([w], device=device)).logits[0].float().cpu()
+                                     .numpy(), w).tolist() for w in evalset.windows]
 
 
 def run(request: dict) -> dict:
     t0 = time.perf_counter()
     evalset = EvalSet.from_dict(request["evalset"])
-    served = runtime_scores(Path(request["artifact"]), evalset)
+    served = runtime_scores(Path(request["artifact"]), evalset) if "artifact" in request else request["served"]
+    tolerance = float(request["tolerance"])
+    if not served["window_log_probs"]:  # a GPU build served without context logits: nothing to compare
+        return {**served, "check": {"max_abs_log_prob_diff": None, "tolerance": tolerance, "passed": None,
+                                    "positions": 0, "against": "nothing: the build served no context logits"},
+                "duration_s": time.perf_counter() - t0}
     reference = transformers_log_probs(Path(request["checkpoint"]), evalset)
     diff = max(abs(a - b) for ws, wr in zip(served["window_log_probs"], reference) for a, b in zip(ws, wr))
-    tolerance = float(request["tolerance"])
     check = {"max_abs_log_prob_diff": diff, "tolerance": tolerance, "passed": diff <= tolerance,
              "positions": sum(len(w) for w in reference), "against": "transformers"}
     if not check["passed"]:

@@ -63,9 +63,24 @@ def fake(name: str, calls: list[str], fail: bool = False):
     return task
 
 
+class FakeSubmittable:
+    """A fake task that can also be submitted (Prefect's .submit returns a future with .result)."""
+
+    def __init__(self, name: str, calls: list[str]) -> None:
+        self.task = fake(name, calls)
+
+    def __call__(self, *args):
+        return self.task(*args)
+
+    def submit(self, *args):
+        result = self.task(*args)
+        return type("Future", (), {"result": staticmethod(lambda: result)})()
+
+
 @pytest.fixture
 def calls(monkeypatch) -> list[str]:
     """Every task the flow or a target runs, faked; the list records what ran, in order."""
+    import tasks.evaluate
     import tasks.gate
     import tasks.modelopt
     import tasks.reference
@@ -84,9 +99,11 @@ def calls(monkeypatch) -> list[str]:
         (tasks.rollout, "switch_traffic", "switch"),
         (tasks.triton_client, "benchmark_endpoint", "benchmark"), (tasks.gate, "gate_benchmark", "gate"),
         (tasks.trtllm, "build_gpu", "build"), (tasks.trtllm, "package_gpu", "package"),
-        (tasks.trtllm, "deploy_gpu", "deploy"),
+        (tasks.trtllm, "deploy_gpu", "deploy"), (flow_module, "evaluation_data", "eval-data"),
+        (tasks.evaluate, "evaluate_candidate", "evaluate"), (tasks.evaluate, "baseline_recorded", "baseline"),
     ]:
         monkeypatch.setattr(module, attr, fake(step, seen))
+    monkeypatch.setattr(tasks.evaluate, "baseline_reference", FakeSubmittable("baseline", seen))
     monkeypatch.setattr(tasks.rollout, "scrape_metrics", lambda served: seen.append("metrics") or [{"m": 1}])
     monkeypatch.setattr(tasks.rollout, "abandon_candidate",
                         lambda spec, staged, ctx, cause: seen.append(f"abandon: {cause}"))
@@ -132,10 +149,11 @@ def test_an_unknown_target_is_one_line_naming_the_known_ones():
 
 def test_reference_step_order_is_unchanged(calls, tmp_path):
     steps = run({"quantization": {"format": "fp8"}}, tmp_path)
-    assert calls == ["preflight", "fetch", "quantize", "build", "package", "upload", "deploy", "benchmark",
-                     "metrics", "gate", "switch", "promote"]
-    assert list(steps) == ["fetch", "quantize", "build", "package", "upload", "deploy", "benchmark", "gate",
-                           "switch", "promote"]
+    # The baseline starts before the candidate's deploy and is joined before its benchmark.
+    assert calls == ["preflight", "fetch", "eval-data", "quantize", "build", "package", "upload", "baseline",
+                     "deploy", "benchmark", "metrics", "evaluate", "gate", "switch", "promote"]
+    assert list(steps) == ["fetch", "eval-data", "quantize", "build", "package", "upload", "deploy", "baseline",
+                           "benchmark", "evaluate", "gate", "switch", "promote"]
     assert steps.metrics == [{"m": 1}]
 
 
@@ -146,15 +164,16 @@ def test_reference_abandons_a_candidate_that_fails_its_gate(calls, monkeypatch, 
     with pytest.raises(RuntimeError, match="gate refused"):
         run({}, tmp_path)
     # No switch: the candidate never serves; the metrics scraped before the gate still reach the report.
-    assert calls[-4:] == ["benchmark", "metrics", "gate", "abandon: RuntimeError: gate refused"]
+    assert calls[-5:] == ["benchmark", "metrics", "evaluate", "gate", "abandon: RuntimeError: gate refused"]
 
 
 @pytest.mark.parametrize("target", ["tensorrt", "pytorch"])
 def test_gpu_step_order_is_unchanged(calls, tmp_path, target):
     steps = run({"target": target, "gpus": GPUS}, tmp_path)
-    assert calls == ["preflight", "fetch", "gpu slot", "build", "gpu slot released", "package", "upload",
-                     "deploy", "benchmark", "metrics", "gate", "promote"]
-    assert list(steps) == ["fetch", "build", "package", "upload", "deploy", "benchmark", "gate", "promote"]
+    assert calls == ["preflight", "fetch", "eval-data", "gpu slot", "build", "gpu slot released", "package",
+                     "upload", "deploy", "baseline", "benchmark", "metrics", "evaluate", "gate", "promote"]
+    assert list(steps) == ["fetch", "eval-data", "build", "package", "upload", "deploy", "baseline", "benchmark",
+                           "evaluate", "gate", "promote"]
 
 
 def test_a_fourth_target_is_one_module_the_spec_plan_and_flow_dispatch_to(dummy, calls, tmp_path):
@@ -162,12 +181,13 @@ def test_a_fourth_target_is_one_module_the_spec_plan_and_flow_dispatch_to(dummy,
     with pytest.raises(SpecError, match="quantization: the dummy target takes no 'fp8'"):
         parse_spec({**BASE, "target": "dummy", "quantization": {"format": "fp8"}})
     # A local folder without config.json: no model facts, and no Hub lookup for them.
-    spec = parse_spec({**BASE, "model": {"local_path": str(tmp_path)}, "target": "dummy"})
+    spec = parse_spec({**BASE, "model": {"local_path": str(tmp_path)}, "target": "dummy",
+                       "evaluation": {"enabled": False}})
     assert plan_module.plan(spec, RunContext.new(tmp_path)) == [PlannedStep("convert", "k", "miss", "dummy")]
     plan_module.check_model(spec)
     assert calls == ["check_model"]
 
-    steps = run({"target": "dummy"}, tmp_path)
+    steps = run({"target": "dummy", "evaluation": {"enabled": False}}, tmp_path)
     assert list(steps) == ["fetch", "convert", "package", "upload", "deploy", "benchmark", "gate", "promote"]
     assert "gpu slot" not in calls  # runs_on cpu: no GPU slot
 
