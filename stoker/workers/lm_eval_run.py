@@ -154,8 +154,13 @@ def evaluate(grpc_url: str, tokenizer_path: Path, task: str, limit: int | None =
     check_task(task)
     if limit is not None and limit < 1:
         raise LmEvalError(f"--limit must be at least 1, got {limit}")
-    # Before lm-eval imports datasets and huggingface_hub, which read these once.
+    # Before lm-eval imports datasets, huggingface_hub and tqdm, which read these once: offline, and no
+    # progress bars (this runs as a child whose every line goes into the run's log).
     os.environ["HF_DATASETS_OFFLINE"] = os.environ["HF_HUB_OFFLINE"] = "1"
+    os.environ.setdefault("TQDM_DISABLE", "1")
+    import logging
+
+    logging.getLogger("lm_eval").setLevel(logging.ERROR)  # its per-run notes are not the user's business
     import lm_eval
     from lm_eval import evaluator
     from lm_eval.tasks import TaskManager
