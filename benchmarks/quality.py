@@ -45,12 +45,13 @@ def stoker(args: list[str], env: dict) -> tuple[float, subprocess.CompletedProce
     return time.perf_counter() - t0, r
 
 
-def manifest_of(r: subprocess.CompletedProcess, home: Path) -> dict:
-    """The run's manifest: the last line names it on success; on failure, the newest run folder's."""
+def manifest_of(r: subprocess.CompletedProcess, home: Path, since: float) -> dict:
+    """The run's manifest: the last line names it on success; on failure, the run folder written since."""
     last = (r.stdout.strip().splitlines() or [""])[-1]
     if last.startswith("manifest: "):
         return json.loads(Path(last.removeprefix("manifest: ")).read_text())
-    runs = sorted((home / "runs").glob("*/manifest.json"), key=lambda p: p.stat().st_mtime)
+    runs = sorted((p for p in (home / "runs").glob("*/manifest.json") if p.stat().st_mtime >= since),
+                  key=lambda p: p.stat().st_mtime)
     if not runs:
         raise SystemExit(f"no manifest; stderr: {r.stderr.strip()[-2000:]}")
     return json.loads(runs[-1].read_text())
@@ -121,16 +122,19 @@ def main() -> None:
     names: list[str] = []
 
     def env_for(home: str) -> dict:
-        return {**os.environ, "STOKER_HOME": str(tmp / home), "PREFECT_HOME": str(tmp / f"prefect-{home}")}
+        return {**os.environ, "STOKER_HOME": str(tmp / home), "PREFECT_HOME": str(tmp / f"prefect-{home}"),
+                # a loaded 2-core machine can take over 20 s (Prefect's default) to start the temporary API
+                "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180"}
 
     def run(home: str, label: str, **changes) -> tuple[float, dict]:
-        name = f"q-{label}-{uuid.uuid4().hex[:4]}"
+        name = f"q-{label.replace('_', '-')}-{uuid.uuid4().hex[:4]}"
         names.append(name)
         port = free_base_port()
         spec = write_spec(base, tmp / f"{name}.yaml", deploy__name=name,
                           deploy__ports={"http": port, "grpc": port + 1, "metrics": port + 2}, **changes)
+        since = time.time()
         wall, r = stoker(["run", str(spec)], env_for(home))
-        m = manifest_of(r, tmp / home)
+        m = manifest_of(r, tmp / home, since)
         print(f"{label}: {m['status']} in {wall:.1f} s {m.get('error') or ''}", flush=True)
         return wall, m
 
@@ -140,8 +144,9 @@ def main() -> None:
         # 1. cost, side by side, both cold; then an unchanged rerun.
         off_wall, off = run("cold-off", "cold-eval-off", evaluation__enabled=False)
         on_wall, on = run("cold-on", "cold-eval-on")
+        since = time.time()
         rerun_wall, rerun = stoker(["run", str(tmp / f"{names[-1]}.yaml")], env_for("cold-on"))
-        rerun_m = manifest_of(rerun, tmp / "cold-on")
+        rerun_m = manifest_of(rerun, tmp / "cold-on", since)
         result["cost"] = {
             "cold_eval_off_flow_wall_s": off["wall_s"], "cold_eval_on_flow_wall_s": on["wall_s"],
             "cold_eval_off_command_wall_s": round(off_wall, 2), "cold_eval_on_command_wall_s": round(on_wall, 2),
@@ -177,8 +182,9 @@ def main() -> None:
                                quantization__calibration__samples=15)
         spec = load_spec(spec_path)
         publish_damaged(tmp / "cold-on" / "cache", quantize_key(spec, on["steps"]["fetch"]["digest"]), good_dir)
+        since = time.time()
         wall, r = stoker(["run", str(spec_path)], env_for("cold-on"))
-        m = manifest_of(r, tmp / "cold-on")
+        m = manifest_of(r, tmp / "cold-on", since)
         served_digest = on["steps"]["package"]["digest"]
         result["damaged_scales"] = {**row(m, wall), "exit_code": r.returncode,
                                     "last_stderr_line": (r.stderr.strip().splitlines() or [""])[-1],
