@@ -110,6 +110,8 @@ def test_same_text_ignores_whitespace_and_catches_containment():
     ({"text_file": "a.txt", "dataset": {"repo_id": "org/data", "path": "x.txt"}}, "at most one"),
     ({"dataset": {"repo_id": "org/data", "path": "x.parquet"}}, ".txt or .jsonl"),
     ({"bogus": 1}, "evaluation.bogus: unknown key"),
+    ({"lm_eval": {"task": "hellaswag"}}, "unknown lm-eval task 'hellaswag'; known tasks: stoker_cloze"),
+    ({"lm_eval": {"task": "stoker_cloze", "min_score": 2}}, "evaluation.lm_eval.min_score"),
 ])
 def test_bad_evaluation_sections_are_refused_in_one_line(evaluation, needle):
     with pytest.raises(SpecError) as err:
