@@ -11,10 +11,11 @@ import hashlib
 import json
 import re
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator,
+                      model_validator)
 
 from . import targets
 from .errors import SpecError
@@ -31,6 +32,15 @@ _NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,40}$")
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
+def _repo_id(v: str) -> str:
+    if not _REPO_ID.match(v):
+        raise ValueError(f"{v!r} is not an 'org/name' repo id")
+    return v
+
+
+RepoId = Annotated[str, AfterValidator(_repo_id)]  # a Hub repo id, model or dataset
+
+
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -38,20 +48,13 @@ class _Section(BaseModel):
 class ModelSource(_Section):
     """Where the weights come from: a Hub repo at a revision, or a local folder."""
 
-    repo_id: str | None = None
+    repo_id: RepoId | None = None
     revision: str = "main"
     endpoint: str | None = Field(None, description="Hub endpoint; default: $HF_ENDPOINT or the public Hub")
     token_env: str = Field("HF_TOKEN", description="environment variable holding the Hub token")
     token_secret: str | None = Field(None, description="Prefect Secret block holding the Hub token")
     local_path: Path | None = None
     allow_pickle: bool = Field(False, description="accept .bin/.pt weights (unsafe: pickle)")
-
-    @field_validator("repo_id")
-    @classmethod
-    def _repo_id(cls, v: str | None) -> str | None:
-        if v is not None and not _REPO_ID.match(v):
-            raise ValueError(f"{v!r} is not an 'org/name' repo id")
-        return v
 
     @model_validator(mode="after")
     def _one_source(self) -> ModelSource:
@@ -223,17 +226,10 @@ class Benchmark(_Section):
 class EvalDataset(_Section):
     """Evaluation text from a Hub dataset repo: one .txt file, or a .jsonl file whose rows carry `text_field`."""
 
-    repo_id: str
+    repo_id: RepoId
     revision: str = "main"
     path: str = Field(description="file inside the dataset repo, e.g. data/eval.txt or data/eval.jsonl")
     text_field: str = "text"
-
-    @field_validator("repo_id")
-    @classmethod
-    def _repo_id(cls, v: str) -> str:
-        if not _REPO_ID.match(v):
-            raise ValueError(f"{v!r} is not an 'org/name' repo id")
-        return v
 
     @field_validator("path")
     @classmethod
