@@ -33,10 +33,12 @@ def _run(args) -> int:
 
 def run_flow(spec) -> dict:
     """Run build_and_deploy on whatever Prefect API is configured (ephemeral when none)."""
+    from .stack.prefect_ephemeral import stop_ephemeral_api, telemetry_off
+
+    telemetry_off()  # before the flow's import starts anything of Prefect's
     from flows.build_and_deploy import build_and_deploy
 
     from .run import RunContext
-    from .stack.prefect_ephemeral import stop_ephemeral_api
 
     try:
         return build_and_deploy(spec, home=str(RunContext.new().home))
