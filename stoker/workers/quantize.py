@@ -18,10 +18,13 @@ from __future__ import annotations
 import argparse
 import contextlib
 import hashlib
+import io
 import json
+import logging
 import shutil
 import sys
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -70,6 +73,44 @@ def log(message: str) -> None:
     print(f"quantize: {message}", file=sys.stderr, flush=True)
 
 
+class _DropMessage(logging.Filter):
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.text = text
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return self.text not in record.getMessage()
+
+
+def quiet_libraries() -> None:
+    """Silence what the pinned libraries say about themselves, not about the user's model; each is named.
+
+    Call before importing modelopt.
+    """
+    # modelopt 0.47 compares transformers with the range it was tested on at import; the pair is pinned
+    # in pyproject.toml and in the image, and the tests run that pair.
+    warnings.filterwarnings("ignore", message=r"transformers .* is not tested with current version of modelopt")
+    # modelopt 0.47's export copies a scale with torch.tensor(tensor) (unified_export_hf.py); harmless.
+    warnings.filterwarnings("ignore", message=r"To copy construct from a tensor", module=r"modelopt\.")
+    # Every format's config leaves lm_head unquantized, so SmoothQuant has nothing to smooth there.
+    warnings.filterwarnings("ignore", message=r"lm_head is not calibrated, skip smoothing")
+    # We pass dtype=; modelopt 0.47's export reads model.config.torch_dtype itself
+    # (unified_export_hf._resolve_export_dtype), and transformers 5 warns on that read.
+    logging.getLogger("transformers.configuration_utils").addFilter(_DropMessage("`torch_dtype` is deprecated"))
+
+
+@contextlib.contextmanager
+def library_prints():
+    """ModelOpt prints its own progress ("Inserted 106 quantizers"): kept out of the log unless the call fails."""
+    buffer = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(buffer):
+            yield
+    except BaseException:
+        sys.stderr.write(buffer.getvalue())
+        raise
+
+
 def parse_request(raw: dict[str, Any]) -> Request:
     """Validate the request up front, before any heavy import."""
     fmt = raw.get("format")
@@ -103,6 +144,48 @@ def parse_request(raw: dict[str, Any]) -> Request:
         raise QuantizeError(f"load_dtype {load_dtype!r} not in {LOAD_DTYPES} (float16 is ~4x slower on CPU)")
     fq = raw.get("fake_quant_out")
     return Request(checkpoint, fmt, kv, calibration, int(raw.get("seed", 0)), load_dtype, Path(fq) if fq else None)
+
+
+def text_windows(text: str, max_chars: int) -> list[str]:
+    """`text` in consecutive pieces of at most `max_chars` characters; "".join(pieces) == text.
+
+    Pieces end at line ends where they can, else just before a space (so the next piece starts
+    with " word", as the word is tokenized in running text), else anywhere.
+    """
+    if max_chars < 1:
+        raise ValueError(f"max_chars must be >= 1, got {max_chars}")
+    pieces: list[str] = []
+    current = ""
+    for line in text.splitlines(keepends=True):
+        if len(current) + len(line) <= max_chars:
+            current += line
+            continue
+        if current:
+            pieces.append(current)
+        while len(line) > max_chars:
+            cut = line.rfind(" ", 1, max_chars + 1)
+            cut = cut if cut > 0 else max_chars
+            pieces.append(line[:cut])
+            line = line[cut:]
+        current = line
+    if current:
+        pieces.append(current)
+    return pieces
+
+
+def calibration_tokens(tokenizer: Any, text: str) -> list[int]:
+    """The text's ids, tokenized in windows that each fit the model's maximum length.
+
+    One call on the whole text makes transformers warn that the sequence is longer than the model
+    can take, though only `seq_len` windows of it ever reach the model. A character is at most 4
+    UTF-8 bytes, so at most 4 byte-level tokens: a window of max_length // 4 characters fits.
+    """
+    limit = getattr(tokenizer, "model_max_length", None)
+    limit = limit if isinstance(limit, int) and 0 < limit <= 1_000_000 else 4096  # unset: a huge sentinel
+    ids: list[int] = []
+    for piece in text_windows(text, max(1, min(limit, 4096) // 4)):
+        ids.extend(tokenizer(piece, add_special_tokens=False)["input_ids"])
+    return ids
 
 
 def calibration_ids(token_ids: list[int], samples: int, seq_len: int, bos_id: int | None) -> list[list[int]]:
@@ -186,6 +269,7 @@ def quantize(req: Request, out: Path) -> dict[str, Any]:
     if any(out.iterdir()):
         raise QuantizeError(f"output directory {out} is not empty")
     log(f"importing torch/transformers/modelopt ({req.format}, kv {req.kv_cache_dtype})")
+    quiet_libraries()
     import modelopt
     import modelopt.torch.quantization as mtq
     import torch
@@ -203,7 +287,7 @@ def quantize(req: Request, out: Path) -> dict[str, Any]:
 
     tokenizer = AutoTokenizer.from_pretrained(req.checkpoint)
     text = req.calibration.text_file.read_text(encoding="utf-8")
-    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    ids = calibration_tokens(tokenizer, text)
     windows = calibration_ids(ids, req.calibration.samples, req.calibration.seq_len, tokenizer.bos_token_id)
     batches = [torch.tensor(windows[i:i + req.calibration.batch_size], dtype=torch.long)
                for i in range(0, len(windows), req.calibration.batch_size)]
@@ -219,9 +303,11 @@ def quantize(req: Request, out: Path) -> dict[str, Any]:
             for batch in batches:
                 m(input_ids=batch)
 
-    cfg, cfg_names = quant_config(mtq, req.format, req.kv_cache_dtype)
+    with library_prints():  # the KV helper prints the whole merged config
+        cfg, cfg_names = quant_config(mtq, req.format, req.kv_cache_dtype)
     t0 = time.monotonic()
-    model = mtq.quantize(model, cfg, forward_loop=forward_loop)
+    with library_prints():
+        model = mtq.quantize(model, cfg, forward_loop=forward_loop)
     calib_s = time.monotonic() - t0
     log(f"mtq.quantize with {'+'.join(cfg_names)} took {calib_s:.1f}s")
 
@@ -235,7 +321,8 @@ def quantize(req: Request, out: Path) -> dict[str, Any]:
     model.config.dtype = export_dtype
     t0 = time.monotonic()
     # export_hf_checkpoint mutates the model (packs weights), so it is the last thing done with it.
-    export_hf_checkpoint(model, dtype=export_dtype, export_dir=out)
+    with library_prints():
+        export_hf_checkpoint(model, dtype=export_dtype, export_dir=out)
     log(f"export_hf_checkpoint took {time.monotonic() - t0:.1f}s")
     del model
     _restore_config_dtype(out / "config.json", source_config, export_name)
