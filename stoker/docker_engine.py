@@ -252,10 +252,12 @@ def one_line(err: BaseException) -> str:
 
 
 class LogPump:
-    """Streams a container's output to ``log`` from a daemon thread until stopped."""
+    """Streams a container's output to ``log`` from a daemon thread until stopped: the lines ``keep``
+    accepts (default all); the container's own log keeps every line."""
 
-    def __init__(self, container: Container, log: Log, prefix: str) -> None:
+    def __init__(self, container: Container, log: Log, prefix: str, keep: Callable[[str], bool] | None = None) -> None:
         self._container, self._log, self._prefix = container, log, prefix
+        self._keep = keep or (lambda _line: True)
         self._stream = None
         self._stopped = threading.Event()
         self._lock = threading.Lock()
@@ -274,8 +276,10 @@ class LogPump:
             for chunk in stream:
                 pending += chunk
                 *lines, pending = pending.split(b"\n")
-                for line in lines:
-                    self._log(f"{self._prefix} {line.decode('utf-8', 'replace').rstrip()}")
+                for raw in lines:
+                    line = raw.decode("utf-8", "replace").rstrip()
+                    if self._keep(line):
+                        self._log(f"{self._prefix} {line}")
         # Closing the stream from stop() surfaces here as whatever the transport raises; all mean "done".
         except Exception:  # noqa: BLE001, S110
             pass

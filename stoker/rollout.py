@@ -46,6 +46,9 @@ LIVE_STATE = "stoker-live.json"
 # reload already meets the new versions.
 LOAD_ORDER = ("preprocessing", MODEL_NAME, "postprocessing", ENSEMBLE_NAME)
 EXPLICIT_ARGS = ["--model-control-mode=explicit", "--load-model=*"]
+# The CPU image's tritonserver is a GPU build: unasked, it tries pinned memory and GPU metrics at
+# every start and logs each failure as a warning.
+CPU_ARGS = ["--allow-gpu-metrics=false", "--pinned-memory-pool-byte-size=0"]
 
 
 class RolloutError(StokerError):
@@ -89,11 +92,11 @@ def backend_spec(spec: Spec, repository_uri: str, digest: str, env: dict[str, st
                  reload: bool | None = None) -> docker_engine.BackendSpec:
     """The backend for this spec; reload mode always serves the live repository, explicitly."""
     d = spec.deploy
-    extra: list[str] = []
+    extra: list[str] = list(CPU_ARGS) if spec.target == "reference" else []
     if d.rollout == "reload" if reload is None else reload:
         repository_uri = s3.triton_uri(spec.storage, f"{live_prefix(spec.storage, d.name)}/model_repository")
         digest = live_digest(spec.storage, d.name)
-        extra = list(EXPLICIT_ARGS)
+        extra += EXPLICIT_ARGS
     return docker_engine.BackendSpec(
         name=d.name, image=d.image, repository_uri=repository_uri, repo_digest=digest, env=env,
         shm_size=d.shm_size, ulimits={k: (v.soft, v.hard) for k, v in d.ulimits.items()},

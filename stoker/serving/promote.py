@@ -24,7 +24,7 @@ import docker.errors
 from .. import docker_engine as engine
 from ..errors import StokerError
 from ..manifest import write_atomic
-from . import haproxy, probe, topology
+from . import haproxy, probe, topology, triton_log
 from .ports import Ports, choose_backend_ports, is_port_free, port_owner
 
 Log = Callable[[str], None]
@@ -256,7 +256,7 @@ def stage(client: docker.DockerClient, target: Target, spec: engine.BackendSpec,
         except docker.errors.NotFound:
             pass
         c = engine.start_backend(client, spec, slot, ports)
-        pump = engine.LogPump(c, log, f"[{name}]")
+        pump = engine.LogPump(c, log, f"[{name}]", keep=triton_log.shown)
         try:
             url = f"http://127.0.0.1:{ports.http}"
             waited = probe.wait_ready(f"{url}/v2/health/ready", spec.ready_timeout_s,
@@ -264,7 +264,7 @@ def stage(client: docker.DockerClient, target: Target, spec: engine.BackendSpec,
             probe.hold_ready(f"{url}/v2/health/ready", settle_s, exit_reason=lambda: engine.exit_reason(c))
             smoke = probe.smoke(url)
             log(f"{name} proven: ready after {waited:.1f} s, stayed ready {settle_s:g} s, smoke inference "
-                f"streamed {smoke['events']} responses in {smoke['seconds']:.2f} s")
+                f"streamed {smoke['events']} responses in {smoke['seconds']:.2f} s (Triton's log: docker logs {name})")
             return BackendRef(name, slot, ports.values(), spec.repo_digest, spec.run_id)
         except probe.ProbeFailed as err:
             tail = engine.log_tail(c)

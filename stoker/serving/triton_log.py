@@ -1,0 +1,36 @@
+"""Which lines of a Triton server's output belong in the run's log.
+
+Triton logs every step of its startup (glog `I` lines) and then its option and model tables, ~60
+lines per backend; a run's log wants what went wrong, not that. The whole output stays in the
+container's log (`docker logs <container>`); the run's log gets warnings, errors and anything that
+is not Triton's own format (a model's Python traceback), except the lines every GPU build of Triton
+prints on a machine without a GPU.
+"""
+
+from __future__ import annotations
+
+import re
+
+_GLOG = re.compile(r"^([IWEF])\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ ")
+
+# Said by the CPU image (a GPU build of Triton, from the nvidia-pytriton wheel) on every start or first
+# request where there is no GPU; nothing depends on them (FACTS: "Harmless on CPU").
+CPU_HARMLESS = (
+    "CudaDriverHelper has not been initialized",
+    "unable to create stream for ensemble: CUDA driver version is insufficient",
+    "Failed to initialize NVML",
+    "DCGM unable to start",
+    "Unable to allocate pinned system memory",
+    "failed to allocate pinned system memory: no pinned memory pool",
+)
+
+
+def shown(line: str) -> bool:
+    """True when a line of Triton's output is worth the user's attention in the run log."""
+    text = line.strip()
+    if not text or text[0] in "+|":  # the option, backend and model tables, and their borders
+        return False
+    glog = _GLOG.match(text)
+    if glog and glog.group(1) == "I":
+        return False
+    return not any(h in text for h in CPU_HARMLESS)
