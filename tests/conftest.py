@@ -42,12 +42,13 @@ def local_stack(session_state):
     from stoker.stack.s3server import ensure_s3, s3_env
     from stoker.stack.services import stop_all
 
-    ensure_tiny_model(repos_dir(session_state), log=lambda _l: None)
+    model_log: list[str] = []  # what `stoker demo` prints while it generates the model (test_flow checks it)
+    ensure_tiny_model(repos_dir(session_state), log=model_log.append)
     hub = ensure_mirror(session_state)
     s3_url = ensure_s3(session_state)
     env = {k: v for k, v in s3_env(s3_url).items() if k != "AWS_ENDPOINT_URL"}
     yield {"hub": hub, "s3": s3_url, "aws_env": env, "repo_id": DEMO_REPO, "repos": repos_dir(session_state),
-           "state": session_state}
+           "state": session_state, "model_log": model_log}
     stop_all(session_state)
 
 
