@@ -1,0 +1,14 @@
+"""An OpenAI-compatible API in front of a deployment's Triton `tensorrt_llm` model (CPU reference path).
+
+    mapping       pure: OpenAI JSON ⇄ Triton tensors, incremental detokenization with stop strings,
+                  response bodies, SSE chunks, error bodies
+    served_model  the live build's tokenizer, chat template and context length, loaded from its files
+                  and followed across blue/green switches (live.json, written by stoker)
+    app           the ASGI service (FastAPI): one persistent gRPC channel to Triton, one stream per request
+    __main__      `python -m stoker_openai …` inside the container (uvicorn)
+
+This package runs inside the Triton CPU image, where stoker is not installed: stoker copies it into
+the deployment's state folder as the top-level package ``stoker_openai``. So its modules import only
+each other (relatively) and what the image has: fastapi, uvicorn, pydantic, grpcio, tritonclient,
+numpy, tokenizers, jinja2 and transformers (for its chat-template renderer only).
+"""

@@ -1,0 +1,267 @@
+"""The OpenAI-compatible ASGI service: /v1/models, /v1/completions, /v1/chat/completions.
+
+One persistent gRPC channel to Triton (in a deployment: the proxy's stable gRPC port, so requests
+follow a switch like any client's); each OpenAI request is one `stream_infer` stream to
+`tensorrt_llm`, cancelled when the client goes away or a stop sequence matches. The first Triton
+response is awaited before the HTTP answer starts, so an unreachable backend is a 503 in OpenAI's
+error shape rather than a broken stream.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import grpc
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from tritonclient.grpc import service_pb2, service_pb2_grpc
+
+from . import mapping as m
+from .served_model import LiveModel, ServedModel
+
+DEFAULT_MAX_BODY_BYTES = 4 << 20
+MAX_MESSAGE_BYTES = 2**31 - 1
+# Unavailable-ish gRPC codes: the proxy or the backend is not there (now); anything else is a server error.
+_UNAVAILABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED)
+
+
+class Triton:
+    """One gRPC channel to Triton, opened in the serving event loop; one stream per generation."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self._channel: grpc.aio.Channel | None = None
+        self._stub: service_pb2_grpc.GRPCInferenceServiceStub | None = None
+
+    def open(self) -> None:
+        self._channel = grpc.aio.insecure_channel(self.url, options=[
+            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.keepalive_time_ms", 30_000),
+            ("grpc.keepalive_permit_without_calls", 1),
+        ])
+        self._stub = service_pb2_grpc.GRPCInferenceServiceStub(self._channel)
+
+    async def close(self) -> None:
+        if self._channel is not None:
+            await self._channel.close()
+
+    def stream(self, request: service_pb2.ModelInferRequest):
+        """A started `ModelStreamInfer` call carrying ``request`` (iterate it; ``cancel()`` it)."""
+        return self._stub.ModelStreamInfer(iter([request]))
+
+
+def _rpc_error(err: grpc.aio.AioRpcError, url: str) -> m.ApiError:
+    detail = (err.details() or err.code().name).splitlines()[0]
+    if err.code() in _UNAVAILABLE:
+        return m.unavailable(f"the model backend at {url} is unavailable: {detail}")
+    return m.backend_error(f"the model backend failed: {err.code().name}: {detail}")
+
+
+class Generating:
+    """One generation: the Triton stream, its token ids turned into text, the counts for ``usage``."""
+
+    def __init__(self, triton: Triton, gen: m.Generation, model: ServedModel, request_id: str) -> None:
+        self.gen, self.triton = gen, triton
+        self.text = m.TextStream(model.decode, gen.stop)
+        self.completion_tokens = 0
+        self.finish: str | None = None
+        self._request = m.triton_request(gen, request_id)
+        self._call = None
+        self._first: m.Step | None = None
+
+    async def open(self) -> None:
+        """Start the stream and read its first response; Triton's or gRPC's refusal raises ApiError here."""
+        self._call = self.triton.stream(self._request)
+        try:
+            self._first = await self._next()
+        except BaseException:
+            self.close()
+            raise
+
+    async def _next(self) -> m.Step:
+        try:
+            resp = await self._call.read()
+        except grpc.aio.AioRpcError as err:
+            raise _rpc_error(err, self.triton.url) from None
+        if resp is grpc.aio.EOF:
+            return m.Step((), True)
+        step = m.parse_response(resp)
+        if step.error:
+            if "unknown model" in step.error or "not found" in step.error or "is not ready" in step.error:
+                raise m.unavailable(f"the model backend is not ready: {step.error.splitlines()[0]}")
+            raise m.backend_error(f"the model backend failed: {step.error.splitlines()[0]}")
+        return step
+
+    async def pieces(self) -> AsyncIterator[str]:
+        """Text as it is generated; ``finish`` and ``completion_tokens`` are set when it ends."""
+        try:
+            step = self._first
+            while True:
+                for token in step.token_ids:
+                    self.completion_tokens += 1
+                    piece = self.text.push(token)
+                    if piece:
+                        yield piece
+                    if self.text.stopped:
+                        break
+                if self.text.stopped or step.final:
+                    break
+                step = await self._next()
+            rest = self.text.flush()
+            if rest:
+                yield rest
+            self.finish = m.finish_reason(self.text.stopped, self.completion_tokens, self.gen.max_tokens)
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """Cancel the stream unless it ended: the backend stops generating at its next token."""
+        if self._call is not None and not self._call.done():
+            self._call.cancel()
+
+
+@dataclass
+class Settings:
+    model: str  # the name clients pass as ``model``: the deployment's name
+    grpc_url: str
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+
+
+async def _body(request: Request, limit: int) -> bytes:
+    size = request.headers.get("content-length", "")
+    if size.isdigit() and int(size) > limit:
+        raise m.ApiError(413, f"The request body is {int(size)} bytes; this server accepts at most {limit}.",
+                         "invalid_request_error", None, "request_too_large")
+    chunks, n = [], 0
+    async for chunk in request.stream():
+        n += len(chunk)
+        if n > limit:
+            raise m.ApiError(413, f"The request body is over {limit} bytes, the most this server accepts.",
+                             "invalid_request_error", None, "request_too_large")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def create_app(settings: Settings, live: LiveModel) -> FastAPI:
+    triton = Triton(settings.grpc_url)
+    created = int(time.time())
+
+    async def lifespan(_app: FastAPI):
+        triton.open()
+        yield
+        await triton.close()
+
+    app = FastAPI(title="stoker OpenAI-compatible API", lifespan=lifespan, docs_url=None, redoc_url=None,
+                  openapi_url=None)
+
+    @app.exception_handler(m.ApiError)
+    async def _api_error(_request: Request, err: m.ApiError) -> JSONResponse:
+        return JSONResponse(err.body(), status_code=err.status)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, err: StarletteHTTPException) -> JSONResponse:
+        message = (f"Invalid URL ({request.method} {request.url.path})" if err.status_code in (404, 405)
+                   else str(err.detail))
+        code = "unknown_url" if err.status_code in (404, 405) else None
+        return JSONResponse(m.ApiError(err.status_code, message, "invalid_request_error", None, code).body(),
+                            status_code=err.status_code)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_request: Request, err: Exception) -> JSONResponse:
+        return JSONResponse(m.backend_error(f"internal error: {type(err).__name__}: {err}").body(), status_code=500)
+
+    def check_model(name: str) -> None:
+        if name != settings.model:
+            raise m.unknown_model(name)
+
+    async def card() -> dict:
+        try:
+            extra = (await live.get()).card()
+        except m.ApiError:
+            extra = {}
+        return m.model_card(settings.model, created, extra)
+
+    @app.get("/v1/models")
+    async def models() -> dict:
+        return {"object": "list", "data": [await card()]}
+
+    @app.get("/v1/models/{name:path}")
+    async def model(name: str) -> dict:
+        check_model(name)
+        return await card()
+
+    async def run(gen: m.Generation, model: ServedModel, prefix: str) -> tuple[Generating, m.Head]:
+        rid = f"{prefix}-{uuid.uuid4().hex}"
+        head = m.Head(rid, int(time.time()), settings.model, model.fingerprint)
+        g = Generating(triton, gen, model, rid)
+        await g.open()
+        return g, head
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request):
+        req = m.parse_chat(m.parse_json(await _body(request, settings.max_body_bytes)))
+        check_model(req.model)
+        model = await live.get()
+        ids = model.chat_ids(m.chat_messages(req))
+        gen = m.plan(req, ids, model.context_len, seed=secrets.randbits(63))
+        g, head = await run(gen, model, "chatcmpl")
+        usage_on = bool(req.stream and req.stream_options and req.stream_options.include_usage)
+        if not req.stream:
+            text = "".join([p async for p in g.pieces()])
+            return m.chat_response(head, text, g.finish, m.usage(len(gen.input_ids), g.completion_tokens))
+
+        async def events() -> AsyncIterator[bytes]:
+            try:
+                yield m.sse(m.chat_chunk(head, {"role": "assistant", "content": ""}, None, usage_on))
+                async for piece in g.pieces():
+                    yield m.sse(m.chat_chunk(head, {"content": piece}, None, usage_on))
+                yield m.sse(m.chat_chunk(head, {}, g.finish, usage_on))
+                if usage_on:
+                    yield m.sse(m.usage_chunk(head, "chat.completion.chunk",
+                                              m.usage(len(gen.input_ids), g.completion_tokens)))
+            except m.ApiError as err:
+                yield m.sse(err.body())
+            finally:
+                g.close()
+            yield m.DONE
+
+        return StreamingResponse(events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        req = m.parse_completion(m.parse_json(await _body(request, settings.max_body_bytes)))
+        check_model(req.model)
+        model = await live.get()
+        prompt = m.completion_prompt(req)
+        ids = model.encode(prompt) if isinstance(prompt, str) else prompt
+        gen = m.plan(req, ids, model.context_len, seed=secrets.randbits(63),
+                     vocab_size=None if isinstance(prompt, str) else model.vocab_size)
+        g, head = await run(gen, model, "cmpl")
+        usage_on = bool(req.stream and req.stream_options and req.stream_options.include_usage)
+        if not req.stream:
+            text = "".join([p async for p in g.pieces()])
+            return m.completion_response(head, text, g.finish, m.usage(len(gen.input_ids), g.completion_tokens))
+
+        async def events() -> AsyncIterator[bytes]:
+            try:
+                async for piece in g.pieces():
+                    yield m.sse(m.completion_chunk(head, piece, None, usage_on))
+                yield m.sse(m.completion_chunk(head, "", g.finish, usage_on))
+                if usage_on:
+                    yield m.sse(m.usage_chunk(head, "text_completion",
+                                              m.usage(len(gen.input_ids), g.completion_tokens)))
+            except m.ApiError as err:
+                yield m.sse(err.body())
+            finally:
+                g.close()
+            yield m.DONE
+
+        return StreamingResponse(events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+
+    return app

@@ -1,0 +1,477 @@
+"""OpenAI's API ⇄ Triton's `tensorrt_llm` model: requests, streamed token ids, text, response bodies. Pure.
+
+A request maps 1:1 onto one streamed request to `tensorrt_llm` (TensorRT-LLM's tensor interface,
+stoker/triton_models/tensorrt_llm.py): the prompt's token ids in, one response per generated token
+out. Token ids travel both ways, so ``usage`` counts what the model read and wrote, with no text
+round trip; the end ids and stop ids of the build are the model's own defaults (its
+stoker_runtime.json), exactly as through the ensemble.
+
+    OpenAI                    Triton (tensorrt_llm, streaming)
+    prompt / messages         input_ids INT32 [1, L], input_lengths INT32 [1, 1] (tokenized here)
+    max_tokens                request_output_len INT32 [1, 1]
+    temperature, top_p        temperature FP32, runtime_top_p FP32 [1, 1]; temperature 0 or top_p 0: greedy
+    seed                      seed UINT64 [1, 1] (a fresh random seed when the request has none)
+    stop                      matched in the detokenized text here; the stream is cancelled at a match
+    n                         1 only
+    usage                     len(input_ids), number of output_ids received
+
+Errors are ``ApiError``s carrying OpenAI's error body and the HTTP status.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError
+from tritonclient.grpc import service_pb2
+
+MODEL_NAME = "tensorrt_llm"
+# The legacy completions API's default, as OpenAI's and vLLM's.
+DEFAULT_COMPLETION_MAX_TOKENS = 16
+# Chat without max_tokens may use the whole context; without a known context, this many.
+DEFAULT_CHAT_MAX_TOKENS = 1024
+MAX_STOP_SEQUENCES = 4
+ROLES = ("system", "developer", "user", "assistant", "tool")
+UINT64_MASK = (1 << 64) - 1
+
+# Parameters of OpenAI's API this server does not implement: refused unless they carry a value that
+# means "off", so a client never silently gets something other than what it asked for.
+UNSUPPORTED = {
+    "logprobs": (None, False),
+    "top_logprobs": (None, 0),
+    "frequency_penalty": (None, 0),
+    "presence_penalty": (None, 0),
+    "logit_bias": (None, {}),
+    "tools": (None, []),
+    "functions": (None, []),
+    "tool_choice": (None, "none"),
+    "function_call": (None, "none"),
+    "response_format": (None, {"type": "text"}),
+    "best_of": (None, 1),
+    "echo": (None, False),
+    "suffix": (None, ""),
+}
+
+
+# ---------------------------------------------------------------- errors
+
+
+class ApiError(Exception):
+    """A request that fails with OpenAI's error body and an HTTP status."""
+
+    def __init__(self, status: int, message: str, type_: str = "invalid_request_error", param: str | None = None,
+                 code: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = status, message, type_, param, code
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+def bad_request(message: str, param: str | None = None, code: str | None = "invalid_value") -> ApiError:
+    return ApiError(400, message, "invalid_request_error", param, code)
+
+
+def unknown_model(name: str) -> ApiError:
+    return ApiError(404, f"The model `{name}` does not exist or you do not have access to it.",
+                    "invalid_request_error", "model", "model_not_found")
+
+
+def unavailable(message: str) -> ApiError:
+    return ApiError(503, message, "server_error", None, "backend_unavailable")
+
+
+def backend_error(message: str) -> ApiError:
+    return ApiError(500, message, "server_error", None, "backend_error")
+
+
+# ---------------------------------------------------------------- requests
+
+
+class _Loose(BaseModel):
+    # Unknown fields are ignored (as vLLM does); those that would change the answer are in UNSUPPORTED.
+    model_config = ConfigDict(extra="ignore")
+
+
+class StreamOptions(_Loose):
+    include_usage: StrictBool = False
+
+
+class ContentPart(_Loose):
+    type: StrictStr
+    text: StrictStr | None = None
+
+
+class Message(_Loose):
+    role: StrictStr
+    content: StrictStr | list[ContentPart] | None = None
+    name: StrictStr | None = None
+    tool_calls: list[Any] | None = None
+
+
+class _Request(_Loose):
+    model: StrictStr
+    max_tokens: StrictInt | None = None
+    temperature: Annotated[float, Field(ge=0, le=2)] | None = None
+    top_p: Annotated[float, Field(ge=0, le=1)] | None = None
+    seed: StrictInt | None = None
+    stop: StrictStr | list[StrictStr] | None = None
+    n: StrictInt | None = None
+    stream: StrictBool | None = False
+    stream_options: StreamOptions | None = None
+
+
+class ChatRequest(_Request):
+    messages: list[Message]
+    max_completion_tokens: StrictInt | None = None
+
+
+class CompletionRequest(_Request):
+    prompt: StrictStr | list[StrictStr] | list[StrictInt] | list[list[StrictInt]]
+
+
+_TYPE_TAGS = frozenset({"str", "int", "float", "bool", "list", "dict", "none"})
+
+
+def _where(loc: Sequence[Any]) -> str:
+    """pydantic's error location as OpenAI names parameters (``messages[0].role``), without union branch tags."""
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif part.isidentifier() and part not in _TYPE_TAGS:
+            out += f".{part}" if out else part
+    return out
+
+
+def _from_validation(err: ValidationError) -> ApiError:
+    first = err.errors()[0]
+    where = _where(first["loc"])
+    if first["type"] == "missing":
+        return bad_request(f"Missing required parameter: '{where}'.", where, "missing_required_parameter")
+    return bad_request(f"Invalid value for '{where}': {first['msg']}.", where,
+                       "invalid_type" if first["type"].endswith("_type") else "invalid_value")
+
+
+def parse_json(raw: bytes) -> dict:
+    """The request body as a JSON object."""
+    try:
+        obj = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        raise bad_request("We could not parse the JSON body of your request. The body must be valid JSON "
+                          "(Content-Type: application/json).", None, "invalid_json") from None
+    if not isinstance(obj, dict):
+        raise bad_request("The request body must be a JSON object.", None, "invalid_json")
+    return obj
+
+
+def _common_checks(obj: dict, req: _Request) -> None:
+    for name, allowed in UNSUPPORTED.items():
+        if name in obj and obj[name] not in allowed:
+            raise bad_request(f"'{name}' is not supported by this server.", name, "unsupported_parameter")
+    if req.n is not None and req.n != 1:
+        if req.n < 1:
+            raise bad_request(f"Invalid value for 'n': {req.n} is less than the minimum of 1.", "n")
+        raise bad_request(f"n = {req.n} is not supported: this server returns one choice per request (n = 1).",
+                          "n", "unsupported_value")
+    stops = [req.stop] if isinstance(req.stop, str) else (req.stop or [])
+    if len(stops) > MAX_STOP_SEQUENCES:
+        raise bad_request(f"'stop' has {len(stops)} sequences; at most {MAX_STOP_SEQUENCES} are allowed.", "stop")
+    if req.stream_options is not None and not req.stream:
+        raise bad_request("'stream_options' is only allowed when 'stream' is true.", "stream_options")
+
+
+def parse_chat(obj: dict) -> ChatRequest:
+    try:
+        req = ChatRequest.model_validate(obj)
+    except ValidationError as err:
+        raise _from_validation(err) from None
+    _common_checks(obj, req)
+    if not req.messages:
+        raise bad_request("'messages' must contain at least one message.", "messages", "empty_array")
+    for i, m in enumerate(req.messages):
+        if m.role not in ROLES:
+            raise bad_request(f"Invalid value: '{m.role}'. Supported values are: "
+                              + ", ".join(f"'{r}'" for r in ROLES) + ".", f"messages[{i}].role")
+        if m.tool_calls:
+            raise bad_request("tool calls are not supported by this server.", f"messages[{i}].tool_calls",
+                              "unsupported_parameter")
+        if m.content is None and m.role != "assistant":
+            raise bad_request(f"Missing required parameter: 'messages[{i}].content'.", f"messages[{i}].content",
+                              "missing_required_parameter")
+        for j, part in enumerate(m.content if isinstance(m.content, list) else []):
+            if part.type != "text" or part.text is None:
+                raise bad_request(f"content part type '{part.type}' is not supported: only 'text' is.",
+                                  f"messages[{i}].content[{j}].type", "unsupported_value")
+    return req
+
+
+def parse_completion(obj: dict) -> CompletionRequest:
+    try:
+        req = CompletionRequest.model_validate(obj)
+    except ValidationError as err:
+        raise _from_validation(err) from None
+    _common_checks(obj, req)
+    p = req.prompt
+    if isinstance(p, list) and p and isinstance(p[0], (str, list)) and len(p) != 1:
+        raise bad_request(f"'prompt' holds {len(p)} prompts; this server takes one prompt per request.",
+                          "prompt", "unsupported_value")
+    return req
+
+
+def chat_messages(req: ChatRequest) -> list[dict]:
+    """Messages as chat templates read them: text content, `developer` as `system` (as for OpenAI's models)."""
+    out = []
+    for m in req.messages:
+        content = m.content if isinstance(m.content, str) else "".join(p.text or "" for p in m.content or [])
+        msg = {"role": "system" if m.role == "developer" else m.role, "content": content}
+        if m.name is not None:
+            msg["name"] = m.name
+        out.append(msg)
+    return out
+
+
+def completion_prompt(req: CompletionRequest) -> str | list[int]:
+    """The one prompt: text, or token ids used as they are."""
+    p = req.prompt
+    if isinstance(p, list) and p and isinstance(p[0], (str, list)):
+        p = p[0]
+    return p
+
+
+def stop_sequences(req: _Request) -> tuple[str, ...]:
+    stops = [req.stop] if isinstance(req.stop, str) else (req.stop or [])
+    return tuple(s for s in stops if s)
+
+
+# ---------------------------------------------------------------- generation
+
+
+@dataclass(frozen=True)
+class Generation:
+    """One request to `tensorrt_llm`, decided: what goes in and how to sample."""
+
+    input_ids: tuple[int, ...]
+    max_tokens: int
+    greedy: bool
+    temperature: float
+    top_p: float
+    seed: int
+    stop: tuple[str, ...]
+
+
+def plan(req: _Request, input_ids: Sequence[int], context_len: int | None, *, seed: int,
+         vocab_size: int | None = None) -> Generation:
+    """Validate lengths against the model's context and fill OpenAI's defaults.
+
+    ``seed`` is used when the request has none (OpenAI samples afresh each time unless seeded).
+    """
+    chat = isinstance(req, ChatRequest)
+    where = "messages" if chat else "prompt"
+    n_prompt = len(input_ids)
+    if n_prompt == 0:
+        raise bad_request(f"'{where}' is empty: it tokenizes to no tokens.", where)
+    if vocab_size is not None and any(not 0 <= t < vocab_size for t in input_ids):
+        raise bad_request(f"'prompt' holds token ids outside the vocabulary (0..{vocab_size - 1}).", "prompt")
+    asked = req.max_completion_tokens if chat and req.max_completion_tokens is not None else req.max_tokens
+    name = "max_completion_tokens" if chat and req.max_completion_tokens is not None else "max_tokens"
+    if asked is not None and asked < 1:
+        raise bad_request(f"Invalid value for '{name}': {asked} is less than the minimum of 1.", name)
+    if context_len is not None and n_prompt >= context_len:
+        raise bad_request(f"This model's maximum context length is {context_len} tokens. However, your "
+                          f"{where} resulted in {n_prompt} tokens. Please reduce the length of the {where}.",
+                          where, "context_length_exceeded")
+    if asked is None:
+        if not chat:
+            asked = DEFAULT_COMPLETION_MAX_TOKENS if context_len is None else min(DEFAULT_COMPLETION_MAX_TOKENS,
+                                                                                  context_len - n_prompt)
+        else:
+            asked = DEFAULT_CHAT_MAX_TOKENS if context_len is None else context_len - n_prompt
+    elif context_len is not None and n_prompt + asked > context_len:
+        raise bad_request(f"This model's maximum context length is {context_len} tokens. However, you requested "
+                          f"{n_prompt + asked} tokens ({n_prompt} in the {where}, {asked} in the completion). "
+                          f"Please reduce the length of the {where} or completion.", name, "context_length_exceeded")
+    temperature = 1.0 if req.temperature is None else float(req.temperature)
+    top_p = 1.0 if req.top_p is None else float(req.top_p)
+    return Generation(input_ids=tuple(int(t) for t in input_ids), max_tokens=int(asked),
+                      greedy=temperature == 0.0 or top_p == 0.0, temperature=temperature, top_p=top_p,
+                      seed=(seed if req.seed is None else req.seed) & UINT64_MASK, stop=stop_sequences(req))
+
+
+def _tensor(request: service_pb2.ModelInferRequest, name: str, datatype: str, shape: list[int], raw: bytes) -> None:
+    t = request.inputs.add()
+    t.name, t.datatype = name, datatype
+    t.shape.extend(shape)
+    request.raw_input_contents.append(raw)
+
+
+def triton_request(gen: Generation, request_id: str, model: str = MODEL_NAME) -> service_pb2.ModelInferRequest:
+    """The streamed `tensorrt_llm` request for ``gen``; end ids and stop ids stay the build's defaults."""
+    r = service_pb2.ModelInferRequest(model_name=model, id=request_id)
+    ids = np.asarray(gen.input_ids, "<i4")
+    _tensor(r, "input_ids", "INT32", [1, ids.size], ids.tobytes())
+    _tensor(r, "input_lengths", "INT32", [1, 1], np.int32(ids.size).astype("<i4").tobytes())
+    _tensor(r, "request_output_len", "INT32", [1, 1], np.int32(gen.max_tokens).astype("<i4").tobytes())
+    _tensor(r, "streaming", "BOOL", [1, 1], b"\x01")
+    if not gen.greedy:
+        _tensor(r, "temperature", "FP32", [1, 1], np.float32(gen.temperature).astype("<f4").tobytes())
+        _tensor(r, "runtime_top_p", "FP32", [1, 1], np.float32(gen.top_p).astype("<f4").tobytes())
+    _tensor(r, "seed", "UINT64", [1, 1], np.uint64(gen.seed).astype("<u8").tobytes())
+    r.outputs.add().name = "output_ids"
+    # The stream ends with an empty response flagged final, so the end is seen even without tokens.
+    r.parameters["triton_enable_empty_final_response"].bool_param = True
+    return r
+
+
+@dataclass(frozen=True)
+class Step:
+    """One streamed response: new token ids, whether it is the last, or Triton's error."""
+
+    token_ids: tuple[int, ...]
+    final: bool
+    error: str | None = None
+
+
+def parse_response(resp: service_pb2.ModelStreamInferResponse) -> Step:
+    if resp.error_message:
+        return Step((), True, resp.error_message)
+    r = resp.infer_response
+    final = r.parameters["triton_final_response"].bool_param if "triton_final_response" in r.parameters else False
+    ids: tuple[int, ...] = ()
+    lengths = None
+    for i, out in enumerate(r.outputs):
+        if out.name == "output_ids":
+            ids = tuple(np.frombuffer(r.raw_output_contents[i], "<i4").reshape(-1).tolist())
+        elif out.name == "sequence_length":
+            lengths = np.frombuffer(r.raw_output_contents[i], "<i4").reshape(-1)
+    if lengths is not None and lengths.size == 1:
+        ids = ids[: int(lengths[0])]
+    return Step(ids, final)
+
+
+class TextStream:
+    """Generated token ids in, text out, one token at a time; stop sequences cut the text.
+
+    Decoding a token on its own breaks characters that span tokens (byte-level BPE) and leading
+    spaces (SentencePiece), so each step decodes a short window of ids and releases only what the
+    new token added, holding back an incomplete character (TGI's and vLLM's offsets). Text that
+    could still be the start of a stop sequence is held back too, so no part of a stop sequence is
+    ever sent; at a match the text before it is released and ``stopped`` is set.
+    """
+
+    def __init__(self, decode: Callable[[list[int]], str], stop: Sequence[str] = ()) -> None:
+        self._decode = decode
+        self._stop = tuple(s for s in stop if s)
+        self._hold = max((len(s) for s in self._stop), default=1) - 1
+        self.ids: list[int] = []
+        self._prefix = 0  # the window's start: ids already released, kept as context
+        self._read = 0  # ids[:_read] are text (released or pending)
+        self._pending = ""
+        self.stopped = False
+
+    def push(self, token_id: int) -> str:
+        """The text that ``token_id`` lets out (often '', e.g. inside a character or a possible stop)."""
+        if self.stopped:
+            return ""
+        self.ids.append(int(token_id))
+        before = self._decode(self.ids[self._prefix:self._read])
+        now = self._decode(self.ids[self._prefix:])
+        if len(now) > len(before) and not now.endswith("\ufffd"):
+            self._pending += now[len(before):]
+            self._prefix, self._read = self._read, len(self.ids)
+        return self._release(final=False)
+
+    def flush(self) -> str:
+        """The rest, at the end of generation (an incomplete character comes out as U+FFFD)."""
+        if not self.stopped and self._read < len(self.ids):
+            before = self._decode(self.ids[self._prefix:self._read])
+            self._pending += self._decode(self.ids[self._prefix:])[len(before):]
+            self._read = len(self.ids)
+        return self._release(final=True)
+
+    def _release(self, final: bool) -> str:
+        if self.stopped:
+            return ""
+        hits = [i for i in (self._pending.find(s) for s in self._stop) if i >= 0]
+        if hits:
+            out, self._pending, self.stopped = self._pending[:min(hits)], "", True
+            return out
+        keep = 0 if final else min(self._hold, len(self._pending))
+        out, self._pending = self._pending[:len(self._pending) - keep], self._pending[len(self._pending) - keep:]
+        return out
+
+
+def finish_reason(stopped: bool, completion_tokens: int, max_tokens: int) -> str:
+    """``length`` when the budget ran out, else ``stop`` (an end id, a stop id or a stop sequence)."""
+    return "length" if not stopped and completion_tokens >= max_tokens else "stop"
+
+
+# ---------------------------------------------------------------- responses
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+@dataclass(frozen=True)
+class Head:
+    """What every body and chunk of one response repeats."""
+
+    id: str
+    created: int
+    model: str
+    fingerprint: str | None
+
+    def fields(self, obj: str) -> dict:
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model,
+                "system_fingerprint": self.fingerprint}
+
+
+def chat_response(head: Head, text: str, finish: str, use: dict) -> dict:
+    return {**head.fields("chat.completion"),
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text, "refusal": None},
+                         "logprobs": None, "finish_reason": finish}],
+            "usage": use}
+
+
+def chat_chunk(head: Head, delta: dict, finish: str | None, with_usage: bool) -> dict:
+    out = {**head.fields("chat.completion.chunk"),
+           "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]}
+    if with_usage:
+        out["usage"] = None
+    return out
+
+
+def completion_response(head: Head, text: str, finish: str, use: dict) -> dict:
+    return {**head.fields("text_completion"),
+            "choices": [{"text": text, "index": 0, "logprobs": None, "finish_reason": finish}],
+            "usage": use}
+
+
+def completion_chunk(head: Head, text: str, finish: str | None, with_usage: bool) -> dict:
+    out = {**head.fields("text_completion"),
+           "choices": [{"text": text, "index": 0, "logprobs": None, "finish_reason": finish}]}
+    if with_usage:
+        out["usage"] = None
+    return out
+
+
+def usage_chunk(head: Head, obj: str, use: dict) -> dict:
+    """The last chunk when ``stream_options.include_usage``: no choices, the usage."""
+    return {**head.fields(obj), "choices": [], "usage": use}
+
+
+def model_card(name: str, created: int, extra: dict | None = None) -> dict:
+    return {"id": name, "object": "model", "created": created, "owned_by": "stoker", **(extra or {})}
+
+
+def sse(obj: dict) -> bytes:
+    return b"data: " + json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
+
+
+DONE = b"data: [DONE]\n\n"
