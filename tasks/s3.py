@@ -5,9 +5,11 @@ from __future__ import annotations
 import time
 
 from prefect import get_run_logger
+from prefect.context import TaskRunContext
 
 from stoker import s3
 from stoker.digest import FileRecord
+from stoker.errors import TransientError
 from stoker.run import Output, RunContext, StepResult
 from stoker.spec import Spec, Storage
 
@@ -20,25 +22,43 @@ def _outputs(storage: Storage, objects: list[dict]) -> list[Output]:
 
 @step_task("upload")
 def upload_repository(spec: Spec, packaged: StepResult, ctx: RunContext) -> StepResult:
-    """Parallel upload keyed by the repository digest; identical objects are skipped."""
+    """Parallel upload keyed by the repository digest; identical objects are skipped.
+
+    A transient failure is retried by Prefect, and what arrived stays for the retry to skip; when the last
+    attempt fails, nothing of this repository is left under its prefix.
+    """
     log = get_run_logger().info
     t0 = time.perf_counter()
     st = spec.storage
-    client = s3.client(st)
-    s3.ensure_bucket(client, st, create=st.create_bucket)
     prefix = s3.repo_prefix(st, packaged.digest)
-    marker = s3.read_marker(client, st, packaged.digest)
-    if marker is not None:
-        log(f"upload: s3://{st.bucket}/{prefix} already complete, nothing to send")
-        objects = marker["objects"]
-    else:
-        files = [FileRecord(_rel(packaged, o.uri), o.sha256, o.bytes) for o in packaged.outputs]
-        empty = packaged.detail.get("empty_dirs", [])
-        objects = [o.__dict__ for o in s3.upload_tree(client, st, packaged.path, files, empty, packaged.digest, log)]
+    try:
+        client = s3.client(st)
+        s3.ensure_bucket(client, st, create=st.create_bucket)
+        marker = s3.read_marker(client, st, packaged.digest)
+        if marker is not None:
+            log(f"upload: s3://{st.bucket}/{prefix} already complete, nothing to send")
+            objects = marker["objects"]
+        else:
+            files = [FileRecord(_rel(packaged, o.uri), o.sha256, o.bytes) for o in packaged.outputs]
+            empty = packaged.detail.get("empty_dirs", [])
+            objects = [o.__dict__ for o in s3.upload_tree(client, st, packaged.path, files, empty,
+                                                          packaged.digest, log, keep_sent=True)]
+    except TransientError:
+        if _retries_left():
+            log(f"upload: will be retried; what arrived under s3://{st.bucket}/{prefix} stays for it to skip")
+        else:
+            s3.discard_upload(st, packaged.digest, log)
+        raise
     uri = s3.triton_uri(st, f"{prefix}/model_repository")
     return StepResult(name="upload", cache_hit=marker is not None, duration_s=time.perf_counter() - t0,
                       key=packaged.digest[:24], digest=packaged.digest, outputs=_outputs(st, objects),
                       detail={"repository_uri": uri, "prefix": f"s3://{st.bucket}/{prefix}"})
+
+
+def _retries_left() -> int:
+    """How many more times Prefect runs this task after a transient failure (0 outside a task run)."""
+    ctx = TaskRunContext.get()
+    return 0 if ctx is None else max(0, ctx.task.retries - ctx.task_run.run_count + 1)
 
 
 def _rel(packaged: StepResult, uri: str) -> str:

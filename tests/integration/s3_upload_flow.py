@@ -1,0 +1,51 @@
+"""Not collected on its own (no test_ prefix): test_s3_faults.py runs it as a script, with a fresh PREFECT_HOME.
+
+`python s3_upload_flow.py JOB.json` runs the real upload task (`tasks.s3.upload_repository`, with its
+Prefect retries) in a flow on Prefect's temporary API, for the repository JSON describes; it prints the
+step's result as `RESULT {json}` and exits 0, or exits 1 when the flow failed.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+
+def main(job_path: str) -> int:
+    from stoker.stack.prefect_ephemeral import stop_ephemeral_api, telemetry_off
+
+    telemetry_off()
+    from prefect import flow
+
+    from stoker.run import Output, RunContext, StepResult
+    from stoker.spec import Spec
+    from tasks.s3 import upload_repository
+
+    job = json.loads(Path(job_path).read_text())
+    root = Path(job["root"])
+    spec = Spec.model_validate({"model": {"repo_id": "stoker/unused"}, "storage": job["storage"]})
+    packaged = StepResult(name="package", digest=job["digest"], path=root, detail={"empty_dirs": job["empty_dirs"]},
+                          outputs=[Output(uri=(root / f["path"]).as_uri(), sha256=f["sha256"], bytes=f["bytes"])
+                                   for f in job["files"]])
+
+    @flow(name="upload-under-faults")
+    def upload_only() -> StepResult:
+        return upload_repository(spec, packaged, RunContext.new(Path(job["home"])))
+
+    try:
+        result = upload_only()
+    except Exception as exc:  # noqa: BLE001 - the test reads the log and the exit status
+        print(f"FAILED {type(exc).__name__}: {exc}", flush=True)
+        return 1
+    finally:
+        stop_ephemeral_api()
+    print("RESULT " + result.model_dump_json(), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))
