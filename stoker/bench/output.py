@@ -78,9 +78,17 @@ def level_label(level: dict[str, Any]) -> str:
     return f"concurrency {level['concurrency']}"
 
 
-def markdown_table(levels: Sequence[dict[str, Any]]) -> str:
-    head = ("| level | requests | errors | output tok/s | req/s | TTFT p50 ms | TTFT p99 ms | ITL p50 ms | "
-            "ITL p99 ms | e2e p50 ms | e2e p99 ms | OSL mean | client |")
+def markdown_table(levels: Sequence[dict[str, Any]], output_unit: str = "tokens") -> str:
+    """One row per level; `output_unit` "chunks" (no tokenizer) puts CHUNKS in every header that is not tokens."""
+    if output_unit == "chunks":
+        caption = ("**Counted in stream CHUNKS, not tokens** (--count-chunks): a chunk may hold several tokens "
+                   "or none.\n\n")
+        head = ("| level | requests | errors | output CHUNKS/s | req/s | TTFT p50 ms | TTFT p99 ms | "
+                "ms/CHUNK p50 | ms/CHUNK p99 | e2e p50 ms | e2e p99 ms | CHUNKS mean | client |")
+    else:
+        caption = ""
+        head = ("| level | requests | errors | output tok/s | req/s | TTFT p50 ms | TTFT p99 ms | ITL p50 ms | "
+                "ITL p99 ms | e2e p50 ms | e2e p99 ms | OSL mean | client |")
     lines = [head, "|" + "---|" * head.count(" | ") + "---|"]
     for lv in levels:
         lines.append(
@@ -91,10 +99,11 @@ def markdown_table(levels: Sequence[dict[str, Any]]) -> str:
             f"{_f(_stat(lv, 'output_tokens', 'mean'))} | "
             f"{'**saturated**: ' + lv['client_saturated'] if lv.get('client_saturated') else 'ok'} |"
         )
-    return "\n".join(lines) + "\n"
+    return caption + "\n".join(lines) + "\n"
 
 
-def plot_latency_throughput(levels: Sequence[dict[str, Any]], path: Path, title: str = "") -> Path:
+def plot_latency_throughput(levels: Sequence[dict[str, Any]], path: Path, title: str = "",
+                            output_unit: str = "tokens") -> Path:
     """Output tokens/s (x) against TTFT and ITL p50/p99 (y), one point per level, labelled."""
     import matplotlib
 
@@ -114,7 +123,7 @@ def plot_latency_throughput(levels: Sequence[dict[str, Any]], path: Path, title:
             if y is not None:
                 ax.annotate(level_label(lv).replace("concurrency ", "c="), (x, y), textcoords="offset points",
                             xytext=(4, 4), fontsize=8)
-        ax.set_xlabel("output tokens/s")
+        ax.set_xlabel(f"output {output_unit.upper() if output_unit == 'chunks' else output_unit}/s")
         ax.set_ylabel(f"{name} (ms)")
         ax.grid(True, alpha=0.3)
         ax.legend()
@@ -131,8 +140,9 @@ def write_all(out: Path, records: Sequence[RequestRecord], summary: dict[str, An
     out.mkdir(parents=True, exist_ok=True)
     files = [write_records(out / RECORDS, records)]
     files += write_summary(out, summary)
-    (out / TABLE_MD).write_text(markdown_table(summary["levels"]))
+    unit = (summary.get("units") or {}).get("output", "tokens")
+    (out / TABLE_MD).write_text(markdown_table(summary["levels"], unit))
     files.append(out / TABLE_MD)
     if summary["levels"]:
-        files.append(plot_latency_throughput(summary["levels"], out / PLOT_PNG, title))
+        files.append(plot_latency_throughput(summary["levels"], out / PLOT_PNG, title, unit))
     return files

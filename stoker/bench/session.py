@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from .client import BenchConfig, BenchmarkResult, run_sweep
+from .counting import CHUNKS_WARNING
 from .load import Level
 from .output import write_all
 from .workload import Prompt, load_prompt_file, make_prompts, token_counter
@@ -70,17 +71,19 @@ def execute(
     """Run the sweep and write its files into `out`; returns the result, the summary and the files."""
     prompts = workload.prompts(prompt_count(config))
     result = run_sweep(config, prompts, workload.counter(), progress, progress_bar)
+    chunks = workload.tokenizer_json is None  # no tokenizer: lengths are words in and stream chunks out
     summary = {
         **(meta or {}),
         "model": config.model,
         "url": config.url,
+        "units": {"input": "words" if chunks else "tokens", "output": "chunks" if chunks else "tokens"},
         "workload": fingerprint(config, workload),
         "settings": {"mode": config.levels[0].mode, "levels": [lv.label for lv in config.levels],
                      "requests_per_level": config.requests_per_level, "duration_s": config.duration_s,
                      "warmup_requests": config.warmup_requests, "timeout_s": config.timeout_s,
                      "workers": config.workers, "max_tokens": config.max_tokens},
         "levels": [lv.to_dict() for lv in result.levels],
-        "warnings": list(result.warnings),
+        "warnings": [CHUNKS_WARNING] * chunks + list(result.warnings),
     }
     files = write_all(out, result.records, summary, title or f"{config.model} @ {config.url}")
     return result, summary, files

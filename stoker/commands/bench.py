@@ -1,4 +1,9 @@
-"""`stoker bench`: the streaming benchmark against any Triton LLM endpoint (gRPC or HTTP SSE)."""
+"""`stoker bench`: the streaming benchmark against any Triton LLM endpoint (gRPC or HTTP SSE).
+
+Tokens are counted with a tokenizer: --tokenizer, else the one of the stoker deployment serving --url
+(its run's manifest, else its repository in S3). Without one it refuses, unless --count-chunks: then
+stream chunks are counted, and every table and summary says so.
+"""
 
 from __future__ import annotations
 
@@ -44,9 +49,23 @@ def _tokenizer(path: Path | None) -> Path | None:
     return path
 
 
+def _counting(args: argparse.Namespace):
+    from ..bench.counting import choose
+    from ..run import stoker_home
+
+    def deployed():
+        from ..serving.deployed_tokenizer import lookup
+
+        return lookup(args.url, stoker_home())
+
+    return choose(_tokenizer(args.tokenizer), args.count_chunks, deployed)
+
+
 def _bench(args: argparse.Namespace) -> int:
-    from ..bench.client import BenchConfig
+    from ..bench.client import BenchConfig, validate
+    from ..bench.counting import CHUNKS_WARNING
     from ..bench.session import Workload, execute, levels_from
+    from ..bench.workload import Prompt, load_prompt_file
 
     protocol = args.protocol or ("http" if args.url.startswith(("http://", "https://")) else "grpc")
     if args.request_rate and args.concurrency:
@@ -58,15 +77,24 @@ def _bench(args: argparse.Namespace) -> int:
         warmup_requests=args.warmup, timeout_s=args.timeout, protocol=protocol, arrival=args.arrival,
         seed=args.seed, workers=args.workers, ignore_eos=args.ignore_eos, http_streaming=not args.no_stream,
         extra_inputs=dict(args.extra_input or []))
+    # Bad settings and a bad prompt file are refused before the deployment is looked up.
+    validate(config, [Prompt("-", 1)])  # the real prompts are checked again when they are made
+    if args.prompt_file is not None:
+        load_prompt_file(args.prompt_file)
+    counting = _counting(args)
     workload = Workload(input_tokens=args.input_tokens, output_tokens=args.output_tokens,
                         input_stddev=args.input_tokens_stddev, output_stddev=args.output_tokens_stddev,
-                        seed=args.seed, tokenizer_json=_tokenizer(args.tokenizer), prompt_file=args.prompt_file)
+                        seed=args.seed, tokenizer_json=counting.tokenizer_json, prompt_file=args.prompt_file)
     out = args.out or Path(f"bench-{time.strftime('%Y%m%dT%H%M%S')}")
     say = (lambda msg: print(msg, file=sys.stderr)) if not args.quiet else None
-    _, summary, files = execute(config, workload, out, progress=say, progress_bar=not args.quiet and sys.stderr.isatty())
+    _, summary, files = execute(config, workload, out, progress=say, progress_bar=not args.quiet and sys.stderr.isatty(),
+                                meta={"counting": counting.to_dict()})
     from ..bench.output import markdown_table
 
-    print(markdown_table(summary["levels"]), end="")
+    # The unit of every figure in the table: said above it (and in its caption when chunks).
+    print(f"{CHUNKS_WARNING}" if counting.chunks else f"tokens counted with {counting.tokenizer_json} "
+          f"({counting.source})")
+    print(markdown_table(summary["levels"], summary["units"]["output"]), end="")
     for path in files:
         print(f"wrote {path}")
     return 0
@@ -95,7 +123,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     wl.add_argument("--output-tokens", type=int, default=32, help="max_tokens per request")
     wl.add_argument("--output-tokens-stddev", type=float, default=0.0)
     wl.add_argument("--ignore-eos", action="store_true", help="send min_tokens = max_tokens (exact OSL)")
-    wl.add_argument("--tokenizer", type=Path, help="tokenizer.json (or its folder): exact ISL, OSL counted in tokens")
+    wl.add_argument("--tokenizer", type=Path, help="tokenizer.json (or its folder); default: the one of the stoker "
+                    "deployment serving --url (its manifest, else its repository in S3)")
+    wl.add_argument("--count-chunks", action="store_true",
+                    help="no tokenizer: count stream chunks (labelled CHUNKS everywhere) and input words")
     wl.add_argument("--prompt-file", type=Path, help='JSONL prompts: {"text": ..., "output_tokens": N}')
     wl.add_argument("--seed", type=int, default=0)
     wl.add_argument("--extra-input", type=_extra, action="append", help="NAME=VALUE model input, e.g. end_id=2")
