@@ -131,20 +131,25 @@ def test_http_generate_single_response_works(triton) -> None:
 
 def test_stoker_bench_command(triton, tmp_path: Path) -> None:
     out = tmp_path / "bench"
+    # The scripted model has no tokenizer: chunks are counted, and said to be.
     run = subprocess.run(
         [sys.executable, "-m", "stoker.cli", "bench", "--url", triton.grpc_url, "--concurrency", "1,2",
-         "--requests", "6", "--output-tokens", "5", "--workers", "2", "--out", str(out)],
+         "--requests", "6", "--output-tokens", "5", "--workers", "2", "--count-chunks", "--out", str(out)],
         capture_output=True, text=True, timeout=120, check=False)
     assert run.returncode == 0, run.stderr
     assert "| concurrency 2 | 6 | 0 |" in run.stdout
+    assert "output CHUNKS/s" in run.stdout and "stream CHUNKS, not tokens" in run.stdout
     assert sorted(p.name for p in out.iterdir()) == ["latency_throughput.png", "records.jsonl", "summary.csv",
                                                       "summary.json", "table.md"]
     summary = json.loads((out / "summary.json").read_text())
+    assert summary["units"] == {"input": "words", "output": "chunks"}
+    assert summary["counting"] == {"output_unit": "chunks", "source": "--count-chunks"}
+    assert any("CHUNKS" in w for w in summary["warnings"]) and "output CHUNKS/s" in (out / "table.md").read_text()
     assert [lv["concurrency"] for lv in summary["levels"]] == [1, 2]
     assert summary["settings"]["workers"] == 2 and summary["levels"][1]["output_tokens"]["mean"] == 5
     assert len((out / "records.jsonl").read_text().splitlines()) == 12
     bad = subprocess.run([sys.executable, "-m", "stoker.cli", "bench", "--url", triton.grpc_url, "--model", "nope",
-                          "--out", str(tmp_path / "x")], capture_output=True, text=True, timeout=60,
+                          "--count-chunks", "--out", str(tmp_path / "x")], capture_output=True, text=True, timeout=60,
                          check=False)
     assert bad.returncode == 1 and bad.stderr.count("\n") == 1
     assert bad.stderr.startswith("stoker: error: model 'nope' is not in the repository")

@@ -1,6 +1,8 @@
 """The whole chain on real servers: Hub mirror, S3, Docker + Triton, Prefect's ephemeral API.
 
-Each `stoker` call is a new process, so the rerun proves the cache survives one.
+Each `stoker` call is a new process, so the rerun proves the cache survives one. Both runs, and the
+demo model's generation, must print clean logs (clean_logs.py): a cold run in a fresh PREFECT_HOME is
+where Prefect's telemetry used to fail.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from pathlib import Path
 import boto3
 import pytest
 import yaml
+from clean_logs import noise
 from operate_helpers import free_base_port
 
 from stoker.demo import DEMO_SPEC
@@ -65,6 +68,7 @@ def test_demo_spec_end_to_end_then_a_rerun_of_cache_hits(tmp_path, local_stack, 
 
     first = _stoker(["run", str(path)], env)
     assert first.returncode == 0, first.stderr[-4000:]
+    assert noise("\n".join([*local_stack["model_log"], first.stdout, first.stderr])) == []
     m1 = _manifest(first)
     assert m1["status"] == "completed"
     assert all(m1["steps"][s]["status"] == "completed" for s in (*HEAVY_STEPS, "deploy", "benchmark"))
@@ -105,8 +109,23 @@ def test_demo_spec_end_to_end_then_a_rerun_of_cache_hits(tmp_path, local_stack, 
     assert len(events) >= 2 and all("text_output" in e for e in events)
     assert "curl -sN -X POST" in first.stdout
 
+    # `stoker bench` counts tokens with the deployment's tokenizer: through the stable endpoint from the
+    # run's manifest; through a backend's own port with no manifest here, from the repository in S3.
+    tokenizer = next(o for o in m1["steps"]["package"]["outputs"]
+                     if o["uri"].endswith("preprocessing/1/tokenizer/tokenizer.json"))
+    for url, home, source in ((m1["endpoint"]["grpc"], env["STOKER_HOME"], "from its manifest"),
+                              (m1["backend"]["grpc"], str(tmp_path / "elsewhere"), "from its repository in S3")):
+        out = tmp_path / f"bench-{source.split()[-1]}"
+        bench = _stoker(["bench", "--url", url, "--requests", "2", "--warmup", "0", "--output-tokens", "4",
+                         "--quiet", "--out", str(out)], {**env, "STOKER_HOME": home}, timeout=300)
+        assert bench.returncode == 0, bench.stderr[-2000:]
+        assert source in bench.stdout and "output tok/s" in bench.stdout, bench.stdout
+        counting = json.loads((out / "summary.json").read_text())["counting"]
+        assert counting["output_unit"] == "tokens" and counting["tokenizer_sha256"] == tokenizer["sha256"]
+
     second = _stoker(["run", str(path)], env)
     assert second.returncode == 0, second.stderr[-4000:]
+    assert noise(second.stdout + second.stderr) == []
     m2 = _manifest(second)
     assert m2["run_id"] != m1["run_id"]
     assert all(m2["steps"][s]["cache_hit"] for s in (*HEAVY_STEPS, "deploy")), {
