@@ -38,6 +38,7 @@ def spec_file(tmp_path, local_stack):
     data["deploy"]["name"] = f"it-{uuid.uuid4().hex[:6]}"
     data["deploy"]["ports"] = {"http": base, "grpc": base + 1, "metrics": base + 2}
     data["benchmark"].update({"concurrency": [1, 2], "requests_per_level": 4, "output_tokens": 16})
+    data["evaluation"] = {"lm_eval": {"task": "stoker_cloze", "limit": 8}}  # lm-eval through the endpoint too
     path = tmp_path / "spec.yaml"
     path.write_text(yaml.safe_dump(data))
     yield path, data
@@ -84,6 +85,8 @@ def test_demo_spec_end_to_end_then_a_rerun_of_cache_hits(tmp_path, local_stack, 
     assert ev["passed"] and ev["baseline"]["check"]["passed"]
     assert ev["baseline"]["check"]["max_abs_log_prob_diff"] <= ev["baseline"]["check"]["tolerance"]
     assert ev["candidate"]["perplexity"] > 1 and 0 <= ev["candidate"]["agreement"]["token_match_rate"] <= 1
+    task = ev["candidate"]["task"]
+    assert task["task"] == "stoker_cloze" and task["n"] == 8 and 0 <= task["score"] <= 1
     order = list(m1["steps"])
     assert order.index("benchmark") < order.index("evaluate") < order.index("gate") < order.index("switch")
     for level in m1["benchmark"]["levels"]:
