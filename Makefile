@@ -46,8 +46,9 @@ stack: venv
 stack-down:
 	bash infra/prefect/stack.sh down
 
+# deployments/platform.yaml (pools, GPU limits, automations), then `prefect deploy --all` on prefect.yaml.
 deploy-flows: venv
-	$(VENV)/bin/stoker deploy-flows deployments/deployments.yaml
+	$(VENV)/bin/stoker deploy-flows
 
 clean: down
 	rm -rf $(VENV)

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The self-hosted Prefect stack on this host, with no image registry: Debian's PostgreSQL 15 (installed with
 # apt when missing), `prefect server start` on it with API basic auth, and a process worker for CPU work.
-# Then `stoker deploy-flows` registers the flows. Everything listens on 127.0.0.1.
+# Then `stoker deploy-flows`: the pools, limits and automations of deployments/platform.yaml, and prefect.yaml's
+# deployments through `prefect deploy --all`. Everything listens on 127.0.0.1.
 #   infra/prefect/stack.sh            start (or reuse) it all; prints the env a client needs
 #   infra/prefect/stack.sh down       stop what it started (only that)
 # State (DB cluster, credentials 0600, logs): $STOKER_HOME/prefect-stack. UI: add STOKER_PREFECT_UI=1.
@@ -36,4 +37,4 @@ print(f"Prefect API {api.url} (PostgreSQL), process worker on pool stoker-cpu")
 print(f"client settings: source {state / 'client.env'}")
 PYEOF
 set -a; source "$STATE/client.env"; set +a
-.venv/bin/stoker deploy-flows deployments/deployments.yaml
+.venv/bin/stoker deploy-flows

@@ -1,12 +1,17 @@
-"""`stoker deploy-flows [FILE]`: apply deployments/deployments.yaml to the Prefect API (PREFECT_API_URL).
+"""`stoker deploy-flows`: deployments/platform.yaml, then `prefect deploy --all`, against PREFECT_API_URL.
 
-Work pools, global concurrency limits, the flow deployments (with their schedules
-and parameters; specs named by file are embedded as typed parameters, so the UI
-shows the form) and the automations. Re-applying updates in place.
+prefect.yaml (the repo root) declares the deployments, the Prefect way: pools, typed parameters, schedules,
+triggers, concurrency. `prefect deploy` refuses a work pool that does not exist, and global concurrency limits
+and standalone automations are not deployments, so platform.yaml declares those. This command applies the
+pools and limits, runs Prefect's own `prefect --no-prompt deploy --all` (in the current folder, as `prefect
+deploy` runs), checks that every deployment of the file was written, then applies the automations.
+Re-applying updates in place.
 """
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import yaml
@@ -14,15 +19,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..errors import StokerError
 
-ENTRYPOINTS = {
-    "build_and_deploy": "flows/build_and_deploy.py:build_and_deploy",
-    "watch_revisions": "flows/watch_revisions.py:watch_revisions",
-}
-DEFAULT_FILE = Path("deployments/deployments.yaml")
+PLATFORM_FILE = Path("deployments/platform.yaml")
+PREFECT_FILE = Path("prefect.yaml")
 
 
 class DeployFlowsError(StokerError):
-    """The deployments file is invalid or the Prefect API refused it."""
+    """A file is invalid, or the Prefect API or `prefect deploy` refused it."""
 
 
 class _Strict(BaseModel):
@@ -41,51 +43,49 @@ class Limit(_Strict):
     slot_decay_per_second: float = 0.0
 
 
-class WatchEntry(_Strict):
-    spec_file: Path
-    deployment: str = "build_and_deploy/stoker-cpu"
-
-
-class DeploymentEntry(_Strict):
-    name: str
-    flow: str = Field(pattern="^(build_and_deploy|watch_revisions)$")
-    work_pool: str
-    description: str | None = None
-    tags: list[str] = Field(default_factory=list)
-    interval_s: float | None = Field(None, gt=0)
-    concurrency_limit: int | None = None
-    watches: list[WatchEntry] = Field(default_factory=list)  # watch_revisions only
-
-
-class DeploymentsFile(_Strict):
-    source: Path = Path("..")  # the checkout process workers run flows from, relative to this file
+class Platform(_Strict):
     work_pools: list[WorkPool] = Field(default_factory=list)
     concurrency_limits: list[Limit] = Field(default_factory=list)
-    deployments: list[DeploymentEntry]
-    automations: list[Path] = Field(default_factory=list)
+    automations: list[Path] = Field(default_factory=list)  # relative to the platform file
 
 
-def load(path: Path) -> DeploymentsFile:
+def _read_yaml(path: Path) -> object:
     try:
-        return DeploymentsFile.model_validate(yaml.safe_load(Path(path).read_text()))
+        return yaml.safe_load(Path(path).read_text())
     except FileNotFoundError:
         raise DeployFlowsError(f"{path}: no such file") from None
+    except yaml.YAMLError as err:
+        raise DeployFlowsError(f"{path}: not valid YAML ({str(err).splitlines()[0]})") from None
+
+
+def load_platform(path: Path) -> Platform:
+    try:
+        return Platform.model_validate(_read_yaml(path) or {})
     except ValidationError as err:
         first = err.errors()[0]
         raise DeployFlowsError(f"{path}: {'.'.join(map(str, first['loc']))}: {first['msg']}") from None
 
 
-def watch_parameters(entry: DeploymentEntry, base: Path) -> dict:
-    from ..spec import load_spec
+def deployment_names(prefect_file: Path) -> list[str]:
+    """Each deployment's name in a prefect.yaml; one line for what `prefect deploy --all` would skip silently
+    (it skips an unnamed deployment, and a file that fails its validation, and still exits 0)."""
+    data = _read_yaml(prefect_file)
+    deployments = data.get("deployments") if isinstance(data, dict) else None
+    if not deployments or not isinstance(deployments, list):
+        raise DeployFlowsError(f"{prefect_file}: no deployments")
+    names = []
+    for i, d in enumerate(deployments):
+        for key in ("name", "entrypoint"):
+            if not isinstance(d, dict) or not d.get(key):
+                raise DeployFlowsError(f"{prefect_file}: deployments.{i}.{key}: required")
+        if not (d.get("work_pool") or {}).get("name"):
+            raise DeployFlowsError(f"{prefect_file}: deployments.{i}.work_pool.name: required")
+        names.append(d["name"])
+    return names
 
-    watches = [{"spec": load_spec(base / w.spec_file).model_dump(mode="json"), "deployment": w.deployment}
-               for w in entry.watches]
-    return {"watches": watches}
 
-
-def apply(path: Path, log=print) -> list[str]:
-    """Create or update everything in the file; returns 'FLOW/NAME' of each deployment."""
-    from prefect import flow as prefect_flow
+def apply_platform(cfg: Platform, log=print) -> None:
+    """Create missing work pools; create or update the global concurrency limits."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.actions import (
         GlobalConcurrencyLimitCreate,
@@ -94,9 +94,6 @@ def apply(path: Path, log=print) -> list[str]:
     )
     from prefect.exceptions import ObjectNotFound
 
-    cfg = load(path)
-    base = Path(path).resolve().parent
-    root = (base / cfg.source).resolve()
     with get_client(sync_client=True) as client:
         for pool in cfg.work_pools:
             try:
@@ -115,28 +112,51 @@ def apply(path: Path, log=print) -> list[str]:
                 client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(
                     name=lim.name, limit=lim.limit, slot_decay_per_second=lim.slot_decay_per_second))
                 log(f"concurrency limit {lim.name}={lim.limit}: created")
-    names = []
-    for d in cfg.deployments:
-        remote = prefect_flow.from_source(source=str(root), entrypoint=ENTRYPOINTS[d.flow])
-        params = watch_parameters(d, base) if d.flow == "watch_revisions" else None
-        remote.deploy(name=d.name, work_pool_name=d.work_pool, build=False, push=False, interval=d.interval_s,
-                      parameters=params, tags=d.tags or None, description=d.description,
-                      concurrency_limit=d.concurrency_limit, print_next_steps=False)
-        names.append(f"{d.flow}/{d.name}")
-        log(f"deployment {d.flow}/{d.name} → pool {d.work_pool}" + (f", every {d.interval_s:g} s" if d.interval_s else ""))
-    for auto in cfg.automations:
-        log(apply_automation(base / auto))
-    return names
+
+
+def prefect_deploy_all(prefect_file: Path, out=sys.stdout) -> None:
+    """`prefect --no-prompt deploy --all --prefect-file FILE` in this folder; its output goes to `out`."""
+    argv = [str(Path(sys.executable).with_name("prefect")), "--no-prompt", "deploy", "--all",
+            "--prefect-file", str(prefect_file)]
+    proc = subprocess.run(argv, capture_output=True, text=True)
+    out.write(proc.stdout)
+    if proc.returncode != 0:
+        cause = last_paragraph(proc.stdout + "\n" + proc.stderr) or "no output"
+        raise DeployFlowsError(f"prefect deploy --all failed (exit {proc.returncode}): {cause}")
+
+
+def written_stamps(names: list[str]) -> dict[str, tuple[str, object]]:
+    """id → (name, updated) of the deployments with these names (any flow)."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterName
+
+    with get_client(sync_client=True) as client:
+        found = client.read_deployments(deployment_filter=DeploymentFilter(name=DeploymentFilterName(any_=names)))
+    return {str(d.id): (d.name, d.updated) for d in found}
+
+
+def last_paragraph(text: str) -> str:
+    """The last block of non-empty lines as one line: Prefect's error message, which Rich wraps at 80 columns."""
+    paragraphs = [" ".join(p.split()) for p in text.strip().split("\n\n")]
+    return next((p for p in reversed(paragraphs) if p), "")
+
+
+def check_written(names: list[str], before: dict[str, tuple[str, object]]) -> None:
+    """Every deployment named in the file was created or updated since `before` (the server's own stamps,
+    so no clock is compared)."""
+    after = written_stamps(names)
+    fresh = {name for id_, (name, updated) in after.items() if before.get(id_, (name, None))[1] != updated}
+    missing = [n for n in names if n not in fresh]
+    if missing:
+        raise DeployFlowsError(f"prefect deploy --all did not write deployment(s) {', '.join(missing)}")
 
 
 def apply_automation(path: Path) -> str:
     """Create (or replace) the automation defined in a YAML file, by name."""
     from prefect.automations import Automation
-
-    data = yaml.safe_load(Path(path).read_text())
-    wanted = Automation.model_validate(data)
     from prefect.client.orchestration import get_client
 
+    wanted = Automation.model_validate(_read_yaml(path))
     with get_client(sync_client=True) as client:
         for old in client.read_automations_by_name(wanted.name):  # replace: the file is the truth
             client.delete_automation(old.id)
@@ -144,14 +164,28 @@ def apply_automation(path: Path) -> str:
     return f"automation {created.name}: applied ({created.id})"
 
 
+def apply(platform_file: Path = PLATFORM_FILE, prefect_file: Path = PREFECT_FILE, log=print) -> list[str]:
+    """Pools and limits, `prefect deploy --all`, automations; returns the deployments' names."""
+    cfg = load_platform(platform_file)
+    names = deployment_names(prefect_file)
+    apply_platform(cfg, log)
+    before = written_stamps(names)
+    prefect_deploy_all(prefect_file)
+    check_written(names, before)
+    for auto in cfg.automations:
+        log(apply_automation(Path(platform_file).parent / auto))
+    return names
+
+
 def _handler(args) -> int:
-    names = apply(args.file)
-    print(f"applied {len(names)} deployment(s): {', '.join(names)}")
+    names = apply(args.platform, args.prefect_file)
+    print(f"applied {len(names)} deployment(s) of {args.prefect_file}: {', '.join(names)}")
     return 0
 
 
 def register(sub) -> None:
-    p = sub.add_parser("deploy-flows", help="register stoker's flows, work pools, limits and automations "
-                                            "with the Prefect API (PREFECT_API_URL)")
-    p.add_argument("file", type=Path, nargs="?", default=DEFAULT_FILE)
+    p = sub.add_parser("deploy-flows", help="create the work pools, limits and automations of "
+                                            "deployments/platform.yaml, then `prefect deploy --all` (PREFECT_API_URL)")
+    p.add_argument("--platform", type=Path, default=PLATFORM_FILE, help="pools, limits, automations")
+    p.add_argument("--prefect-file", type=Path, default=PREFECT_FILE, help="the deployments (Prefect's prefect.yaml)")
     p.set_defaults(fn=_handler)

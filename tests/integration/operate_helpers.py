@@ -75,12 +75,17 @@ def run_py(code: str, env: dict, timeout: float = 300) -> subprocess.CompletedPr
                           timeout=timeout)
 
 
-def apply_deployments(tmp_path: Path, api, doc: dict) -> subprocess.CompletedProcess:
-    """`stoker deploy-flows FILE` in a new process against the test server."""
-    path = tmp_path / "deployments.yaml"
-    path.write_text(yaml.safe_dump({"source": str(ROOT), **doc}))
-    return subprocess.run([sys.executable, "-m", "stoker.cli", "deploy-flows", str(path)], cwd=ROOT,
-                          env=prefect_env(api), capture_output=True, text=True, timeout=300)
+def apply_deployments(tmp_path: Path, api, pool: str) -> subprocess.CompletedProcess:
+    """`stoker deploy-flows` in a new process against the test server: a process pool `pool` and a
+    build_and_deploy deployment named after it, in a prefect.yaml with the repo's own build and pull steps."""
+    repo = yaml.safe_load((ROOT / "prefect.yaml").read_text())
+    platform, prefect_file = tmp_path / "platform.yaml", tmp_path / "prefect.yaml"
+    platform.write_text(yaml.safe_dump({"work_pools": [{"name": pool}]}))
+    deployment = {"name": pool, "entrypoint": "flows/build_and_deploy.py:build_and_deploy", "work_pool": {"name": pool}}
+    prefect_file.write_text(yaml.safe_dump({"build": repo["build"], "pull": repo["pull"], "deployments": [deployment]}))
+    return subprocess.run([sys.executable, "-m", "stoker.cli", "deploy-flows", "--platform", str(platform),
+                           "--prefect-file", str(prefect_file)], cwd=ROOT, env=prefect_env(api),
+                          capture_output=True, text=True, timeout=300)
 
 
 def api_get(api, path: str, body: dict | None = None) -> dict | list:

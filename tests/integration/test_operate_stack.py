@@ -1,6 +1,7 @@
 """The self-hosted stack: Prefect server on Debian's PostgreSQL 15 with basic auth, then `stoker deploy-flows`
-applies deployments/deployments.yaml (pools, the GPU limit, both flows with typed parameter forms, the
-watcher's schedule, the failure automation); a failed run's event reaches the server's event log."""
+applies deployments/platform.yaml (pools, the GPU limit, the failure automation) and prefect.yaml through
+`prefect deploy --all` (both flows with typed parameter forms, the watcher's schedule); a failed run's event
+reaches the server's event log. tests/integration/test_prefect_yaml.py checks prefect.yaml in detail."""
 
 from __future__ import annotations
 
@@ -40,7 +41,7 @@ def test_postgres_backed_server_with_auth_and_deploy_flows(pg_api, tmp_path):
                                                       headers={"Content-Type": "application/json"}), timeout=10)
     assert refused.value.code == 401
 
-    r = subprocess.run([sys.executable, "-m", "stoker.cli", "deploy-flows", "deployments/deployments.yaml"],
+    r = subprocess.run([sys.executable, "-m", "stoker.cli", "deploy-flows"],
                        cwd=ROOT, env=prefect_env(api), capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     build = api_get(api, "/deployments/name/build_and_deploy/stoker-cpu")

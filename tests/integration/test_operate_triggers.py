@@ -59,8 +59,7 @@ def worker_pool(prefect_api, local_stack, tmp_path_factory):
     home = tmp_path_factory.mktemp("worker-home")
     ensure_worker(state, api, pool, cwd=ROOT, env={**local_stack["aws_env"], "STOKER_HOME": str(home / "stoker"),
                                                    "HF_HOME": str(home / "hf")})
-    done = apply_deployments(home, api, {"work_pools": [{"name": pool}], "deployments": [
-        {"name": pool, "flow": "build_and_deploy", "work_pool": pool}]})
+    done = apply_deployments(home, api, pool)
     assert done.returncode == 0, done.stderr[-3000:]
     return pool, home
 
@@ -163,8 +162,7 @@ def test_watcher_starts_exactly_one_run_per_new_commit(prefect_api, local_stack,
     api, _state = prefect_api
     # An idle pool (no worker): the started runs stay scheduled, so they can be counted exactly.
     pool = f"idle-{uuid.uuid4().hex[:6]}"
-    done = apply_deployments(tmp_path, api, {"work_pools": [{"name": pool}], "deployments": [
-        {"name": pool, "flow": "build_and_deploy", "work_pool": pool}]})
+    done = apply_deployments(tmp_path, api, pool)
     assert done.returncode == 0, done.stderr[-3000:]
     dep = deployment_id(api, "build_and_deploy", pool)
 

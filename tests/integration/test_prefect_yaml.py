@@ -1,0 +1,109 @@
+"""prefect.yaml against a real `prefect server start` (SQLite, basic auth): `stoker deploy-flows` (platform.yaml,
+then `prefect deploy --all`) writes both deployments with their pool, pull step, typed parameter schema, the
+watcher's schedule and concurrency, the build trigger and the automations; `prefect deploy --all` by itself
+re-applies in place; a `stoker.build.requested` event starts one run with its spec, and a bad spec starts none."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+import yaml
+from operate_helpers import ROOT, api_get, deployment_id, flow_runs, prefect_api, prefect_env  # noqa: F401
+
+pytestmark = [pytest.mark.prefect, pytest.mark.slow]
+
+
+def _prefect(api, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([str(Path(sys.executable).with_name("prefect")), "--no-prompt", *args], cwd=ROOT,
+                          env=prefect_env(api), capture_output=True, text=True, timeout=300)
+
+
+def _automations(api) -> dict[str, list[dict]]:
+    named: dict[str, list[dict]] = {}
+    for a in api_get(api, "/automations/filter", {}):
+        named.setdefault(a["name"], []).append(a)
+    return named
+
+
+@pytest.fixture(scope="module")
+def deployed(prefect_api):
+    api, _state = prefect_api
+    r = subprocess.run([sys.executable, "-m", "stoker.cli", "deploy-flows"], cwd=ROOT, env=prefect_env(api),
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    assert r.stdout.strip().splitlines()[-1] == "applied 2 deployment(s) of prefect.yaml: stoker-cpu, watch"
+    return api
+
+
+def test_deploy_flows_writes_every_deployment_of_prefect_yaml(deployed):
+    from flows.watch_revisions import Watch
+
+    api = deployed
+    build = api_get(api, "/deployments/name/build_and_deploy/stoker-cpu")
+    assert build["work_pool_name"] == "stoker-cpu" and build["enforce_parameter_schema"] is True
+    # The pull step enters this checkout (the build step's `pwd` at deploy time).
+    assert build["pull_steps"] == [{"prefect.deployments.steps.set_working_directory": {"directory": str(ROOT)}}]
+    schema = build["parameter_openapi_schema"]
+    assert schema["required"] == ["spec"]
+    assert schema["properties"]["spec"]["$ref"] == "#/definitions/Spec"
+    assert schema["definitions"]["Storage"]["required"] == ["bucket"]
+    assert schema["definitions"]["Quantization"]["properties"]["format"]["enum"][:2] == ["none", "fp8"]
+
+    watch = api_get(api, "/deployments/name/watch_revisions/watch")
+    assert [s["schedule"]["interval"] for s in watch["schedules"]] == [300]
+    assert watch["global_concurrency_limit"]["limit"] == 1
+    assert watch["concurrency_options"]["collision_strategy"] == "CANCEL_NEW"
+    watches = [Watch.model_validate(w) for w in watch["parameters"]["watches"]]
+    assert watches[0].spec.model.repo_id == "stoker/tiny-llama"
+    assert watches[0].deployment == "build_and_deploy/stoker-cpu"
+
+    assert api_get(api, "/v2/concurrency_limits/gpu-0")["limit"] == 1
+    autos = _automations(api)
+    assert len(autos["stoker-notify-on-failure"]) == 1
+    (trigger,) = autos["stoker-build-requested"]
+    assert trigger["actions"][0]["type"] == "run-deployment"
+    assert trigger["actions"][0]["deployment_id"] == build["id"]
+
+    # The Prefect way by itself, on the same file: updates in place (no second trigger, same deployment).
+    r = _prefect(api, "deploy", "--all")
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    assert api_get(api, "/deployments/name/build_and_deploy/stoker-cpu")["id"] == build["id"]
+    assert len(_automations(api)["stoker-build-requested"]) == 1
+
+
+def _emit(api, resource: str, spec: dict) -> None:
+    r = _prefect(api, "event", "emit", "stoker.build.requested", "--resource-id", resource,
+                 "--payload", json.dumps({"spec": spec}))
+    assert r.returncode == 0, (r.stdout + r.stderr)[-2000:]
+
+
+def test_build_requested_event_starts_one_run_with_its_spec(deployed):
+    api = deployed
+    dep = deployment_id(api, "build_and_deploy", "stoker-cpu")
+    spec = yaml.safe_load((ROOT / "stoker/demo.yaml").read_text())
+    spec["deploy"]["name"] = name = f"evt-{uuid.uuid4().hex[:6]}"
+    _emit(api, f"stoker.build.{name}", spec)
+    bad = {k: v for k, v in spec.items() if k != "storage"}
+    bad["deploy"] = {**spec["deploy"], "name": f"{name}-bad"}
+    _emit(api, f"stoker.build.{name}-bad", bad)
+
+    deadline = time.monotonic() + 90
+    while True:
+        mine = [r for r in flow_runs(api, dep)
+                if r["parameters"]["spec"].get("deploy", {}).get("name", "").startswith(name)]
+        failed = [e for e in api_get(api, "/events/filter", {"filter": {
+            "event": {"name": ["prefect.automation.action.failed"]}}})["events"]
+            if "'storage' is a required property" in e["payload"].get("reason", "")]
+        if mine and failed:
+            break
+        assert time.monotonic() < deadline, f"runs {mine}, failures {failed}"
+        time.sleep(1)
+    # One run, for the good spec only, holding the spec as given (the server checked it against the schema).
+    assert [r["parameters"]["spec"]["deploy"]["name"] for r in mine] == [name]
+    assert mine[0]["parameters"]["spec"]["storage"] == spec["storage"]
