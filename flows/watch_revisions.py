@@ -40,14 +40,12 @@ def dedup_key(watch: Watch, sha: str) -> str:
 @task(name="resolve-revision", retries=2, retry_delay_seconds=[2, 5], retry_condition_fn=retry_transient,
       cache_policy=NO_CACHE, persist_result=False)
 def resolve_revision(spec: Spec) -> str:
-    """The commit sha the watched branch/tag points at now (through the Hub or its mirror)."""
-    import os
-
+    """The commit sha the watched branch/tag points at now (through the Hub or its mirror), with the Hub token
+    of the spec's Prefect Secret block, else of its environment variable."""
     from stoker.hub import resolve
+    from stoker.source import hub_endpoint, hub_token
 
-    endpoint = spec.model.endpoint or os.environ.get("HF_ENDPOINT") or "https://huggingface.co"
-    token = os.environ.get(spec.model.token_env) or None
-    return resolve(spec.model.repo_id, spec.model.revision, endpoint, token)
+    return resolve(spec.model.repo_id, spec.model.revision, hub_endpoint(spec.model), hub_token(spec.model))
 
 
 @task(name="start-build", cache_policy=NO_CACHE, persist_result=False)

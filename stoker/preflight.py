@@ -7,8 +7,18 @@ from __future__ import annotations
 
 from typing import Callable
 
-from . import docker_engine, s3
+from . import credentials, docker_engine, s3
 from .spec import Spec
+
+
+def check_credentials(spec: Spec) -> None:
+    """The Prefect blocks the spec names exist and hold something: the S3 block's keys open the bucket, the
+    Hub token's Secret is there and not empty."""
+    credentials.check(spec.storage)
+    if spec.model.token_secret:
+        from .source import hub_token
+
+        hub_token(spec.model)
 
 
 def check_storage(spec: Spec) -> None:
@@ -35,7 +45,9 @@ def check_docker(spec: Spec) -> None:
 
 
 def preflight(spec: Spec, log: Callable[[str], None]) -> None:
+    check_credentials(spec)
     check_storage(spec)
-    log(f"preflight: S3 {spec.storage.endpoint_url or 'AWS'} bucket {spec.storage.bucket!r} ok")
+    keys = f", keys from Prefect block {spec.storage.credentials_block!r}" if spec.storage.credentials_block else ""
+    log(f"preflight: S3 {spec.storage.endpoint_url or 'AWS'} bucket {spec.storage.bucket!r} ok{keys}")
     check_docker(spec)
     log(f"preflight: Docker daemon, images {spec.deploy.image} and {spec.deploy.proxy_image}, ports ok")

@@ -101,6 +101,9 @@ class Storage(_Section):
     endpoint_url: str | None = Field(None, description="S3 endpoint; default: AWS")
     region: str = "us-east-1"
     create_bucket: bool = Field(False, description="create the bucket when it does not exist")
+    # The name only: the keys stay in Prefect (stoker/credentials.py), never in a spec, manifest or log.
+    credentials_block: str | None = Field(
+        None, description="Prefect AwsCredentials block (prefect-aws) with the S3 keys; default: the environment")
 
     @field_validator("bucket")
     @classmethod

@@ -37,4 +37,9 @@ print(f"Prefect API {api.url} (PostgreSQL), process worker on pool stoker-cpu")
 print(f"client settings: source {state / 'client.env'}")
 PYEOF
 set -a; source "$STATE/client.env"; set +a
+# S3 keys for the workers, the Prefect way: a prefect-aws AwsCredentials block for the demo's local S3 server
+# (`make demo`, port $STOKER_DEMO_S3_PORT); specs name it as storage.credentials_block: stoker-local-s3.
+S3_URL=http://127.0.0.1:${STOKER_DEMO_S3_PORT:-19000}
+"$PY" -c "from stoker.stack.s3server import save_local_block; save_local_block('$S3_URL')"
+echo "Prefect AwsCredentials block stoker-local-s3: the local S3 server at $S3_URL"
 .venv/bin/stoker deploy-flows
