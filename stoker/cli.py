@@ -62,6 +62,8 @@ def print_summary(manifest: dict) -> None:
         body = json.dumps({"text_input": "The quick brown fox", "max_tokens": 16, "stream": True})
         print(f"endpoint: {ep['http']} (gRPC {ep['grpc']})")
         print(f"try it:   curl -sN -X POST {ep['http']}/v2/models/ensemble/generate_stream -d '{body}'")
+        if ep.get("openai"):
+            print(f"OpenAI:   {ep['openai']} (model \"{manifest['spec']['deploy']['name']}\")")
     print(f"report: {ctx.run_dir / 'report.md'}")
     print(f"manifest: {ctx.run_dir / 'manifest.json'}")
 

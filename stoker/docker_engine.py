@@ -1,9 +1,10 @@
 """The Docker engine: start, inspect, stop and remove stoker's containers. Nothing else.
 
-Two kinds of containers per deployment, both on the host's network (so Triton reaches an S3
-server on 127.0.0.1) and both labelled ``ai.stoker.managed``; stoker never touches others:
+Three kinds of containers per deployment, all on the host's network (so Triton reaches an S3
+server on 127.0.0.1) and all labelled ``ai.stoker.managed``; stoker never touches others:
 - ``backend``: a Triton server on its own ports (chosen by ``serving.ports``), one per slot;
-- ``proxy``: the deployment's stable endpoint (``serving.haproxy``), restarted by Docker.
+- ``proxy``: the deployment's stable endpoint (``serving.haproxy``), restarted by Docker;
+- ``openai``: the OpenAI-compatible API behind the proxy's /v1/ (``serving.openai_service``), restarted by Docker.
 Which backend is live, and when to switch, is decided elsewhere (``serving.topology``,
 ``serving.promote``).
 
@@ -37,7 +38,7 @@ LABEL_SLOT = "ai.stoker.slot"
 LABEL_RUN = "ai.stoker.run_id"
 # With host networking Docker does not know a container's ports: they are read back from here.
 LABEL_PORTS = "ai.stoker.ports"
-ROLE_BACKEND, ROLE_PROXY = "backend", "proxy"
+ROLE_BACKEND, ROLE_PROXY, ROLE_OPENAI = "backend", "proxy", "openai"
 LOG_TAIL_LINES = 20
 STOP_TIMEOUT_S = 10
 _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
@@ -139,6 +140,10 @@ def proxy_name(deployment: str) -> str:
     return f"stoker-{deployment}-proxy"
 
 
+def openai_name(deployment: str) -> str:
+    return f"stoker-{deployment}-openai"
+
+
 def start_backend(client: docker.DockerClient, spec: BackendSpec, slot: str, ports: Ports) -> Container:
     """Run Triton for ``spec`` in ``slot`` on ``ports``. No restart policy until it is promoted."""
     labels = {LABEL_MANAGED: "true", LABEL_DEPLOYMENT: spec.name, LABEL_ROLE: ROLE_BACKEND,
@@ -156,6 +161,16 @@ def start_proxy(client: docker.DockerClient, deployment: str, image: str, listen
               LABEL_PORTS: listen.label()}
     return _run(client, image, ["-db", "-f", f"{mount}/{config}"], name=proxy_name(deployment), labels=labels,
                 entrypoint=["haproxy"], volumes={str(state_dir): {"bind": mount, "mode": "rw"}},
+                restart_policy={"Name": "unless-stopped"})
+
+
+def start_openai(client: docker.DockerClient, deployment: str, image: str, state_dir: Path, mount: str,
+                 command: list[str], env: dict[str, str], labels: dict[str, str]) -> Container:
+    """Run the deployment's OpenAI-compatible API (the image's Python): restarted by Docker, as the proxy."""
+    labels = {**labels, LABEL_MANAGED: "true", LABEL_DEPLOYMENT: deployment, LABEL_ROLE: ROLE_OPENAI}
+    return _run(client, image, command, name=openai_name(deployment), labels=labels,
+                entrypoint=["/opt/venv/bin/python"], environment=env,
+                volumes={str(state_dir): {"bind": mount, "mode": "rw"}},
                 restart_policy={"Name": "unless-stopped"})
 
 

@@ -35,7 +35,7 @@ from botocore.exceptions import ClientError
 from . import docker_engine, s3
 from .errors import StokerError
 from .run import stoker_home
-from .serving import probe, promote
+from .serving import openai_service, probe, promote
 from .serving.ports import Ports
 from .spec import Spec, Storage
 from .triton_config import ENSEMBLE_NAME, MODEL_NAME
@@ -85,7 +85,9 @@ def version_key(src_key: str, src_root: str, dst_root: str, version: int) -> str
 def target_for(spec: Spec) -> promote.Target:
     d = spec.deploy
     return promote.Target(name=d.name, listen=Ports(d.ports.http, d.ports.grpc, d.ports.metrics),
-                          proxy_image=d.proxy_image, state_dir=stoker_home() / "proxy" / d.name)
+                          proxy_image=d.proxy_image, state_dir=stoker_home() / "proxy" / d.name,
+                          # The OpenAI service runs on the CPU image's Python; GPU images are not built here.
+                          openai_image=d.image if d.openai and spec.target == "reference" else "")
 
 
 def backend_spec(spec: Spec, repository_uri: str, digest: str, env: dict[str, str], run_id: str = "",
@@ -264,7 +266,9 @@ def stage(spec: Spec, repository_uri: str, digest: str, run_id: str, log: Log) -
                 # Triton keeps the old version when a load fails; make S3 agree, then load it back.
                 revert_live(s3c, spec.storage, d.name, log)
                 load_all(ref.http, log)
+                _follow_in_place(client, target, ref, log)
                 raise
+            _follow_in_place(client, target, ref, log)
             return out
     elif live is not None and live.digest == digest:
         log(f"{live.container} already serves digest {digest[:12]}; reusing it")
@@ -274,6 +278,12 @@ def stage(spec: Spec, repository_uri: str, digest: str, run_id: str, log: Log) -
                          d.settle_s, log)
     out["candidate"] = cand.to_dict()
     return out
+
+
+def _follow_in_place(client, target: promote.Target, backend: promote.BackendRef, log: Log) -> None:
+    """Reload mode: the backend loaded another version, so the OpenAI service reads that version's tokenizer."""
+    if target.openai_image:
+        openai_service.follow(client, target.state_dir, backend.container, log, refresh=True)
 
 
 def go_live(spec: Spec, staged: dict, log: Log) -> dict:
@@ -303,6 +313,9 @@ def abandon(spec: Spec, staged: dict, log: Log) -> str:
         s3c = s3.client(spec.storage)
         state = revert_live(s3c, spec.storage, d.name, log)
         load_all(staged["candidate"]["http"], log)
+        target = target_for(spec)
+        _follow_in_place(docker_engine.connect(d.docker_host), target,
+                         promote.BackendRef.from_dict(staged["candidate"]), log)
         return f"reloaded version {state['version']}"
     client = docker_engine.connect(d.docker_host)
     promote.discard(client, promote.BackendRef.from_dict(staged["candidate"]), log)

@@ -161,6 +161,10 @@ class Deploy(_Section):
         "load the new model version into the live backend (Triton model-control API, no second container)")
     auto_rollback: bool = Field(True, description="reload: put the previous model version back when the smoke "
                                 "inference or a later step (benchmark, gate) fails")
+    # OpenAI-compatible API (issue 14): a service container per deployment behind the proxy's /v1/
+    # (stoker.serving.openai_service); the reference target only, GPU targets have none yet.
+    openai: bool = Field(True, description="serve /v1/models, /v1/completions and /v1/chat/completions on the stable "
+                         "HTTP port (target reference)")
 
     @field_validator("name")
     @classmethod

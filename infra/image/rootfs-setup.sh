@@ -14,7 +14,8 @@ echo "[chroot] creating /opt/venv"
 
 pkgs=("/tmp/stoker-build/${TORCH_WHEEL}" "nvidia-pytriton==${PYTRITON_VERSION}" "numpy==${NUMPY_VERSION}"
       "safetensors==${SAFETENSORS_VERSION}" "tokenizers==${TOKENIZERS_VERSION}"
-      "transformers==${TRANSFORMERS_VERSION}")
+      "transformers==${TRANSFORMERS_VERSION}" "fastapi==${FASTAPI_VERSION}" "starlette==${STARLETTE_VERSION}"
+      "uvicorn==${UVICORN_VERSION}")
 # The torch wheel is given as a file so pip can never resolve a CUDA build;
 # --only-binary keeps sdists (and their build toolchains) out of the image.
 # /tmp/stoker-wheels is build.sh's wheelhouse: a rebuild installs from it
@@ -25,9 +26,9 @@ pip_install() {
         --find-links="$wheels" "${pkgs[@]}"
 }
 if pip_install 2>/dev/null; then
-    echo "[chroot] installed torch (local CPU wheel), nvidia-pytriton==${PYTRITON_VERSION}, numpy, safetensors, tokenizers, transformers from the wheelhouse"
+    echo "[chroot] installed torch (local CPU wheel), nvidia-pytriton==${PYTRITON_VERSION}, numpy, safetensors, tokenizers, transformers, fastapi, uvicorn from the wheelhouse"
 else
-    echo "[chroot] downloading torch's dependencies, nvidia-pytriton==${PYTRITON_VERSION}, numpy, safetensors, tokenizers, transformers==${TRANSFORMERS_VERSION}"
+    echo "[chroot] downloading torch's dependencies, nvidia-pytriton==${PYTRITON_VERSION}, numpy, safetensors, tokenizers, transformers==${TRANSFORMERS_VERSION}, fastapi, uvicorn"
     /opt/venv/bin/pip download --quiet --no-input --only-binary=:all: -d "$wheels" "${pkgs[@]}"
     rm -f "$wheels"/torch-*.whl   # the host keeps that one; no second copy in the cache
     echo "[chroot] installing them + torch (local CPU wheel)"
@@ -55,10 +56,10 @@ echo "$site" > "/usr/lib/python3/dist-packages/stoker-venv.pth"
 
 echo "[chroot] verifying the system interpreter (what the stub embeds) sees the venv"
 /usr/bin/python3 -c '
-import torch, numpy, safetensors, tokenizers, transformers
+import torch, numpy, safetensors, tokenizers, transformers, fastapi, uvicorn
 print("[chroot] torch", torch.__version__, "numpy", numpy.__version__,
       "safetensors", safetensors.__version__, "tokenizers", tokenizers.__version__,
-      "transformers", transformers.__version__)'
+      "transformers", transformers.__version__, "fastapi", fastapi.__version__, "uvicorn", uvicorn.__version__)'
 # --help exits 1 by design; the usage text proves the binary and its libraries load.
 usage=$(LD_LIBRARY_PATH="${site}/nvidia_pytriton.libs" /opt/tritonserver/bin/tritonserver --help 2>&1 || true)
 grep -q '^Usage: tritonserver' <<<"$usage" || { echo "[chroot] ERROR: tritonserver does not load" >&2; exit 1; }

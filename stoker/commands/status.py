@@ -25,7 +25,7 @@ def describe(client, name: str) -> dict:
     """What runs for deployment ``name``: proxy, the slot it routes to, and every backend."""
     from .. import docker_engine as engine
     from ..run import stoker_home
-    from ..serving import promote
+    from ..serving import openai_service, promote
     from ..serving.ports import Ports
 
     proxy_c = promote.proxy_container(client, name)
@@ -42,11 +42,12 @@ def describe(client, name: str) -> dict:
                          "live": view.running and b.slot == view.live and b.ports.http == view.http_ports.get(b.slot),
                          "uptime": _uptime(engine.started_at(c)) if c is not None and b.running else "-"})
     live = next((b for b in backends if b["live"]), None)
+    service = openai_service.container(client, name)
     return {"name": name, "endpoint": target.endpoint if listen else None,
             "proxy": ("running" if view.running else "down") if view.exists else "missing",
             "proxy_uptime": _uptime(engine.started_at(proxy_c)) if proxy_c is not None and view.running else "-",
             "live_digest": live["digest"] if live else None, "run_id": live["run_id"] if live else None,
-            "backends": backends}
+            "openai": service.status if service is not None else "none", "backends": backends}
 
 
 def status(name: str | None) -> list[dict]:
@@ -70,7 +71,7 @@ def _handler(args) -> int:
         ep = d["endpoint"]
         print(f"{d['name']}: {ep['http'] + ' (gRPC ' + ep['grpc'] + ')' if ep else 'no stable endpoint'}, "
               f"proxy {d['proxy']} (up {d['proxy_uptime']}), live digest {(d['live_digest'] or 'none')[:12]}, "
-              f"run {d['run_id'] or '-'}")
+              f"run {d['run_id'] or '-'}, OpenAI API {d['openai']}")
         for b in d["backends"]:
             print(f"  {'*' if b['live'] else ' '} {b['container']:<28} slot {b['slot'] or '-':<5} ports {b['ports']:<17} "
                   f"digest {b['digest'][:12]:<12} {b['state']:<8} {b['health']:<9} up {b['uptime']}")

@@ -5,6 +5,7 @@
     served_model  the live build's tokenizer, chat template and context length, loaded from its files
                   and followed across blue/green switches (live.json, written by stoker)
     app           the ASGI service (FastAPI): one persistent gRPC channel to Triton, one stream per request
+    layout        the state folder's names, shared with stoker.serving.openai_service
     __main__      `python -m stoker_openai …` inside the container (uvicorn)
 
 This package runs inside the Triton CPU image, where stoker is not installed: stoker copies it into

@@ -26,11 +26,10 @@ from typing import Any
 
 from tokenizers import Tokenizer
 
-from .mapping import bad_request, unavailable
+from .layout import ASSET_FILES, LIVE_FILE
+from .mapping import ApiError, bad_request, unavailable
 
-ASSET_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json",
-               "chat_template.jinja", "chat_template.json", "config.json", "stoker_runtime.json")
-LIVE_FILE = "live.json"
+__all__ = ["ASSET_FILES", "LIVE_FILE", "FALLBACK_CHAT_TEMPLATE", "LiveModel", "ServedModel"]
 FALLBACK_CHAT_TEMPLATE = (
     "{% for message in messages %}{{ message['role'] }}: {{ message['content'] }}\n{% endfor %}"
     "{% if add_generation_prompt %}assistant:{% endif %}"
@@ -140,8 +139,9 @@ class ServedModel:
 class LiveModel:
     """The build to answer with: a fixed folder, or the one named by ``<state>/live.json`` (followed).
 
-    live.json: ``{"assets": "<folder, relative to state>", "digest": "…", "backend": "…"}``; it is
-    checked (one stat) on every request and the build reloaded when it changed.
+    live.json: ``{"assets": "<folder, relative to state>", "digest": "…", "backend": "…"}``, or
+    ``{"error": "…"}`` when stoker could not fetch the live build's files (then every request is a
+    503 naming that cause); it is checked (one stat) on every request and reloaded when it changed.
     """
 
     def __init__(self, folder: Path | None = None, state: Path | None = None) -> None:
@@ -165,6 +165,8 @@ class LiveModel:
         if self._folder is not None:
             return ServedModel.load(self._folder)
         live = _json(self._state / LIVE_FILE)
+        if "error" in live:
+            raise unavailable(str(live["error"]))
         folder = self._state / live["assets"]
         if self._model is not None and self._model.key == live.get("digest"):
             return self._model
@@ -181,6 +183,8 @@ class LiveModel:
                     try:
                         # Off the event loop: a large tokenizer.json takes a moment to parse.
                         self._model = await asyncio.to_thread(self._load)
+                    except ApiError:
+                        raise
                     except Exception as err:  # noqa: BLE001 - whatever the cause, nothing can be tokenized
                         raise unavailable(f"the live build's tokenizer files cannot be read: {err}") from None
                     self._seen = sig

@@ -8,6 +8,11 @@ API commands on the running proxy (no reload, no restart): established client co
 stay open and their next request goes to the new backend, while requests already on the old
 backend finish there (``drain``). The rendered file mirrors the runtime state so that a
 restarted proxy container comes back routing to the same backend.
+
+With an OpenAI service (``stoker.serving.openai_service``), requests whose path begins with
+``/v1/`` on the HTTP port go to it, over a unix socket in the shared state folder; everything else
+goes to Triton as before. That route never changes at a switch: the service follows the switch
+itself, through the proxy's gRPC port.
 """
 
 from __future__ import annotations
@@ -29,6 +34,11 @@ MOUNT = "/stoker"  # where the state folder appears inside the proxy container
 PLACEHOLDER = Ports(1, 1, 1)
 # Long: a generation may stream for minutes, and gRPC channels stay open between requests.
 STREAM_TIMEOUT = "1h"
+OPENAI_BACKEND = "openai"
+OPENAI_PATH = "/v1/"
+# What a client of the OpenAI API gets when the service does not answer: OpenAI's error shape.
+OPENAI_DOWN = ('{"error": {"message": "the OpenAI API of this deployment is not running (HTTP %d from the proxy)", '
+               '"type": "server_error", "param": null, "code": "backend_unavailable"}}')
 
 
 class ProxyApiError(Exception):
@@ -42,6 +52,11 @@ class ProxyLayout:
     listen: Ports
     slots: Mapping[str, Ports | None]
     live: str | None
+    openai: str | None = None  # the OpenAI service's unix socket (as the proxy sees it); None: no /v1/ route
+
+
+def _quoted(text: str) -> str:
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 def render(layout: ProxyLayout, mount: str = MOUNT) -> str:
@@ -69,14 +84,22 @@ def render(layout: ProxyLayout, mount: str = MOUNT) -> str:
         "",
     ]
     for section, attr, proto in SECTIONS:
-        lines += [f"frontend {section}", f"    bind :{getattr(layout.listen, attr)}{proto}",
-                  f"    default_backend {section}", ""]
+        lines += [f"frontend {section}", f"    bind :{getattr(layout.listen, attr)}{proto}"]
+        if section == "http" and layout.openai:
+            lines += [f"    acl openai path_beg {OPENAI_PATH}", f"    use_backend {OPENAI_BACKEND} if openai"]
+        lines += [f"    default_backend {section}", ""]
         lines.append(f"backend {section}")
         for slot in SLOTS:
             ports = layout.slots.get(slot) or PLACEHOLDER
             off = "" if slot == layout.live else " disabled"
             lines.append(f"    server {slot} 127.0.0.1:{getattr(ports, attr)}{proto}{off}")
         lines.append("")
+    if layout.openai:
+        lines.append(f"backend {OPENAI_BACKEND}")
+        for status in (502, 503, 504):
+            lines.append(f"    http-error status {status} content-type application/json string "
+                         + _quoted(OPENAI_DOWN % status))
+        lines += [f"    server {OPENAI_BACKEND} {layout.openai}", ""]
     return "\n".join(lines)
 
 

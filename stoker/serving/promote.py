@@ -24,7 +24,7 @@ import docker.errors
 from .. import docker_engine as engine
 from ..errors import StokerError
 from ..manifest import write_atomic
-from . import haproxy, probe, topology, triton_log
+from . import haproxy, openai_service, probe, topology, triton_log
 from .ports import Ports, choose_backend_ports, is_port_free, port_owner
 
 Log = Callable[[str], None]
@@ -38,17 +38,22 @@ class PromotionFailed(StokerError):
 
 @dataclass(frozen=True)
 class Target:
-    """One deployment's stable side: its name, the ports clients use, the proxy image, the state folder."""
+    """One deployment's stable side: its name, the ports clients use, the proxy image, the state folder;
+    ``openai_image`` runs its OpenAI-compatible API behind the proxy's /v1/ ("" for none)."""
 
     name: str
     listen: Ports
     proxy_image: str
     state_dir: Path
+    openai_image: str = ""
 
     @property
     def endpoint(self) -> dict:
-        return {"http": f"http://127.0.0.1:{self.listen.http}", "grpc": f"127.0.0.1:{self.listen.grpc}",
-                "metrics": f"http://127.0.0.1:{self.listen.metrics}/metrics"}
+        out = {"http": f"http://127.0.0.1:{self.listen.http}", "grpc": f"127.0.0.1:{self.listen.grpc}",
+               "metrics": f"http://127.0.0.1:{self.listen.metrics}/metrics"}
+        if self.openai_image:
+            out["openai"] = f"http://127.0.0.1:{self.listen.http}/v1"
+        return out
 
 
 @dataclass(frozen=True)
@@ -138,13 +143,14 @@ def observe_proxy(client: docker.DockerClient, target: Target) -> tuple[topology
         return topology.ProxyView(exists=True, running=False, listen=listen), c
     http = {slot: st.port for slot, st in states.get("http", {}).items()}
     return topology.ProxyView(exists=True, running=True, live=haproxy.live_slot(states), http_ports=http,
-                              listen=listen), c
+                              listen=listen, openai=haproxy.OPENAI_BACKEND in states), c
 
 
 def write_config(target: Target, slots: dict[str, Ports | None], live: str | None) -> None:
     """The proxy's file mirrors its runtime state, so a restarted proxy routes where the running one did."""
     target.state_dir.mkdir(parents=True, exist_ok=True)
-    text = haproxy.render(haproxy.ProxyLayout(listen=target.listen, slots=slots, live=live))
+    text = haproxy.render(haproxy.ProxyLayout(listen=target.listen, slots=slots, live=live,
+                                              openai=openai_service.socket_path() if target.openai_image else None))
     write_atomic(target.state_dir / haproxy.CONFIG_NAME, text)
 
 
@@ -152,7 +158,7 @@ def reconcile(client: docker.DockerClient, target: Target, log: Log) -> topology
     """Repair the deployment to one consistent state; returns the live backend (None: nothing serves)."""
     backends = observe_backends(client, target.name)
     view, proxy_c = observe_proxy(client, target)
-    repair = topology.plan_repair(backends, view, target.listen)
+    repair = topology.plan_repair(backends, view, target.listen, openai=bool(target.openai_image))
     for action in repair.actions():
         log(f"reconcile {target.name}: {action}")
     by_name = {c.name: c for c in engine.containers(client, target.name, role=engine.ROLE_BACKEND)}
@@ -187,7 +193,26 @@ def reconcile(client: docker.DockerClient, target: Target, log: Log) -> topology
         c = by_name.get(live.container)
         if c is not None and not (c.attrs.get("HostConfig") or {}).get("RestartPolicy", {}).get("Name"):
             engine.keep_running(c)
+    reconcile_openai(client, target, live, log)
     return live
+
+
+def reconcile_openai(client: docker.DockerClient, target: Target, live: topology.Backend | None, log: Log) -> None:
+    """The OpenAI service runs (or, without ``openai_image``, does not) and names the live build.
+
+    Its failure is logged, not raised: Triton's endpoint, which the gates and the switch rely on, is
+    unaffected, and the proxy answers /v1/ with a 503 in OpenAI's shape meanwhile.
+    """
+    if not target.openai_image:
+        openai_service.remove(client, target.name, log)
+        return
+    try:
+        openai_service.ensure(client, target.name, target.openai_image, target.listen.grpc, target.state_dir, log)
+    except engine.DeployError as err:
+        log(f"OpenAI API of {target.name} is not running: {err}")
+        return
+    if live is not None:
+        openai_service.follow(client, target.state_dir, live.container, log)
 
 
 def check_listen_ports(client: docker.DockerClient, target: Target) -> None:
@@ -263,6 +288,8 @@ def stage(client: docker.DockerClient, target: Target, spec: engine.BackendSpec,
                                       exit_reason=lambda: engine.exit_reason(c))
             probe.hold_ready(f"{url}/v2/health/ready", settle_s, exit_reason=lambda: engine.exit_reason(c))
             smoke = probe.smoke(url)
+            if target.openai_image:
+                openai_service.prefetch(target.state_dir, c, log)
             log(f"{name} proven: ready after {waited:.1f} s, stayed ready {settle_s:g} s, smoke inference "
                 f"streamed {smoke['events']} responses in {smoke['seconds']:.2f} s (Triton's log: docker logs {name})")
             return BackendRef(name, slot, ports.values(), spec.repo_digest, spec.run_id)
@@ -304,6 +331,8 @@ def switch(client: docker.DockerClient, target: Target, to: BackendRef, old: Bac
     slots = {to.slot: to.p, **({old.slot: old.p} if old else {})}
     write_config(target, slots, to.slot)
     took = time.perf_counter() - t0
+    if target.openai_image:
+        openai_service.follow(client, target.state_dir, to.container, log)
     engine.keep_running(client.containers.get(to.container))
     log(f"switched {target.name}: traffic on {to.container} (digest {to.digest[:12]}) in {took * 1000:.0f} ms"
         + (f"; {old.container} drains and stays warm" if old else ""))

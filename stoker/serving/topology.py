@@ -36,6 +36,7 @@ class ProxyView:
     live: str | None = None  # the slot ready in every section
     http_ports: dict[str, int] = field(default_factory=dict)
     listen: Ports | None = None
+    openai: bool | None = None  # whether the running proxy routes /v1/ to the OpenAI service (None: unknown)
 
 
 @dataclass(frozen=True)
@@ -60,13 +61,14 @@ def other_slot(slot: str | None) -> str:
     return "green" if slot == "blue" else "blue"
 
 
-def plan_repair(backends: list[Backend], proxy: ProxyView, listen: Ports) -> Repair:
+def plan_repair(backends: list[Backend], proxy: ProxyView, listen: Ports, openai: bool | None = None) -> Repair:
     """The one consistent state to reach from what runs. Pure.
 
     The live backend is the one the proxy routes to while its container runs, even if a health
     probe just timed out (a saturated server answers slowly; removing it would take the endpoint
     down); else the newest running, ready backend (a proxy that died, or a switch that was cut
-    off). Every other backend goes.
+    off). Every other backend goes. A proxy whose /v1/ route is not the one wanted (``openai``)
+    is recreated: HAProxy reads its routes only at start.
     """
     routed = next((b for b in backends if b.running and not b.legacy and proxy.running and b.slot == proxy.live
                    and proxy.http_ports.get(b.slot) == b.ports.http), None)
@@ -77,6 +79,8 @@ def plan_repair(backends: list[Backend], proxy: ProxyView, listen: Ports) -> Rep
         action = "create"
     elif proxy.listen is not None and proxy.listen != listen:
         action = "recreate"  # the spec's ports changed
+    elif openai is not None and proxy.running and proxy.openai is not None and proxy.openai != openai:
+        action = "recreate"  # the OpenAI route came (or went) with this version of stoker or the spec
     elif not proxy.running:
         action = "start"
     else:

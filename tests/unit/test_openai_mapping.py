@@ -296,3 +296,31 @@ def test_served_model_prompt_ids(tmp_path, tok):
     # The template writes the special tokens itself, so they are not added again.
     assert model.chat_ids(msgs) == tok.encode("<s>[plain ascii]</s>", add_special_tokens=False).ids
     assert model.card()["chat_template"] == "chat_template.jinja"
+
+
+def test_live_model_follows_live_json(tmp_path, tok):
+    import asyncio
+
+    from stoker.openai_api.served_model import LIVE_FILE, LiveModel
+
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        tok.save(str(tmp_path / name / "tokenizer.json"))
+    (tmp_path / "b" / "chat_template.jinja").write_text("[{{ messages[0]['content'] }}]")
+    live = LiveModel(state=tmp_path)
+
+    def get():
+        return asyncio.run(live.get())
+
+    with pytest.raises(m.ApiError) as err:
+        get()
+    assert err.value.status == 503 and "no build is live" in err.value.message
+    (tmp_path / LIVE_FILE).write_text(json.dumps({"error": "the tokenizer files of X could not be fetched: boom"}))
+    with pytest.raises(m.ApiError) as err:
+        get()
+    assert err.value.status == 503 and "boom" in err.value.message
+    (tmp_path / LIVE_FILE).write_text(json.dumps({"assets": "a", "digest": "a" * 64}))
+    first = get()
+    assert (first.key, first.template_source) == ("a" * 64, "none") and get() is first  # not reloaded
+    (tmp_path / LIVE_FILE).write_text(json.dumps({"assets": "b", "digest": "b" * 64, "backend": "x"}))
+    assert (get().key, get().template_source) == ("b" * 64, "chat_template.jinja")

@@ -1,0 +1,256 @@
+"""The deployment's OpenAI-compatible API: its container, and the live build's tokenizer files it reads.
+
+One service per deployment (``stoker-<name>-openai``, the Triton CPU image's Python, host network,
+restart policy ``unless-stopped``, like the proxy), running ``stoker.openai_api`` copied into the
+deployment's state folder. The proxy sends ``/v1/`` on the stable HTTP port to it over a unix
+socket in that folder; the service reaches Triton through the proxy's stable gRPC port, so its
+requests go wherever the proxy routes, like any client's. What the service needs from the live
+build, its tokenizer files, stoker writes beside it at each switch:
+
+    <state>/openai/app/<code digest>/stoker_openai/   the service's code
+    <state>/openai/assets/<content key>/              a build's tokenizer files (tensorrt_llm/<v>/weights/)
+    <state>/openai/backends/<container id>.json       which assets a backend container serves
+    <state>/openai/live.json                          the live one; the service re-reads it when it changes
+
+The files come from the model repository in S3 that the backend loaded (its ``--model-repository``,
+with its own credentials), fetched when a candidate is proven (``prefetch``) so that the switch
+itself only rewrites live.json (``follow``); in reload mode, after every in-place load.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import docker
+import docker.errors
+
+from .. import docker_engine as engine
+from ..manifest import write_atomic
+from ..openai_api.layout import ASSET_FILES, LIVE_FILE
+from ..triton_config import MODEL_NAME
+from . import haproxy
+
+Log = Callable[[str], None]
+FOLDER = "openai"
+SOCKET = "api.sock"
+PACKAGE = "stoker_openai"  # the name stoker.openai_api has inside the container
+LABEL_CONFIG = "ai.stoker.openai-config"
+_CODE = Path(__file__).resolve().parent.parent / "openai_api"
+START_TIMEOUT_S = 30.0
+
+
+class OpenAIServiceError(engine.DeployError):
+    """The OpenAI service did not start, or the live build's tokenizer files could not be fetched."""
+
+
+def socket_path(mount: str = haproxy.MOUNT) -> str:
+    """Where the service listens, as the proxy and the service (both mounting the state folder) see it."""
+    return f"{mount}/{FOLDER}/{SOCKET}"
+
+
+def code_digest() -> str:
+    h = hashlib.sha256()
+    for f in sorted(_CODE.glob("*.py")):
+        h.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def command(name: str, grpc_port: int, mount: str = haproxy.MOUNT) -> list[str]:
+    """The service's arguments to the image's Python. Pure."""
+    return ["-m", PACKAGE, "--model", name, "--grpc", f"127.0.0.1:{grpc_port}", "--state", f"{mount}/{FOLDER}",
+            "--uds", socket_path(mount)]
+
+
+def config_key(image: str, args: list[str], code: str) -> str:
+    """What the running service must match; anything else recreates it. Pure."""
+    return hashlib.sha256(json.dumps([image, args, code]).encode()).hexdigest()[:24]
+
+
+def _install_code(state: Path, code: str) -> str:
+    """Copy the service's package into the state folder (once per code digest); returns its PYTHONPATH entry."""
+    app = state / "app" / code[:16]
+    if not (app / PACKAGE).is_dir():
+        tmp = Path(tempfile.mkdtemp(dir=state, prefix=".app-"))
+        shutil.copytree(_CODE, tmp / PACKAGE, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        app.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            tmp.rename(app)
+        except OSError:  # another process installed it first
+            shutil.rmtree(tmp, ignore_errors=True)
+    return f"{haproxy.MOUNT}/{FOLDER}/app/{code[:16]}"
+
+
+def container(client: docker.DockerClient, name: str):
+    found = engine.containers(client, name, role=engine.ROLE_OPENAI)
+    return found[0] if found else None
+
+
+def ensure(client: docker.DockerClient, name: str, image: str, grpc_port: int, state_dir: Path, log: Log):
+    """Make the deployment's OpenAI service run with this code, image and address; returns its container.
+
+    Idempotent: a running service with the same configuration is left alone (its clients never notice).
+    """
+    state = state_dir / FOLDER
+    state.mkdir(parents=True, exist_ok=True)
+    code = code_digest()
+    args = command(name, grpc_port)
+    want = config_key(image, args, code)
+    c = container(client, name)
+    if c is not None and c.labels.get(LABEL_CONFIG) == want:
+        if c.status == "running":
+            return c
+        try:
+            c.start()
+            return c
+        except docker.errors.APIError:
+            pass
+    if c is not None:
+        log(f"replacing {c.name} (its code, image or address changed)" if c.status == "running"
+            else f"replacing {c.name} ({c.status})")
+        engine.stop_and_remove(c, log)
+    engine.require_image(client, image, "stoker image")
+    pythonpath = _install_code(state, code)
+    (state / SOCKET).unlink(missing_ok=True)
+    log(f"starting {engine.openai_name(name)} ({image}): the OpenAI API at /v1/ of the stable HTTP port")
+    c = engine.start_openai(client, name, image, state_dir, haproxy.MOUNT, args,
+                            env={"PYTHONPATH": pythonpath, "PYTHONDONTWRITEBYTECODE": "1"},
+                            labels={LABEL_CONFIG: want})
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while not (state / SOCKET).exists():
+        reason = engine.exit_reason(c)
+        if reason or time.monotonic() > deadline:
+            raise OpenAIServiceError(f"{c.name} did not start ({reason or f'no socket after {START_TIMEOUT_S:g} s'}): "
+                                     f"{engine.log_tail(c, 3).splitlines()[-1:]}")
+        time.sleep(0.1)
+    return c
+
+
+def remove(client: docker.DockerClient, name: str, log: Log) -> None:
+    c = container(client, name)
+    if c is not None:
+        log(f"removing {c.name} (no OpenAI API for this deployment)")
+        engine.stop_and_remove(c, log)
+
+
+# ---------------------------------------------------------------- the live build's tokenizer files
+
+
+def parse_triton_s3(uri: str) -> tuple[str | None, str, str]:
+    """(endpoint_url, bucket, key) of Triton's ``s3://[https://]host:port/bucket/key`` or ``s3://bucket/key``. Pure."""
+    rest = uri.removeprefix("s3://")
+    scheme = "http"
+    if rest.startswith("https://"):
+        scheme, rest = "https", rest.removeprefix("https://")
+    first, _, rest = rest.partition("/")
+    if ":" in first:  # a host:port comes first only for a custom endpoint (stoker.s3.triton_uri)
+        bucket, _, key = rest.partition("/")
+        return f"{scheme}://{first}", bucket, key.rstrip("/")
+    return None, first, rest.rstrip("/")
+
+
+def pick_assets(listing: dict[str, tuple[str, int]]) -> tuple[int, dict[str, str]]:
+    """From the objects under ``tensorrt_llm/`` (relative key → (etag, size)): the newest version that holds a
+    tokenizer.json, and its asset files (name → relative key). Pure."""
+    found: dict[int, str] = {}
+    for rel in listing:
+        parts = rel.split("/")
+        if len(parts) >= 3 and parts[0].isdigit() and parts[-1] == "tokenizer.json":
+            found[int(parts[0])] = "/".join(parts[:-1])
+    if not found:
+        raise OpenAIServiceError(f"no tokenizer.json under {MODEL_NAME}/<version>/ in the model repository")
+    version = max(found)
+    folder = found[version]
+    return version, {name: f"{folder}/{name}" for name in ASSET_FILES if f"{folder}/{name}" in listing}
+
+
+def _env(c) -> dict[str, str]:
+    return dict(e.split("=", 1) for e in (c.attrs.get("Config") or {}).get("Env") or [] if "=" in e)
+
+
+def fetch_assets(c, state: Path) -> dict:
+    """The tokenizer files of the build backend container ``c`` serves, under ``state/assets/<content key>``.
+
+    Read from the S3 repository in its ``--model-repository`` with its own credentials; the key covers the
+    files' ETags and sizes, so an unchanged build is never fetched twice.
+    """
+    import boto3
+
+    args = c.attrs.get("Args") or []
+    uri = next((a.split("=", 1)[1] for a in args if a.startswith("--model-repository=s3://")), None)
+    if uri is None:
+        raise OpenAIServiceError(f"{c.name} serves no model repository in S3")
+    endpoint, bucket, key = parse_triton_s3(uri)
+    env = _env(c)
+    s3 = boto3.client("s3", endpoint_url=endpoint, region_name=env.get("AWS_DEFAULT_REGION"),
+                      aws_access_key_id=env.get("AWS_ACCESS_KEY_ID"),
+                      aws_secret_access_key=env.get("AWS_SECRET_ACCESS_KEY"),
+                      aws_session_token=env.get("AWS_SESSION_TOKEN"))
+    base = f"{key}/{MODEL_NAME}/"
+    listing = {}
+    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=base):
+        for o in page.get("Contents", []):
+            listing[o["Key"][len(base):]] = (o.get("ETag", ""), o.get("Size", 0))
+    version, files = pick_assets(listing)
+    content = hashlib.sha256(json.dumps(sorted((n, *listing[k]) for n, k in files.items())).encode()).hexdigest()[:24]
+    dest = state / "assets" / content
+    if not dest.is_dir():
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=dest.parent, prefix=".fetch-"))
+        try:
+            for name, rel in files.items():
+                (tmp / name).write_bytes(s3.get_object(Bucket=bucket, Key=base + rel)["Body"].read())
+            tmp.rename(dest)
+        except OSError:
+            if not dest.is_dir():
+                raise
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    digest = c.labels.get(engine.LABEL_DIGEST, "")
+    return {"assets": f"assets/{content}", "digest": content if not digest or digest.startswith("live-") else digest,
+            "repository": uri, "version": version}
+
+
+def _index(state: Path, c) -> Path:
+    return state / "backends" / f"{c.id[:24]}.json"
+
+
+def prefetch(state_dir: Path, c, log: Log) -> None:
+    """Fetch the tokenizer files of a proven candidate, so that the switch only names them. Best effort."""
+    state = state_dir / FOLDER
+    try:
+        entry = fetch_assets(c, state)
+    except Exception as err:  # noqa: BLE001 - the switch fetches again, and says so if it fails
+        log(f"OpenAI API: the tokenizer files of {c.name} were not fetched yet ({engine.one_line(err)})")
+        return
+    write_atomic(_index(state, c), json.dumps(entry))
+
+
+def follow(client: docker.DockerClient, state_dir: Path, backend: str, log: Log, refresh: bool = False) -> None:
+    """Point the OpenAI service at the build ``backend`` serves (live.json); ``refresh``: it loaded a new version.
+
+    Never raises: the switch has happened. When the files cannot be had, live.json says why, and the
+    service answers 503 with that cause rather than tokenizing for another build.
+    """
+    state = state_dir / FOLDER
+    if not state.is_dir():
+        return
+    try:
+        c = client.containers.get(backend)
+        index = _index(state, c)
+        if not refresh and index.is_file():
+            entry = json.loads(index.read_text())
+        else:
+            entry = fetch_assets(c, state)
+            write_atomic(index, json.dumps(entry))
+        live = {**entry, "backend": backend}
+    except Exception as err:  # noqa: BLE001 - any cause; it goes into live.json and the log
+        live = {"error": f"the tokenizer files of {backend} could not be fetched: {engine.one_line(err)}",
+                "backend": backend}
+        log(f"OpenAI API: {live['error']}; /v1/ answers 503 until the next switch")
+    write_atomic(state / LIVE_FILE, json.dumps(live))

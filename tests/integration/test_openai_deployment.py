@@ -1,0 +1,134 @@
+"""The OpenAI API at a deployment's stable address, on the real Docker engine, HAProxy, Triton and S3 (moto).
+
+Two builds of a tiny Llama, identical but for a chat template in the second, are promoted one after the
+other behind one proxy. The official `openai` client talks to the stable HTTP port only: /v1/ reaches the
+deployment's OpenAI service container, everything else still reaches Triton. After the switch the
+service answers with the new build's tokenizer (its chat template, its fingerprint) without a restart.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+import urllib.error
+import urllib.request
+import uuid
+
+import boto3
+import pytest
+
+from stoker import docker_engine as engine
+from stoker.serving import promote
+from stoker.serving.ports import Ports
+from stoker.stack.services import free_port
+
+from serving_models import publish
+
+pytestmark = [pytest.mark.docker, pytest.mark.s3, pytest.mark.slow]
+openai = pytest.importorskip("openai")
+pytest.importorskip("torch")
+TEMPLATE = "{{ bos_token }}{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}[assistant]"
+MESSAGES = [{"role": "user", "content": "Name a colour."}]
+
+
+def _repos(tmp_path):
+    """The real reference build of a tiny Llama as a Triton repository, and a copy with a chat template."""
+    from stoker.triton_config import RepoSettings
+    from stoker.triton_repo import assemble
+    from stoker.workers import build_reference
+    from stoker.workers.tinymodel import make_tiny_model
+
+    ckpt, artifact, a = tmp_path / "ckpt", tmp_path / "artifact", tmp_path / "repo-a"
+    make_tiny_model(ckpt, seed=0)
+    build_reference.build(ckpt, artifact)
+    assemble(artifact, a, RepoSettings(model_threads=1))
+    (a / "ensemble" / "1" / ".keep").write_text("")  # S3 has no empty folders; Triton needs this one
+    b = tmp_path / "repo-b"
+    shutil.copytree(a, b)
+    (b / "tensorrt_llm" / "1" / "weights" / "chat_template.jinja").write_text(TEMPLATE)
+    return a, b, artifact
+
+
+def _wait_models(base: str, timeout_s: float = 60) -> list:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with urllib.request.urlopen(f"{base}/models", timeout=5) as r:
+                return json.loads(r.read())["data"]
+        except (urllib.error.URLError, OSError):
+            assert time.monotonic() < deadline, f"{base}/models never answered"
+            time.sleep(0.5)
+
+
+def test_openai_api_on_the_stable_address_follows_a_switch(local_stack, triton_image, tmp_path):
+    from tokenizers import Tokenizer
+
+    image = triton_image
+    client = engine.connect(None)
+    env = {**local_stack["aws_env"], "AWS_DEFAULT_REGION": "us-east-1"}
+    s3 = boto3.client("s3", endpoint_url=local_stack["s3"], region_name="us-east-1",
+                      aws_access_key_id=env["AWS_ACCESS_KEY_ID"], aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"])
+    bucket = f"oa-{uuid.uuid4().hex[:10]}"
+    s3.create_bucket(Bucket=bucket)
+    repo_a, repo_b, artifact = _repos(tmp_path)
+    http = free_port()
+    grpc = free_port(exclude=(http,))
+    listen = Ports(http, grpc, free_port(exclude=(http, grpc)))
+    target = promote.Target(name=f"oa{uuid.uuid4().hex[:6]}", listen=listen, proxy_image="stoker/haproxy:2.6",
+                            state_dir=tmp_path / "proxy", openai_image=image)
+    log = print
+
+    def deploy(repo):
+        uri, digest = publish(s3, bucket, local_stack["s3"], repo)
+        spec = engine.BackendSpec(name=target.name, image=image, repository_uri=uri, repo_digest=digest, env=env,
+                                  ready_timeout_s=120)
+        staged = promote.prepare(client, target, spec, 0.5, log)
+        promote.go_live(client, target, staged, watch_s=0.5, max_error_rate_pct=100, drain_timeout_s=5, log=log)
+        return digest
+
+    try:
+        digest_a = deploy(repo_a)
+        base = target.endpoint["openai"]
+        assert base == f"http://127.0.0.1:{listen.http}/v1"
+        assert [m["id"] for m in _wait_models(base)] == [target.name]
+        api = openai.OpenAI(base_url=base, api_key="none", max_retries=0, timeout=60)
+        tok = Tokenizer.from_file(str(artifact / "tokenizer.json"))
+
+        out = api.chat.completions.create(model=target.name, messages=MESSAGES, max_tokens=6, temperature=0)
+        assert out.system_fingerprint == f"fp_{digest_a[:12]}"
+        assert out.usage.prompt_tokens == len(tok.encode("user: Name a colour.\nassistant:").ids)  # fallback template
+        chunks = list(api.completions.create(model=target.name, prompt="Hello", max_tokens=5, temperature=0,
+                                             stream=True, stream_options={"include_usage": True}))
+        assert chunks[-1].usage.prompt_tokens == len(tok.encode("Hello").ids)
+        assert chunks[-1].usage.completion_tokens >= 1
+        with pytest.raises(openai.NotFoundError):
+            api.chat.completions.create(model="gpt-4o", messages=MESSAGES)
+        with pytest.raises(openai.BadRequestError):
+            api.chat.completions.create(model=target.name, messages=MESSAGES, n=2)
+        # The same port still serves Triton's own API.
+        req = urllib.request.Request(f"{target.endpoint['http']}/v2/models/ensemble/generate_stream",
+                                     data=json.dumps({"text_input": "Hi", "max_tokens": 2}).encode())
+        with urllib.request.urlopen(req, timeout=30) as r:
+            assert b"text_output" in r.read()
+
+        # Blue/green: the switch moves the service onto the new build's tokenizer, no restart.
+        service = promote.openai_service.container(client, target.name)
+        digest_b = deploy(repo_b)
+        out = api.chat.completions.create(model=target.name, messages=MESSAGES, max_tokens=6, temperature=0)
+        assert out.system_fingerprint == f"fp_{digest_b[:12]}"
+        templated = tok.encode("<s>[user] Name a colour.\n[assistant]", add_special_tokens=False).ids
+        assert out.usage.prompt_tokens == len(templated)
+        assert promote.openai_service.container(client, target.name).id == service.id
+
+        # The service gone: the proxy answers /v1/ in OpenAI's error shape; the next reconcile brings it back.
+        service.stop(timeout=5)
+        with pytest.raises(openai.InternalServerError) as err:
+            api.models.list()
+        assert err.value.status_code == 503 and err.value.body["code"] == "backend_unavailable"
+        promote.reconcile(client, target, log)
+        assert [m["id"] for m in _wait_models(base)] == [target.name]
+        assert api.chat.completions.create(model=target.name, messages=MESSAGES, max_tokens=2,
+                                           temperature=0).system_fingerprint == f"fp_{digest_b[:12]}"
+    finally:
+        engine.remove_deployment(client, target.name, lambda _l: None)
