@@ -32,7 +32,7 @@ from collections.abc import Callable
 
 from botocore.exceptions import ClientError
 
-from . import docker_engine, s3
+from . import credentials, docker_engine, s3
 from .errors import StokerError
 from .run import stoker_home
 from .serving import openai_service, probe, promote
@@ -106,7 +106,7 @@ def backend_spec(spec: Spec, repository_uri: str, digest: str, env: dict[str, st
 
 
 def container_env(spec: Spec) -> dict[str, str]:
-    return s3.credentials_env() | {"AWS_DEFAULT_REGION": spec.storage.region}
+    return credentials.container_env(spec.storage)
 
 
 # ---------------------------------------------------------------- live repository (S3)

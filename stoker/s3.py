@@ -30,6 +30,7 @@ from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError, EndpointConnectionError, HTTPClientError, SSLError
 from botocore.exceptions import ConnectionError as BotoConnectionError
 
+from . import credentials
 from .digest import FileRecord
 from .errors import StepError, StokerError, TransientError
 from .spec import Storage
@@ -102,13 +103,9 @@ def client(storage: Storage, attempts: int | None = None):
     cfg = Config(retries={"mode": os.environ.get("AWS_RETRY_MODE") or "standard", "total_max_attempts": total},
                  connect_timeout=connect_s, read_timeout=read_s,
                  max_pool_connections=_FILES_AT_ONCE * _TRANSFER.max_concurrency)
-    return boto3.client("s3", endpoint_url=storage.endpoint_url, region_name=storage.region, config=cfg)
-
-
-def credentials_env() -> dict[str, str]:
-    """The AWS settings a Triton container needs to read the repository (secrets: never log these)."""
-    keys = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_DEFAULT_REGION")
-    return {k: os.environ[k] for k in keys if os.environ.get(k)}
+    # Keys from the spec's AwsCredentials block when it names one, else boto3's own chain (environment, profile).
+    return boto3.client("s3", endpoint_url=storage.endpoint_url, region_name=storage.region, config=cfg,
+                        **credentials.client_kwargs(storage))
 
 
 def _where(storage: Storage) -> str:

@@ -148,8 +148,6 @@ def test_missing_block_and_wrong_keys_fail_preflight_in_one_line(results):
         assert s not in text
 
 
-@pytest.mark.xfail(strict=True, reason="stoker/s3.py client() does not pass credentials.client_kwargs(storage) "
-                                       "to boto3 yet (another engineer's file); remove this mark once it does")
 def test_preflight_storage_check_uses_the_blocks_keys(results):
     out = results[0]
     assert out["good_storage_check"] == "ok", out["good_storage_check"]
