@@ -1,0 +1,132 @@
+"""What the OpenAI route adds: TTFT and inter-chunk latency of /v1/completions against Triton's generate_stream.
+
+One tiny Llama (stoker.workers.tinymodel, the real reference build) served by the local tritonserver; the
+OpenAI service (`python -m stoker.openai_api`, its own process, as in its container) in front of Triton's gRPC
+port. The same greedy request (prompt, 32 output tokens) alternates between the two routes, one at a time,
+through the same HTTP client: Triton's ``/v2/models/ensemble/generate_stream`` (preprocessing → tensorrt_llm →
+postprocessing) and the service's streamed ``/v1/completions`` (token ids to tensorrt_llm, detokenized in the
+service). Both produce the same tokens. No proxy in either path (HAProxy's own cost: benchmarks/results/operate.json).
+
+    python benchmarks/openai_overhead.py --out benchmarks/results/openai_overhead.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests" / "integration"))
+
+PROMPT = "The quick brown fox jumps over the lazy dog, and then"
+TOKENS = 32
+
+
+def _events(client: httpx.Client, url: str, body: dict, text_of) -> tuple[float, list[float], str]:
+    """(TTFT s, gaps between text chunks s, text) of one streamed request."""
+    t0 = time.perf_counter()
+    arrivals, text = [], []
+    with client.stream("POST", url, json=body) as r:
+        r.raise_for_status()
+        for line in r.iter_lines():
+            if not line.startswith("data:") or line.strip() == "data: [DONE]":
+                continue
+            piece = text_of(json.loads(line[5:]))
+            if piece:
+                arrivals.append(time.perf_counter())
+                text.append(piece)
+    return arrivals[0] - t0, [b - a for a, b in zip(arrivals, arrivals[1:])], "".join(text)
+
+
+def _p(values: list[float], q: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, int(q * len(values)))] * 1000
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--requests", type=int, default=40, help="per route")
+    p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "openai_overhead.json")
+    args = p.parse_args()
+
+    from grpc_stream import serve_checkpoint
+
+    from stoker.stack.services import free_port
+    from stoker.workers.tinymodel import make_tiny_model
+
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        make_tiny_model(root / "ckpt", seed=0)
+        with serve_checkpoint(root / "ckpt", root) as (server, artifact):
+            port = free_port()
+            service = subprocess.Popen(
+                [sys.executable, "-m", "stoker.openai_api", "--model", "tiny", "--grpc", server.grpc_url,
+                 "--assets", str(artifact), "--port", str(port), "--log-level", "warning"],
+                cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+            try:
+                routes = {
+                    "generate_stream": (f"{server.http_url}/v2/models/ensemble/generate_stream",
+                                        {"text_input": PROMPT, "max_tokens": TOKENS, "stream": True},
+                                        lambda e: e.get("text_output", "")),
+                    "openai_completions": (f"http://127.0.0.1:{port}/v1/completions",
+                                           {"model": "tiny", "prompt": PROMPT, "max_tokens": TOKENS,
+                                            "temperature": 0, "stream": True},
+                                           lambda e: e["choices"][0]["text"] if e.get("choices") else ""),
+                }
+                with httpx.Client(timeout=60) as client:
+                    deadline = time.monotonic() + 60
+                    while True:
+                        try:
+                            client.get(f"http://127.0.0.1:{port}/v1/models").raise_for_status()
+                            break
+                        except httpx.HTTPError:
+                            if time.monotonic() > deadline:
+                                raise
+                            time.sleep(0.2)
+                    for name, (url, body, text_of) in routes.items():  # warm-up, and the same answer on both
+                        texts = {_events(client, url, body, text_of)[2] for _ in range(3)}
+                        routes[name] += (texts,)
+                    ttft = {n: [] for n in routes}
+                    gaps = {n: [] for n in routes}
+                    for _ in range(args.requests):
+                        for name, (url, body, text_of, _texts) in routes.items():
+                            first, between, _ = _events(client, url, body, text_of)
+                            ttft[name].append(first)
+                            gaps[name] += between
+            finally:
+                service.terminate()
+                service.wait(timeout=30)
+    same = routes["generate_stream"][3] == routes["openai_completions"][3]
+    result = {
+        "what": "streamed greedy request, one at a time, no proxy: Triton generate_stream (ensemble) vs the OpenAI "
+                "service's /v1/completions (tensorrt_llm token ids, detokenized in the service)",
+        "model": "stoker tiny Llama (hidden 256, 4 layers), reference build, local tritonserver 2.51.0",
+        "prompt": PROMPT, "max_tokens": TOKENS, "requests_per_route": args.requests, "same_text": same,
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores", "date": time.strftime("%Y-%m-%d"),
+        "routes": {n: {"ttft_ms_p50": round(_p(ttft[n], 0.5), 3), "ttft_ms_p99": round(_p(ttft[n], 0.99), 3),
+                       "itl_ms_p50": round(_p(gaps[n], 0.5), 3),
+                       "itl_ms_mean": round(statistics.mean(gaps[n]) * 1000, 3),
+                       "chunks": len(gaps[n]) + len(ttft[n])} for n in ttft},
+    }
+    g, o = result["routes"]["generate_stream"], result["routes"]["openai_completions"]
+    result["openai_minus_generate_stream_ms"] = {"ttft_p50": round(o["ttft_ms_p50"] - g["ttft_ms_p50"], 3),
+                                                 "itl_p50": round(o["itl_ms_p50"] - g["itl_ms_p50"], 3)}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    print(json.dumps(result, indent=1))
+    return 0 if same else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
