@@ -2,7 +2,8 @@
 
 The orchestrator never imports torch; a child process also returns all of its
 memory to the OS when it exits. Its stderr lines stream into the run's log; its result (the
-worker's one JSON line, printed last) is returned, not logged.
+worker's one JSON line, printed last) is returned, not logged; its progress lines
+(`stoker.progress.child_line`) become a bar, plain lines at a cadence, and a Prefect progress artifact.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from collections import deque
 from typing import Callable
 
 from .errors import ChildProcessFailed
+from .progress import ChildProgress
 
 
 def heavy_python() -> str:
@@ -33,6 +35,17 @@ def run_module(module: str, args: list[str], log: Callable[[str], None], timeout
 
     Raises ChildProcessFailed with the child's last line on failure.
     """
+    progress = ChildProgress(log)
+    try:
+        return _run(module, args, progress, timeout_s, env)
+    except BaseException:
+        progress.close(ok=False)
+        raise
+
+
+def _run(module: str, args: list[str], progress: ChildProgress, timeout_s: float,
+         env: dict[str, str] | None) -> dict | None:
+    log = progress.log
     argv = [heavy_python(), "-m", module, *args]
     tail: deque[str] = deque(maxlen=20)
     child_env = {**CHILD_ENV_DEFAULTS, **os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
@@ -43,7 +56,7 @@ def run_module(module: str, args: list[str], log: Callable[[str], None], timeout
         try:
             for line in proc.stdout:
                 line = line.rstrip()
-                if not line:
+                if not line or progress.feed(line):
                     continue
                 tail.append(line)
                 if held is not None:
@@ -52,6 +65,7 @@ def run_module(module: str, args: list[str], log: Callable[[str], None], timeout
                 if held is None:
                     log(line)
             rc = proc.wait(timeout=timeout_s)
+            progress.close(ok=rc == 0)
         except subprocess.TimeoutExpired:
             proc.kill()
             raise ChildProcessFailed(f"{module} timed out after {timeout_s:.0f}s") from None

@@ -23,6 +23,7 @@ from tqdm.auto import tqdm
 
 from .digest import file_sha256 as sha256_file
 from .errors import StokerError, TransientError
+from .progress import Progress
 
 SAFETENSORS_SUFFIXES = (".safetensors", ".safetensors.index.json")
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".bin.index.json")
@@ -75,12 +76,26 @@ class HubUnavailable(HubError, TransientError):
     """The Hub could not be reached or answered with a server error; retrying may help."""
 
 
-class _QuietBar(tqdm):
-    """Progress is reported through the caller's progress callable, not as bars on stderr."""
+def _bars_into(progress: Progress) -> type[tqdm]:
+    """A tqdm class for snapshot_download that draws nothing and feeds the bytes it counts into `progress`.
 
-    def __init__(self, *args, **kwargs) -> None:
-        kwargs["disable"] = True
-        super().__init__(*args, **kwargs)
+    huggingface_hub 2.4 makes three bars of it: files done, network bytes, and bytes written (its
+    "Reconstructing" bar, which every file's download updates, rolled back on a retry). The last one
+    is the bytes of the files, the total we know from the listing.
+    """
+
+    class _Bar(tqdm):
+        def __init__(self, *args, **kwargs) -> None:
+            self._feeds = str(kwargs.get("desc") or "").startswith("Reconstructing")
+            kwargs["disable"] = True
+            super().__init__(*args, **kwargs)
+
+        def update(self, n: float | None = 1) -> bool | None:
+            if self._feeds and n:
+                progress.advance(n)
+            return None
+
+    return _Bar
 
 
 @dataclass(frozen=True)
@@ -258,7 +273,7 @@ def fetch(
     dest.parent.mkdir(parents=True, exist_ok=True)
     partial = Path(tempfile.mkdtemp(prefix=f".{dest.name}.partial-", dir=dest.parent))
     try:
-        with _hub_errors(repo_id, sha, endpoint, token):
+        with _hub_errors(repo_id, sha, endpoint, token), Progress("download", total, "B", say) as bytes_in:
             snapshot_download(
                 repo_id,
                 revision=sha,
@@ -268,7 +283,7 @@ def fetch(
                 allow_patterns=[glob.escape(name) for name in selected],
                 local_dir=partial,
                 max_workers=_DOWNLOAD_WORKERS,
-                tqdm_class=_QuietBar,
+                tqdm_class=_bars_into(bytes_in),
             )
         # huggingface_hub keeps download metadata here; it is not part of the model.
         shutil.rmtree(partial / ".cache", ignore_errors=True)

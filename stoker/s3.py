@@ -33,6 +33,7 @@ from botocore.exceptions import ConnectionError as BotoConnectionError
 from . import credentials
 from .digest import FileRecord
 from .errors import StepError, StokerError, TransientError
+from .progress import Progress
 from .spec import Storage
 
 MARKER = "stoker-repo.json"
@@ -255,33 +256,40 @@ def upload_tree(s3, storage: Storage, local_root: Path, records: list[FileRecord
     total = sum(r.bytes for r in records)
     stop = threading.Event()
 
+    bytes_out = Progress("upload", total, "B", progress)
+    say = bytes_out.printer(progress)
+
     def one(rec: FileRecord) -> UploadedObject:
         key = f"{base}/{rec.path}"
+        share = bytes_out.share(rec.bytes)
         if stop.is_set():  # another file failed: start nothing new
             raise _Stopped
         if _remote_sha(s3, storage.bucket, key) == rec.sha256:
+            share.complete()
             return UploadedObject(key, rec.sha256, rec.bytes, True)
         if stop.is_set():
             raise _Stopped
+        # s3transfer calls back with the bytes sent, from its own threads (and with negative counts on a retry).
         s3.upload_file(str(local_root / rec.path), storage.bucket, key, Config=_TRANSFER,
-                       ExtraArgs={"Metadata": {"sha256": rec.sha256}})
+                       ExtraArgs={"Metadata": {"sha256": rec.sha256}}, Callback=share)
+        share.complete()
         return UploadedObject(key, rec.sha256, rec.bytes, False)
 
     try:
         # The pool's exit waits for uploads still in flight, so none of ours lands after the cleanup below.
-        with ThreadPoolExecutor(max_workers=_FILES_AT_ONCE) as pool:
+        with bytes_out, ThreadPoolExecutor(max_workers=_FILES_AT_ONCE) as pool:
             futures = {pool.submit(one, rec): i for i, rec in enumerate(records)}
-            pending, sent, count = set(futures), 0, 0
+            pending = set(futures)
             while pending:
                 finished, pending = wait(pending, return_when=FIRST_COMPLETED)
                 for fut in finished:
                     if fut.exception() is not None:
                         stop.set()
                         raise fut.exception()
-                    obj = results[futures[fut]] = fut.result()
-                    count, sent = count + 1, sent + obj.bytes
-                    progress(f"upload {count}/{len(records)} files, {sent / 1e6:.1f}/{total / 1e6:.1f} MB"
-                             f"{' (identical, skipped)' if obj.skipped else ''}: {obj.key.rsplit('/', 1)[-1]}")
+                    results[futures[fut]] = fut.result()
+        skipped = [o for o in results if o is not None and o.skipped]
+        say(f"upload: {len(records)} files, {total / 1e6:.1f} MB: {len(records) - len(skipped)} sent, "
+            f"{len(skipped)} identical (skipped, {sum(o.bytes for o in skipped) / 1e6:.1f} MB)")
         # Triton fails to load a model whose version folder has no object at all.
         for d in empty_dirs:
             s3.put_object(Bucket=storage.bucket, Key=f"{base}/{d.strip('/')}/", Body=b"")

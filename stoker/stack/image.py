@@ -23,6 +23,7 @@ import docker.errors
 import requests
 
 from stoker.docker_engine import DeployError, connect
+from stoker.progress import Progress
 from stoker.stack.mirrors import MirrorNotFound, host_debian_mirror
 
 IMAGE_DIR = Path(__file__).resolve().parents[2] / "infra" / "image"
@@ -33,6 +34,11 @@ DEFAULT_PROXY_IMAGE = "stoker/haproxy:2.6"
 RECIPE_LABEL = "ai.stoker.recipe"
 BASE_LABEL = "ai.stoker.base-image"
 _RUN_FAILED = re.compile(r"^The command '.*' returned a non-zero code: (\d+)$")
+# build.sh's progress: "[build  12s] chroot: venv + Python packages". Its phases, in order; "done:" ends it.
+_BUILD_SH_STEP = re.compile(r"^\[build\s+\d+s\] (.*)$")
+BUILD_SH_PHASES = ("base rootfs", "chroot:", "docker import", "smoke test", "done:")
+# The daemon's classic builder: "Step 3/9 : RUN ...".
+_DOCKER_STEP = re.compile(r"^Step (\d+)/(\d+) : ")
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 BUILD_TIMEOUT_S = 1800
 TAIL_LINES = 30
@@ -102,15 +108,22 @@ def _run_build(name: str, docker_host: str | None, log: Callable[[str], None]) -
         BUILD_TIMEOUT_S, proc.kill
     )  # a hung apt/pip must not hang us
     timer.start()
+    # build.sh's own step lines are the plain-text progress; the bar and the artifact count its phases.
+    steps = Progress(f"image {name}", len(BUILD_SH_PHASES) - 1, "step", log, lines=False)
+    say = steps.printer(log)
     try:
         assert proc.stdout is not None
         for line in proc.stdout:
             line = line.rstrip("\n")
             tail.append(line)
-            log(line)
+            say(line)
+            phase = build_sh_phase(line)
+            if phase is not None:
+                steps.update(*phase)
         rc = proc.wait()
     finally:
         timer.cancel()
+        steps.close(ok=proc.returncode == 0)
     if rc != 0:
         last = next((ln for ln in reversed(tail) if ln.strip()), "")
         cause = "timed out" if rc == -9 else f"exit status {rc}"
@@ -118,6 +131,24 @@ def _run_build(name: str, docker_host: str | None, log: Callable[[str], None]) -
             f"image build of {name} failed ({cause}): {last.strip()}\n"
             + "\n".join(tail)
         )
+
+
+def build_sh_phase(line: str) -> tuple[int, str] | None:
+    """(phases done, what starts now) for one of build.sh's phase lines, else None."""
+    m = _BUILD_SH_STEP.match(line.strip())
+    if m is None:
+        return None
+    what = m.group(1)
+    for done, phase in enumerate(BUILD_SH_PHASES):
+        if what.startswith(phase):
+            return done, phase.rstrip(":")
+    return None
+
+
+def docker_build_step(line: str) -> tuple[int, int] | None:
+    """(step, of) for a classic `docker build` step line ("Step 3/9 : RUN ..."), else None."""
+    m = _DOCKER_STEP.match(line.strip())
+    return (int(m.group(1)), int(m.group(2))) if m else None
 
 
 def _current(client, name: str, want: str, cost: str, log: Callable[[str], None]) -> tuple[str | None, str | None]:
@@ -184,6 +215,8 @@ def _docker_build(client, image: str, buildargs: dict[str, str], labels: dict[st
                   log: Callable[[str], None]) -> None:
     """docker build of PROXY_DIR tagged ``image``; a failed build leaves an existing tag where it was."""
     tail: deque[str] = deque(maxlen=TAIL_LINES)
+    steps: Progress | None = None  # the step count is known from the first step line
+    say, ok = log, False
     try:
         for chunk in client.api.build(path=str(PROXY_DIR), tag=image, buildargs=buildargs, labels=labels,
                                       rm=True, forcerm=True, pull=False, decode=True, timeout=BUILD_TIMEOUT_S):
@@ -197,9 +230,20 @@ def _docker_build(client, image: str, buildargs: dict[str, str], labels: dict[st
                 # The daemon's own bookkeeping lines say nothing a reader needs.
                 if line.strip() and not line.startswith((" ---> ", "Removing intermediate container")):
                     tail.append(line.strip())
-                    log(f"    {line.rstrip()}")
+                    step = docker_build_step(line)
+                    if step is not None and steps is None:
+                        # The step lines are the plain-text progress; the bar and the artifact count them.
+                        steps = Progress(f"image {image}", step[1], "step", log, lines=False)
+                        say = steps.printer(log)
+                    say(f"    {line.rstrip()}")
+                    if step is not None and steps is not None:
+                        steps.update(step[0] - 1, line.split(" : ", 1)[-1].strip()[:40])
+        ok = True
     except (docker.errors.APIError, docker.errors.BuildError, requests.exceptions.RequestException) as err:
         raise ImageBuildFailed(f"image build of {image} failed: {_one_line(str(err))}") from err
+    finally:
+        if steps is not None:
+            steps.close(ok=ok)
 
 
 def _one_line(text: str) -> str:

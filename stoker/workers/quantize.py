@@ -8,7 +8,7 @@ REQ = {"checkpoint": DIR, "format": "fp8|int8_sq|int4_awq|w4a8_awq", "kv_cache_d
 
 Writes into OUTDIR only (config.json with quantization_config, hf_quant_config.json,
 *.safetensors, tokenizer files, generation_config.json, stoker_quantize.json); progress goes
-to stderr, one JSON summary line to stdout. Exits 1 with a one-line cause on any failure.
+to stderr (calibration batches as `stoker-progress` lines), one JSON summary line to stdout. Exits 1 with a one-line cause on any failure.
 `fake_quant_out` (a file outside OUTDIR) receives ModelOpt's fake-quantized weights, so
 tests can prove that our dequantization reads the export the way ModelOpt meant it.
 """
@@ -19,6 +19,7 @@ import argparse
 import contextlib
 import hashlib
 import io
+import itertools
 import json
 import logging
 import shutil
@@ -30,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from stoker.errors import StokerError
+from stoker.progress import child_line
 from stoker.workers import run_cli
 
 # stoker format -> name of the modelopt.torch.quantization config (0.47).
@@ -298,10 +300,17 @@ def quantize(req: Request, out: Path) -> dict[str, Any]:
     model = AutoModelForCausalLM.from_pretrained(req.checkpoint, dtype=load_dtype).eval()
     log(f"loaded {req.checkpoint} as {req.load_dtype} in {time.monotonic() - t0:.1f}s")
 
+    passes = itertools.count(1)
+
     def forward_loop(m: Any) -> None:
+        # ModelOpt runs this once per calibration pass (max: 1; SmoothQuant and AWQ search: more), so each
+        # pass is reported on its own: the number of passes is ModelOpt's to choose.
+        label = f"calibration pass {next(passes)}"
+        child_line(label, 0, len(batches), "batch")
         with torch.no_grad():
-            for batch in batches:
+            for done, batch in enumerate(batches, 1):
                 m(input_ids=batch)
+                child_line(label, done, len(batches), "batch")
 
     with library_prints():  # the KV helper prints the whole merged config
         cfg, cfg_names = quant_config(mtq, req.format, req.kv_cache_dtype)

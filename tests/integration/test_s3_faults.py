@@ -12,6 +12,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -33,6 +34,8 @@ HELPER = Path(__file__).with_name("s3_upload_flow.py")
 DIGEST = "f" * 64
 EMPTY_DIRS = ["ensemble/1"]
 TIMEOUT_S = "1"  # connect and read: a 3 s freeze is several timed-out attempts
+# The upload's first progress line ("upload: 2.6/26.2 MB (10%)"): some objects are in, most are still to go.
+UNDER_WAY = re.compile(r"upload: [\d.]+/[\d.]+ MB \(\d+%\)$")
 
 
 class Frozen:
@@ -110,7 +113,7 @@ def test_a_freeze_mid_upload_is_retried_and_the_upload_completes(server, tmp_pat
     freeze_s = 3.0
 
     def progress(line: str) -> None:
-        if line.startswith("upload 1/") and frozen.stopped_at is None:  # the first object is in: freeze
+        if UNDER_WAY.match(line) and frozen.stopped_at is None:  # under way: freeze
             frozen.stop()
             threading.Timer(freeze_s, frozen.cont).start()
 
@@ -132,7 +135,7 @@ def test_an_upload_that_finally_fails_leaves_nothing_under_its_prefix(server, tm
 
     def progress(line: str) -> None:
         lines.append(line)
-        if line.startswith("upload 1/") and frozen.stopped_at is None:
+        if UNDER_WAY.match(line) and frozen.stopped_at is None:
             frozen.stop()  # for good: every retry of the upload times out
         if line.startswith("upload: removing everything under"):
             threading.Timer(1.0, frozen.cont).start()  # back while the failed upload cleans up
@@ -170,7 +173,7 @@ def test_the_upload_task_retries_a_freeze_that_outlasts_boto3s_retries(server, t
     try:
         for line in proc.stdout:
             lines.append(line.rstrip())
-            if "upload 1/" in line and frozen.stopped_at is None:
+            if UNDER_WAY.search(line) and frozen.stopped_at is None:
                 frozen.stop()
             elif "upload: will be retried" in line:
                 frozen.cont()
@@ -182,7 +185,8 @@ def test_the_upload_task_retries_a_freeze_that_outlasts_boto3s_retries(server, t
     log = "\n".join(lines)
     assert frozen.stopped_at is not None
     assert "stalled or dropped the connection" in log and "Retry 1/3" in log, log[-3000:]
-    assert "(identical, skipped)" in log  # attempt 2 reused what attempt 1 (and the queued requests) left
+    # Attempt 2 reused what attempt 1 (and the queued requests) left.
+    assert re.search(r"upload: 25 files, [\d.]+ MB: \d+ sent, [1-9]\d* identical", log), log[-3000:]
     result = json.loads(next(ln for ln in lines if ln.startswith("RESULT ")).removeprefix("RESULT "))
     assert result["detail"]["prefix"] == f"s3://{storage.bucket}/{s3.repo_prefix(storage, DIGEST)}"
     _assert_published(storage, root, records)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from stoker import hub
+from stoker import hub, progress
 from stoker.stack import hub_mirror, s3server, services
 from stoker.workers import tinymodel
 
@@ -221,7 +221,7 @@ def test_mirror_reuse(mirror: Mirror) -> None:
 
 @pytest.mark.hub
 def test_publish_resolve_fetch_roundtrip(
-    mirror: Mirror, tiny_model: tuple[Path, dict[str, str]], tmp_path: Path
+    mirror: Mirror, tiny_model: tuple[Path, dict[str, str]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     endpoint, repos = mirror.endpoint, mirror.repos
     src, source_files = tiny_model
@@ -230,6 +230,14 @@ def test_publish_resolve_fetch_roundtrip(
     assert hub.resolve("stoker-test/tiny-llama", sha, endpoint) == sha
 
     messages: list[str] = []
+    fed: list[float] = []
+
+    class Counted(progress.Progress):  # what huggingface_hub's bars feed into stoker's progress
+        def advance(self, n: float) -> None:
+            fed.append(n)
+            super().advance(n)
+
+    monkeypatch.setattr(hub, "Progress", Counted)
     dest = tmp_path / "models" / "tiny"
     started = time.monotonic()
     records = hub.fetch("stoker-test/tiny-llama", sha, endpoint, TOKEN, dest, progress=messages.append)
@@ -241,6 +249,9 @@ def test_publish_resolve_fetch_roundtrip(
     assert sorted(p.name for p in dest.iterdir()) == sorted(source_files)  # no .cache, nothing extra
     assert [p.name for p in dest.parent.iterdir()] == ["tiny"]  # no partial dir left behind
     assert messages and all(TOKEN not in m for m in messages)
+    total = sum(r.bytes for r in records)
+    assert sum(fed) == total  # the bytes as they arrived, counted by huggingface_hub's own bars
+    assert any(m.startswith(f"download: {total / 1e6:.1f}/{total / 1e6:.1f} MB (100%, ") for m in messages)
 
     with pytest.raises(hub.HubError, match="already exists"):
         hub.fetch("stoker-test/tiny-llama", sha, endpoint, TOKEN, dest)
