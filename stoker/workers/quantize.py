@@ -8,7 +8,8 @@ REQ = {"checkpoint": DIR, "format": "fp8|int8_sq|int4_awq|w4a8_awq", "kv_cache_d
 
 Writes into OUTDIR only (config.json with quantization_config, hf_quant_config.json,
 *.safetensors, tokenizer files, generation_config.json, stoker_quantize.json); progress goes
-to stderr (calibration batches as `stoker-progress` lines), one JSON summary line to stdout. Exits 1 with a one-line cause on any failure.
+to stderr (calibration batches as `stoker-progress` lines), one JSON summary line to stdout.
+Exits 1 with a one-line cause on any failure.
 `fake_quant_out` (a file outside OUTDIR) receives ModelOpt's fake-quantized weights, so
 tests can prove that our dequantization reads the export the way ModelOpt meant it.
 """
