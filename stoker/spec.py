@@ -274,7 +274,9 @@ class Evaluation(_Section):
     prompt_tokens: int = Field(16, ge=1, le=4096)
     greedy_tokens: int = Field(16, ge=1, le=4096, description="tokens generated per prompt (M)")
     max_perplexity_rise_pct: float | None = Field(10.0, ge=0, le=100000)
-    min_greedy_agreement: float | None = Field(0.5, ge=0, le=1, description="token match rate with the baseline")
+    # 0.25: int4_awq/w4a8_awq keep 0.34-0.35 of the greedy tokens of the random-weight demo model, a damaged
+    # checkpoint 0.0 (benchmarks/results/quality.json); trained models agree far more: tighten it for them.
+    min_greedy_agreement: float | None = Field(0.25, ge=0, le=1, description="token match rate with the baseline")
     baseline_tolerance: float | None = Field(None, gt=0, le=10, description="largest |Δ log prob| (nats) allowed "
                                              "between the unquantized build as served and transformers; default: "
                                              "the target's (reference 1e-3: float32; GPU 0.1: a bf16 engine)")

@@ -11,11 +11,11 @@ Only the local Docker daemon is asked: an address on another host finds nothing.
 from __future__ import annotations
 
 import json
-import os
 import socket
 from pathlib import Path
 from urllib.parse import urlparse
 
+from .backend_repo import repository_of, s3_client
 from .. import docker_engine as engine
 from ..bench.counting import Found
 from ..digest import file_sha256
@@ -38,19 +38,6 @@ def address(url: str) -> tuple[str, int | None]:
 
 def is_local(host: str) -> bool:
     return host in _LOCAL or host.startswith("127.") or host in (socket.gethostname(), socket.getfqdn())
-
-
-def parse_triton_s3(uri: str) -> tuple[str | None, str, str]:
-    """(endpoint_url, bucket, key) of Triton's `s3://[https://]host:port/bucket/key` or `s3://bucket/key`."""
-    rest = uri.removeprefix("s3://")
-    scheme = "http"
-    if rest.startswith("https://"):
-        scheme, rest = "https", rest.removeprefix("https://")
-    first, _, rest = rest.partition("/")
-    if ":" in first:  # a host:port comes first only for a custom endpoint (stoker.s3.triton_uri)
-        bucket, _, key = rest.partition("/")
-        return f"{scheme}://{first}", bucket, key.rstrip("/")
-    return None, first, rest.rstrip("/")
 
 
 def lookup(url: str, home: Path) -> Found:
@@ -114,21 +101,16 @@ def _from_manifest(manifest: dict) -> Path | None:
 
 
 def _from_s3(backend, home: Path, where: str) -> Found:
-    args = (backend.attrs or {}).get("Args") or []
-    repo = next((a.split("=", 1)[1] for a in args if a.startswith("--model-repository=s3://")), None)
+    repo = repository_of(backend)
     if repo is None:
         return Found(None, f"{where}: no manifest here and no S3 model repository in its arguments")
     digest = backend.labels.get(engine.LABEL_DIGEST, "") or "unknown"
     cached = home / "cache" / "bench-tokenizer" / digest[:24] / "tokenizer.json"
     if digest != "unknown" and cached.is_file():
         return Found(cached, f"{where}, from its repository in S3 (kept in {cached.parent})")
-    endpoint, bucket, key = parse_triton_s3(repo)
-    try:
-        import boto3
-
-        s3 = boto3.client("s3", endpoint_url=endpoint,
-                          region_name=os.environ.get("AWS_DEFAULT_REGION") or os.environ.get("AWS_REGION"))
-        body = s3.get_object(Bucket=bucket, Key=f"{key}/{TOKENIZER_IN_REPO}")["Body"].read()
+    _endpoint, bucket, key = repo
+    try:  # with the backend's own credentials, as Triton reads it
+        body = s3_client(backend, repo).get_object(Bucket=bucket, Key=f"{key}/{TOKENIZER_IN_REPO}")["Body"].read()
     except Exception as err:  # noqa: BLE001 - any failure means "not found"; the cause goes in the message
         first = (str(err).strip().splitlines() or [type(err).__name__])[0]
         return Found(None, f"{where}: no manifest here, and s3://{bucket}/{key}/{TOKENIZER_IN_REPO} could not be "

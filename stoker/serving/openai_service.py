@@ -30,6 +30,7 @@ from pathlib import Path
 import docker
 import docker.errors
 
+from .backend_repo import repository_of, s3_client
 from .. import docker_engine as engine
 from ..manifest import write_atomic
 from ..openai_api.layout import ASSET_FILES, LIVE_FILE
@@ -141,19 +142,6 @@ def remove(client: docker.DockerClient, name: str, log: Log) -> None:
 # ---------------------------------------------------------------- the live build's tokenizer files
 
 
-def parse_triton_s3(uri: str) -> tuple[str | None, str, str]:
-    """(endpoint_url, bucket, key) of Triton's ``s3://[https://]host:port/bucket/key`` or ``s3://bucket/key``. Pure."""
-    rest = uri.removeprefix("s3://")
-    scheme = "http"
-    if rest.startswith("https://"):
-        scheme, rest = "https", rest.removeprefix("https://")
-    first, _, rest = rest.partition("/")
-    if ":" in first:  # a host:port comes first only for a custom endpoint (stoker.s3.triton_uri)
-        bucket, _, key = rest.partition("/")
-        return f"{scheme}://{first}", bucket, key.rstrip("/")
-    return None, first, rest.rstrip("/")
-
-
 def pick_assets(listing: dict[str, tuple[str, int]]) -> tuple[int, dict[str, str]]:
     """From the objects under ``tensorrt_llm/`` (relative key → (etag, size)): the newest version that holds a
     tokenizer.json, and its asset files (name → relative key). Pure."""
@@ -169,28 +157,17 @@ def pick_assets(listing: dict[str, tuple[str, int]]) -> tuple[int, dict[str, str
     return version, {name: f"{folder}/{name}" for name in ASSET_FILES if f"{folder}/{name}" in listing}
 
 
-def _env(c) -> dict[str, str]:
-    return dict(e.split("=", 1) for e in (c.attrs.get("Config") or {}).get("Env") or [] if "=" in e)
-
-
 def fetch_assets(c, state: Path) -> dict:
     """The tokenizer files of the build backend container ``c`` serves, under ``state/assets/<content key>``.
 
     Read from the S3 repository in its ``--model-repository`` with its own credentials; the key covers the
     files' ETags and sizes, so an unchanged build is never fetched twice.
     """
-    import boto3
-
-    args = c.attrs.get("Args") or []
-    uri = next((a.split("=", 1)[1] for a in args if a.startswith("--model-repository=s3://")), None)
-    if uri is None:
+    repo = repository_of(c)
+    if repo is None:
         raise OpenAIServiceError(f"{c.name} serves no model repository in S3")
-    endpoint, bucket, key = parse_triton_s3(uri)
-    env = _env(c)
-    s3 = boto3.client("s3", endpoint_url=endpoint, region_name=env.get("AWS_DEFAULT_REGION"),
-                      aws_access_key_id=env.get("AWS_ACCESS_KEY_ID"),
-                      aws_secret_access_key=env.get("AWS_SECRET_ACCESS_KEY"),
-                      aws_session_token=env.get("AWS_SESSION_TOKEN"))
+    _endpoint, bucket, key = repo
+    s3 = s3_client(c, repo)
     base = f"{key}/{MODEL_NAME}/"
     listing = {}
     for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=base):
@@ -213,7 +190,7 @@ def fetch_assets(c, state: Path) -> dict:
             shutil.rmtree(tmp, ignore_errors=True)
     digest = c.labels.get(engine.LABEL_DIGEST, "")
     return {"assets": f"assets/{content}", "digest": content if not digest or digest.startswith("live-") else digest,
-            "repository": uri, "version": version}
+            "repository": f"s3://{bucket}/{key}", "version": version}
 
 
 def _index(state: Path, c) -> Path:

@@ -12,7 +12,8 @@ from stoker.bench.counting import CHUNKS_WARNING, Counting, Found, NoTokenizer, 
 from stoker.bench.errors import InvalidBenchmarkConfig
 from stoker.bench.output import markdown_table
 from stoker.cli import main
-from stoker.serving.deployed_tokenizer import TOKENIZER_IN_REPO, _from_manifest, address, parse_triton_s3
+from stoker.serving.backend_repo import parse_triton_s3
+from stoker.serving.deployed_tokenizer import TOKENIZER_IN_REPO, _from_manifest, address
 
 FOUND = Found(Path("/runs/tok/tokenizer.json"), "deployment demo (live backend stoker-demo-blue, run r1)")
 

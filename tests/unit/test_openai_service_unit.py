@@ -52,10 +52,12 @@ def test_service_command_and_config_key():
 
 
 def test_parse_triton_s3():
-    assert openai_service.parse_triton_s3("s3://127.0.0.1:19000/bucket/p/repos/abc/model_repository") == (
+    from stoker.serving.backend_repo import parse_triton_s3
+
+    assert parse_triton_s3("s3://127.0.0.1:19000/bucket/p/repos/abc/model_repository") == (
         "http://127.0.0.1:19000", "bucket", "p/repos/abc/model_repository")
-    assert openai_service.parse_triton_s3("s3://https://s3.example:443/b/k/") == ("https://s3.example:443", "b", "k")
-    assert openai_service.parse_triton_s3("s3://bucket/key/deeper") == (None, "bucket", "key/deeper")
+    assert parse_triton_s3("s3://https://s3.example:443/b/k/") == ("https://s3.example:443", "b", "k")
+    assert parse_triton_s3("s3://bucket/key/deeper") == (None, "bucket", "key/deeper")
 
 
 def test_pick_assets_takes_the_newest_version_and_only_the_tokenizer_files():
