@@ -90,12 +90,13 @@ def gpu_package_key(spec: Spec, build_digest: str) -> str:
 
 # ---- evaluation: measurements are cached; the verdict (thresholds) is judged again every run ----
 
-def baseline_key(baseline_build_digest: str, weights_digest: str, evalset_digest: str, tolerance: float) -> str:
-    """The unquantized build's scores on the evaluation set, checked against transformers on the weights."""
-    return step_key("baseline", inputs={"build": baseline_build_digest, "weights": weights_digest,
-                                        "evalset": evalset_digest},
-                    config={"tolerance": tolerance}, versions=pick("torch", "transformers") | {
-                        "code": code_digest("workers/evaluate_baseline.py", "evaluation", "runtime")})
+def baseline_key(weights_digest: str, evalset_digest: str, tolerance: float) -> str:
+    """The unquantized build of the weights, scored on the evaluation set and checked against transformers:
+    everything it depends on is the weights, the data and the build, runtime and metric code."""
+    return step_key("baseline", inputs={"weights": weights_digest, "evalset": evalset_digest},
+                    config={"tolerance": tolerance}, versions=pick("torch", "transformers", "safetensors") | {
+                        "code": code_digest("workers/evaluate_baseline.py", "workers/build_reference.py",
+                                            "runtime", "evaluation")})
 
 
 def evaluate_key(served_digest: str, evalset_digest: str, lm_eval: dict | None) -> str:

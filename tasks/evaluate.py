@@ -34,7 +34,7 @@ from stoker.evaluation.source import evalset as make_evalset
 from stoker.keys import baseline_key, evaluate_key, step_key
 from stoker.manifest import write_atomic
 from stoker.run import RunContext, StepResult, cached_step
-from stoker.spec import Quantization, Spec
+from stoker.spec import Spec
 
 from . import step_task
 
@@ -60,30 +60,22 @@ def evaluation_data(spec: Spec, fetched: StepResult, ctx: RunContext) -> StepRes
 
 @step_task("baseline", retries=1)
 def baseline_reference(spec: Spec, fetched: StepResult, eval_data: StepResult, ctx: RunContext) -> StepResult:
-    """The unquantized build's scores (its quantize and build steps are cached like any other run's)."""
-    from tasks.modelopt import quantize_weights
-    from tasks.reference import build_reference
-
-    t0 = time.perf_counter()
+    """The unquantized (`none`) build of these weights, made and scored in one child process."""
     log = get_run_logger().info
-    unquantized = spec.model_copy(update={"quantization": Quantization()})
-    quantized = quantize_weights.fn(unquantized, fetched, ctx)
-    built = build_reference.fn(unquantized, quantized, ctx)
     tolerance = targets.get(spec.target).tolerance(spec)
 
     def produce(out: Path) -> dict:
         with tempfile.TemporaryDirectory() as tmp:
             request = Path(tmp) / "request.json"
-            request.write_text(json.dumps({"artifact": str(built.path), "checkpoint": str(fetched.path),
-                                           "evalset": eval_data.detail["evalset"], "tolerance": tolerance}))
+            request.write_text(json.dumps({"checkpoint": str(fetched.path), "evalset": eval_data.detail["evalset"],
+                                           "tolerance": tolerance}))
             run_module("stoker.workers.evaluate_baseline", ["--request", str(request), "--out",
                                                             str(out / BASELINE_FILE)], log)
         result = json.loads((out / BASELINE_FILE).read_text())
-        return {"perplexity": result["perplexity"], "check": result["check"], "build": built.digest}
+        return {"perplexity": result["perplexity"], "check": result["check"], "build_files": result["build_files"]}
 
-    key = baseline_key(built.digest, fetched.digest, eval_data.detail["digest"], tolerance)
-    result = cached_step(ctx, "baseline", key, produce, log)
-    return result.model_copy(update={"duration_s": time.perf_counter() - t0})  # its builds included
+    return cached_step(ctx, "baseline", baseline_key(fetched.digest, eval_data.detail["digest"], tolerance),
+                       produce, log)
 
 
 def record_key(spec: Spec, weights_digest: str, evalset_digest: str) -> str:

@@ -2,12 +2,13 @@
 
     python -m stoker.workers.evaluate_baseline --request REQUEST.json --out BASELINE.json
 
-REQUEST: {"artifact": the `none` reference build, "checkpoint": the fetched HF checkpoint,
-"evalset": stoker.evaluation.data.EvalSet.to_dict(), "tolerance": nats}; GPU targets (by contract, not
-run here) send "served": the bf16 build's own window log probs as measured through its endpoint, instead
-of "artifact", and only the check against transformers runs.
+REQUEST: {"checkpoint": the fetched HF checkpoint, "evalset": stoker.evaluation.data.EvalSet.to_dict(),
+"tolerance": nats}; GPU targets (by contract, not run here) add "served": the bf16 build's own window log
+probs as measured through its endpoint, and only the check against transformers runs.
 
-The `none` build is run by stoker's own runtime (stoker/runtime, the code Triton's python backend
+The `none` build is made here, by the reference build step's own code (stoker/workers/build_reference.py)
+into a temporary folder: one process and one torch import instead of two, since on a 2-core machine the
+baseline competes with the candidate's start. It is then run by stoker's own runtime (stoker/runtime, the code Triton's python backend
 runs), so its numbers are what the served unquantized build would answer: per-window next-token log
 probabilities and, per prompt, M greedy tokens under the same rules a served request gets
 (min_tokens = M, top_k 1, the build's stop ids). Then the same windows go through transformers'
@@ -63,16 +64,28 @@ def transformers_log_probs(checkpoint: Path, evalset: EvalSet) -> list[list[floa
                                      .numpy(), w).tolist() for w in evalset.windows]
 
 
+def unquantized_scores(checkpoint: Path, evalset: EvalSet) -> dict:
+    import tempfile
+
+    from stoker.workers.build_reference import build
+
+    with tempfile.TemporaryDirectory(prefix="stoker-baseline-") as tmp:
+        files = build(checkpoint, Path(tmp) / "none")
+        scores = runtime_scores(Path(tmp) / "none", evalset)
+    return {**scores, "build_files": files}
+
+
 def run(request: dict) -> dict:
     t0 = time.perf_counter()
     evalset = EvalSet.from_dict(request["evalset"])
-    served = runtime_scores(Path(request["artifact"]), evalset) if "artifact" in request else request["served"]
+    checkpoint = Path(request["checkpoint"])
+    served = request["served"] if "served" in request else unquantized_scores(checkpoint, evalset)
     tolerance = float(request["tolerance"])
     if not served["window_log_probs"]:  # a GPU build served without context logits: nothing to compare
         return {**served, "check": {"max_abs_log_prob_diff": None, "tolerance": tolerance, "passed": None,
                                     "positions": 0, "against": "nothing: the build served no context logits"},
                 "duration_s": time.perf_counter() - t0}
-    reference = transformers_log_probs(Path(request["checkpoint"]), evalset)
+    reference = transformers_log_probs(checkpoint, evalset)
     diff = max(abs(a - b) for ws, wr in zip(served["window_log_probs"], reference) for a, b in zip(ws, wr))
     check = {"max_abs_log_prob_diff": diff, "tolerance": tolerance, "passed": diff <= tolerance,
              "positions": sum(len(w) for w in reference), "against": "transformers"}
