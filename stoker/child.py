@@ -30,28 +30,30 @@ CHILD_ENV_DEFAULTS = {"HF_HUB_DISABLE_PROGRESS_BARS": "1"}
 
 
 def run_module(module: str, args: list[str], log: Callable[[str], None], timeout_s: float = 3600,
-               env: dict[str, str] | None = None) -> dict | None:
+               env: dict[str, str] | None = None, nice: int = 0) -> dict | None:
     """`python -m module args...`; returns the worker's result line (a JSON object) if it printed one last.
+
+    `nice` > 0 lowers the child's CPU priority: background work that must not slow what runs beside it.
 
     Raises ChildProcessFailed with the child's last line on failure.
     """
     progress = ChildProgress(log)
     try:
-        return _run(module, args, progress, timeout_s, env)
+        return _run(module, args, progress, timeout_s, env, nice)
     except BaseException:
         progress.close(ok=False)
         raise
 
 
 def _run(module: str, args: list[str], progress: ChildProgress, timeout_s: float,
-         env: dict[str, str] | None) -> dict | None:
+         env: dict[str, str] | None, nice: int = 0) -> dict | None:
     log = progress.log
     argv = [heavy_python(), "-m", module, *args]
     tail: deque[str] = deque(maxlen=20)
     child_env = {**CHILD_ENV_DEFAULTS, **os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     held: str | None = None  # a line that may be the result: logged only once another line follows
     with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          env=child_env, cwd=os.getcwd()) as proc:
+                          env=child_env, cwd=os.getcwd(), preexec_fn=(lambda: os.nice(nice)) if nice else None) as proc:
         assert proc.stdout is not None
         try:
             for line in proc.stdout:

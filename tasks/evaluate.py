@@ -69,8 +69,9 @@ def baseline_reference(spec: Spec, fetched: StepResult, eval_data: StepResult, c
             request = Path(tmp) / "request.json"
             request.write_text(json.dumps({"checkpoint": str(fetched.path), "evalset": eval_data.detail["evalset"],
                                            "tolerance": tolerance}))
+            # Niced: it runs while the candidate's Triton starts, and should take only the CPU that leaves idle.
             run_module("stoker.workers.evaluate_baseline", ["--request", str(request), "--out",
-                                                            str(out / BASELINE_FILE)], log)
+                                                            str(out / BASELINE_FILE)], log, nice=10)
         result = json.loads((out / BASELINE_FILE).read_text())
         return {"perplexity": result["perplexity"], "check": result["check"], "build_files": result["build_files"]}
 
