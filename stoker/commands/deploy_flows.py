@@ -92,7 +92,7 @@ def apply_platform(cfg: Platform, log=print) -> None:
         GlobalConcurrencyLimitUpdate,
         WorkPoolCreate,
     )
-    from prefect.exceptions import ObjectNotFound
+    from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
 
     with get_client(sync_client=True) as client:
         for pool in cfg.work_pools:
@@ -100,18 +100,25 @@ def apply_platform(cfg: Platform, log=print) -> None:
                 client.read_work_pool(pool.name)
                 log(f"work pool {pool.name}: exists")
             except ObjectNotFound:
-                client.create_work_pool(WorkPoolCreate(name=pool.name, type=pool.type,
-                                                       concurrency_limit=pool.concurrency_limit))
-                log(f"work pool {pool.name} ({pool.type}): created")
+                try:
+                    client.create_work_pool(WorkPoolCreate(name=pool.name, type=pool.type,
+                                                           concurrency_limit=pool.concurrency_limit))
+                    log(f"work pool {pool.name} ({pool.type}): created")
+                except ObjectAlreadyExists:  # a worker starting on it created it between our read and create
+                    log(f"work pool {pool.name}: exists")
         for lim in cfg.concurrency_limits:
             try:
                 client.read_global_concurrency_limit_by_name(lim.name)
                 client.update_global_concurrency_limit(lim.name, GlobalConcurrencyLimitUpdate(limit=lim.limit))
                 log(f"concurrency limit {lim.name}={lim.limit}: updated")
             except ObjectNotFound:
-                client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(
-                    name=lim.name, limit=lim.limit, slot_decay_per_second=lim.slot_decay_per_second))
-                log(f"concurrency limit {lim.name}={lim.limit}: created")
+                try:
+                    client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(
+                        name=lim.name, limit=lim.limit, slot_decay_per_second=lim.slot_decay_per_second))
+                    log(f"concurrency limit {lim.name}={lim.limit}: created")
+                except ObjectAlreadyExists:  # created concurrently: set its limit
+                    client.update_global_concurrency_limit(lim.name, GlobalConcurrencyLimitUpdate(limit=lim.limit))
+                    log(f"concurrency limit {lim.name}={lim.limit}: updated")
 
 
 def prefect_deploy_all(prefect_file: Path, out=sys.stdout) -> None:
