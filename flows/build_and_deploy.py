@@ -54,6 +54,8 @@ class Steps(dict[str, StepResult]):
 def build_and_deploy(spec: Spec, home: str | None = None) -> dict:
     """Turn the spec's model revision into a benchmarked Triton endpoint; returns the run manifest."""
     ctx = RunContext.new(Path(home) if home else None)
+    if spec.storage.shared_cache:  # opt-in: steps read through the bucket's shared cache (stoker/cache/)
+        ctx = ctx.model_copy(update={"shared_cache": spec.storage})
     started, t0 = time.time(), time.perf_counter()
     steps, error = Steps(), None
     try:

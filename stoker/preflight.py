@@ -32,6 +32,28 @@ def check_storage(spec: Spec) -> None:
             raise
 
 
+def check_shared_cache(spec: Spec) -> None:
+    """With `storage.shared_cache` on: keys exist (a block's, or boto3's chain), and the cache prefix can be
+    listed and written. Every step depends on it, so a missing key fails here, not after the first step."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    st = spec.storage
+    if credentials.aws_keys(st) is None:
+        import boto3
+
+        if boto3.Session().get_credentials() is None:
+            raise s3.S3Error(f"storage.shared_cache is on but no S3 credentials were found for bucket {st.bucket!r} "
+                             "(set storage.credentials_block or AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY)")
+    client = s3.client(st)
+    probe = f"{st.prefix}/cache/.preflight"
+    try:
+        client.list_objects_v2(Bucket=st.bucket, Prefix=f"{st.prefix}/cache/", MaxKeys=1)
+        client.put_object(Bucket=st.bucket, Key=probe, Body=b"")
+        client.delete_object(Bucket=st.bucket, Key=probe)
+    except (BotoCoreError, ClientError) as err:
+        raise s3.failure(err, f"storage.shared_cache: s3://{st.bucket}/{st.prefix}/cache/", st) from None
+
+
 def check_docker(spec: Spec) -> None:
     """The daemon answers, both images are there, and the endpoint's ports are free or already ours."""
     from .rollout import target_for
@@ -49,5 +71,9 @@ def preflight(spec: Spec, log: Callable[[str], None]) -> None:
     check_storage(spec)
     keys = f", keys from Prefect block {spec.storage.credentials_block!r}" if spec.storage.credentials_block else ""
     log(f"preflight: S3 {spec.storage.endpoint_url or 'AWS'} bucket {spec.storage.bucket!r} ok{keys}")
+    if spec.storage.shared_cache:
+        check_shared_cache(spec)
+        log(f"preflight: shared step cache s3://{spec.storage.bucket}/{spec.storage.prefix}/cache/ "
+            "readable and writable")
     check_docker(spec)
     log(f"preflight: Docker daemon, images {spec.deploy.image} and {spec.deploy.proxy_image}, ports ok")

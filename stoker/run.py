@@ -10,6 +10,7 @@ from typing import Callable
 
 from pydantic import BaseModel, Field
 
+from .spec import Storage
 from .store import Entry, StepStore
 
 STEPS = ("fetch", "quantize", "build", "package", "upload", "deploy", "benchmark")
@@ -22,6 +23,8 @@ def stoker_home() -> Path:
 class RunContext(BaseModel):
     run_id: str
     home: Path
+    # The spec's storage when `storage.shared_cache` is on: steps then read through S3 (stoker/cache/).
+    shared_cache: Storage | None = None
 
     @classmethod
     def new(cls, home: Path | None = None) -> RunContext:
@@ -75,6 +78,13 @@ def cached_step(ctx: RunContext, name: str, key: str, produce: Callable[[Path], 
                 log: Callable[[str], None]) -> StepResult:
     """Reuse the stored result for `key`, or produce and publish it atomically."""
     t0 = time.perf_counter()
+    if ctx.shared_cache is not None:
+        from .cache.shared import SharedStore
+
+        entry, came_from = SharedStore(ctx.store, ctx.shared_cache).get(name, key, produce, log)
+        return StepResult(name=name, cache_hit=came_from != "built", duration_s=time.perf_counter() - t0, key=key,
+                          digest=entry.digest, path=entry.output_dir, outputs=entry_outputs(entry),
+                          detail=entry.detail)
     store = ctx.store
     entry = store.lookup(name, key)
     hit = entry is not None

@@ -15,7 +15,7 @@ from typing import Annotated, Literal
 
 import yaml
 from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator,
-                      model_validator)
+                      model_serializer, model_validator)
 
 from . import targets
 from .errors import SpecError
@@ -104,6 +104,29 @@ class Storage(_Section):
     # The name only: the keys stay in Prefect (stoker/credentials.py), never in a spec, manifest or log.
     credentials_block: str | None = Field(
         None, description="Prefect AwsCredentials block (prefect-aws) with the S3 keys; default: the environment")
+    # Off by default for now: the shared cache adds S3 round trips (lookups, a lease, uploads of every step's
+    # output) to each step, and the demo's rerun budget counts on a warm local cache answering in milliseconds.
+    shared_cache: bool = Field(False, description="share step results through <prefix>/cache/ in the bucket")
+    cache_lease_s: float = Field(120.0, ge=2, le=86400,
+                                 description="a builder's lease on a cache key expires this long after its last "
+                                             "renewal (it renews every third of it)")
+
+    @field_validator("shared_cache", mode="before")
+    @classmethod
+    def _shared_cache(cls, v: object) -> object:
+        if not isinstance(v, bool):
+            raise ValueError(f"must be true or false, not {v!r}")
+        return v
+
+    @model_serializer(mode="wrap")
+    def _omit_cache_defaults(self, handler):
+        # Left at their defaults, the cache fields stay out of dumps: manifests and the spec digest read as before.
+        out = handler(self)
+        if isinstance(out, dict):
+            for name in ("shared_cache", "cache_lease_s"):
+                if getattr(self, name) == type(self).model_fields[name].default:
+                    out.pop(name, None)
+        return out
 
     @field_validator("bucket")
     @classmethod
@@ -214,6 +237,8 @@ class Benchmark(_Section):
     output_tokens_stddev: float = Field(0, ge=0)
     ignore_eos: bool = Field(False, description="send min_tokens = max_tokens so every output has the asked length")
     workers: int = Field(1, ge=1, le=64, description="load-generator processes")
+    remeasure: bool = Field(False, description="measure every run; by default a run whose backend already served "
+                                               "(same container, digest and settings) reuses that measurement")
     gate: BenchmarkGate = BenchmarkGate()
 
     @field_validator("concurrency")

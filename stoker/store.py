@@ -2,7 +2,8 @@
 
 A step writes into a private temp folder; only a complete result is renamed
 into place (rename is atomic on one filesystem), with its record.json inside.
-A crash leaves a `.tmp-*` folder that nobody reads and the next run cleans up.
+A crash leaves a `.tmp-*` folder that nobody reads and a later publish cleans up (its owner.json names the
+process: stoker/cache/sweep.py decides when it is litter).
 """
 
 from __future__ import annotations
@@ -16,10 +17,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from .cache import sweep
 from .digest import FileRecord, records_digest, records_from_json, records_to_json, tree_records
 
 RECORD = "record.json"
-_STALE_TMP_S = 6 * 3600
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,7 @@ class StepStore:
         self._sweep(parent)
         tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{key}-", dir=parent))
         try:
+            sweep.write_owner(tmp)
             out = tmp / "out"
             out.mkdir()
             detail = produce(out)
@@ -65,6 +67,7 @@ class StepStore:
             record = {"step": step, "key": key, "digest": records_digest(files),
                       "files": records_to_json(files), "detail": detail, "created_at": time.time()}
             (tmp / RECORD).write_text(json.dumps(record, indent=1, sort_keys=True))
+            (tmp / sweep.OWNER).unlink()  # a published entry has no owner
             final = parent / key
             if final.exists():  # a concurrent run published the same content first
                 shutil.rmtree(tmp)
@@ -79,10 +82,4 @@ class StepStore:
 
     @staticmethod
     def _sweep(parent: Path) -> None:
-        now = time.time()
-        for p in parent.glob(".tmp-*"):
-            try:
-                if now - p.stat().st_mtime > _STALE_TMP_S:
-                    shutil.rmtree(p, ignore_errors=True)
-            except FileNotFoundError:
-                pass
+        sweep.sweep_local(parent)

@@ -1,0 +1,108 @@
+"""What killed steps leave behind, and when it is safe to remove.
+
+Local: a step writes into `<step>/.tmp-<key>-*/` with an `owner.json` (host, pid) inside; a SIGKILLed step leaves
+the folder. It is removed once it is older than a threshold and its owner is known dead (same host, no such pid);
+a folder whose owner we cannot check (another host sharing STOKER_HOME, or one written before owners were
+recorded) waits for the long threshold, and one whose pid still runs is left alone unless it is a week old (pids
+are reused). Remote: blobs under a key with no marker whose newest object (the lease included: a live holder
+renews it) is older than the lease ttl, and multipart uploads started longer ago than that.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import time
+from pathlib import Path
+from typing import Callable
+
+OWNER = "owner.json"
+DEAD_OWNER_S = 600.0  # a dead owner's folder: gone after 10 minutes (a restarting step may still want to see it)
+UNKNOWN_OWNER_S = 6 * 3600.0  # the store's threshold before owners were recorded
+LIVE_OWNER_S = 7 * 86400.0
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def sweep_tmp(age_s: float, owner: dict | None, this_host: str, alive: Callable[[int], bool]) -> bool:
+    """Whether a local `.tmp-*` folder of this age and owner is litter. Pure but for `alive`."""
+    if owner is None or owner.get("host") != this_host or not isinstance(owner.get("pid"), int):
+        return age_s > UNKNOWN_OWNER_S
+    if alive(owner["pid"]):
+        return age_s > LIVE_OWNER_S
+    return age_s > DEAD_OWNER_S
+
+
+def write_owner(tmp: Path) -> None:
+    (tmp / OWNER).write_text(json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "at": time.time()}))
+
+
+def _owner(tmp: Path) -> dict | None:
+    try:
+        d = json.loads((tmp / OWNER).read_text())
+        return d if isinstance(d, dict) else None
+    except (OSError, ValueError):
+        return None
+
+
+def sweep_local(parent: Path, now: float | None = None, dry_run: bool = False) -> list[Path]:
+    """Remove (or, dry_run, only name) the litter among parent's `.tmp-*` folders; the ones removed."""
+    now = time.time() if now is None else now
+    host = socket.gethostname()
+    gone = []
+    for p in parent.glob(".tmp-*"):
+        try:
+            age = now - p.stat().st_mtime
+        except FileNotFoundError:
+            continue
+        if sweep_tmp(age, _owner(p), host, pid_alive):
+            if not dry_run:
+                shutil.rmtree(p, ignore_errors=True)
+            gone.append(p)
+    return gone
+
+
+def remote_litter(has_marker: bool, newest_s: float, now: float, ttl_s: float) -> bool:
+    """A key folder without a marker whose every object (its lease too) is older than the lease ttl. Pure."""
+    return not has_marker and now - newest_s > ttl_s
+
+
+def sweep_remote(s3, storage, ttl_s: float, log: Callable[[str], None], dry_run: bool = False,
+                 now: float | None = None) -> tuple[int, int]:
+    """Remove marker-less key folders and multipart uploads older than the lease ttl: (folders, uploads)."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    from ..s3 import failure
+    from . import remote
+
+    now = time.time() if now is None else now
+    folders = [f for f in remote.listing(s3, storage) if remote_litter(f.has_marker, f.newest, now, ttl_s)]
+    uploads = []
+    try:
+        for page in s3.get_paginator("list_multipart_uploads").paginate(Bucket=storage.bucket,
+                                                                        Prefix=remote.cache_root(storage)):
+            uploads += [u for u in page.get("Uploads", []) if now - u["Initiated"].timestamp() > ttl_s]
+        for f in folders:
+            log(f"cache sweep: {'would remove' if dry_run else 'removing'} unfinished "
+                f"{remote.where(storage, f.step, f.key)} ({len(f.objects)} objects, no marker)")
+            if not dry_run:
+                for i in range(0, len(f.objects), 1000):
+                    s3.delete_objects(Bucket=storage.bucket, Delete={
+                        "Objects": [{"Key": k} for k in f.objects[i:i + 1000]], "Quiet": True})
+        for u in uploads:
+            log(f"cache sweep: {'would abort' if dry_run else 'aborting'} multipart upload of {u['Key']}")
+            if not dry_run:
+                s3.abort_multipart_upload(Bucket=storage.bucket, Key=u["Key"], UploadId=u["UploadId"])
+    except (BotoCoreError, ClientError) as err:
+        raise failure(err, f"cache sweep of s3://{storage.bucket}/{remote.cache_root(storage)}", storage) from None
+    return len(folders), len(uploads)
