@@ -66,6 +66,7 @@ class Listed:
     bytes: int  # blobs only
     newest: float  # newest object's LastModified (the marker's when there is one)
     objects: tuple[str, ...]  # every key under the folder
+    lease_modified: float | None = None  # the lease's LastModified: its last renewal
 
 
 def cache_root(storage: Storage) -> str:
@@ -201,10 +202,11 @@ def listing(s3, storage: Storage) -> list[Listed]:
     for (step, key), objs in sorted(groups.items()):
         base = f"{root}{step}/{key}/"
         marker = next((o for o in objs if o["Key"] == base + RECORD), None)
+        lease = next((o for o in objs if o["Key"] == base + ".lease"), None)
         newest = (marker or max(objs, key=lambda o: o["LastModified"]))["LastModified"].timestamp()
-        out.append(Listed(step, key, marker is not None, any(o["Key"] == base + ".lease" for o in objs),
+        out.append(Listed(step, key, marker is not None, lease is not None,
                           sum(o["Size"] for o in objs if o["Key"].startswith(base + BLOBS + "/")), newest,
-                          tuple(o["Key"] for o in objs)))
+                          tuple(o["Key"] for o in objs), lease["LastModified"].timestamp() if lease else None))
     return out
 
 

@@ -77,6 +77,15 @@ def remote_litter(has_marker: bool, newest_s: float, now: float, ttl_s: float) -
     return not has_marker and now - newest_s > ttl_s
 
 
+def stale_upload(initiated_s: float, lease_modified_s: float | None, now: float, ttl_s: float) -> bool:
+    """A multipart upload started longer ago than the ttl, under a key nobody holds a live lease on. Pure.
+
+    The lease matters because an upload's own start time is not enough: a big blob of a live builder can take
+    longer than the ttl, and moto reports every upload as started in 2010."""
+    live_lease = lease_modified_s is not None and now - lease_modified_s <= ttl_s
+    return now - initiated_s > ttl_s and not live_lease
+
+
 def sweep_remote(s3, storage, ttl_s: float, log: Callable[[str], None], dry_run: bool = False,
                  now: float | None = None) -> tuple[int, int]:
     """Remove marker-less key folders and multipart uploads older than the lease ttl: (folders, uploads)."""
@@ -86,12 +95,17 @@ def sweep_remote(s3, storage, ttl_s: float, log: Callable[[str], None], dry_run:
     from . import remote
 
     now = time.time() if now is None else now
-    folders = [f for f in remote.listing(s3, storage) if remote_litter(f.has_marker, f.newest, now, ttl_s)]
+    listed = remote.listing(s3, storage)
+    folders = [f for f in listed if remote_litter(f.has_marker, f.newest, now, ttl_s)]
+    leased = {remote.entry_prefix(storage, f.step, f.key) + "/": f.lease_modified for f in listed}
+    root = remote.cache_root(storage)
     uploads = []
     try:
-        for page in s3.get_paginator("list_multipart_uploads").paginate(Bucket=storage.bucket,
-                                                                        Prefix=remote.cache_root(storage)):
-            uploads += [u for u in page.get("Uploads", []) if now - u["Initiated"].timestamp() > ttl_s]
+        for page in s3.get_paginator("list_multipart_uploads").paginate(Bucket=storage.bucket, Prefix=root):
+            for u in page.get("Uploads", []):
+                folder = root + "/".join(u["Key"][len(root):].split("/")[:2]) + "/"
+                if stale_upload(u["Initiated"].timestamp(), leased.get(folder), now, ttl_s):
+                    uploads.append(u)
         for f in folders:
             log(f"cache sweep: {'would remove' if dry_run else 'removing'} unfinished "
                 f"{remote.where(storage, f.step, f.key)} ({len(f.objects)} objects, no marker)")

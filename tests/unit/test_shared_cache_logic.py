@@ -66,6 +66,13 @@ def test_remote_litter_is_markerless_and_quiet_for_longer_than_the_ttl():
     assert not sweep.remote_litter(True, newest_s=0.0, now=200.0, ttl_s=60)  # a complete entry is not litter
 
 
+def test_a_multipart_upload_is_stale_only_without_a_live_lease_over_it():
+    assert sweep.stale_upload(initiated_s=0.0, lease_modified_s=None, now=200.0, ttl_s=60)
+    assert not sweep.stale_upload(initiated_s=0.0, lease_modified_s=190.0, now=200.0, ttl_s=60)  # a slow big blob
+    assert sweep.stale_upload(initiated_s=0.0, lease_modified_s=100.0, now=200.0, ttl_s=60)  # its holder died
+    assert not sweep.stale_upload(initiated_s=180.0, lease_modified_s=None, now=200.0, ttl_s=60)
+
+
 # ---- prune selection ----
 
 def _rows(layer="local", step="build", n=4, served=()):

@@ -1,0 +1,257 @@
+"""The shared step cache against a real S3 (moto_server on loopback): exactly-once across processes, a killed
+holder's lease taken over, read-through into a cold local cache, sweeps, and prune sparing what is served."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from stoker import s3
+from stoker.cache import lease as leases
+from stoker.cache import remote, sweep
+from stoker.cache.shared import SharedStore
+from stoker.spec import Storage
+from stoker.stack.s3server import TEST_CREDENTIALS, ensure_s3
+from stoker.stack.services import stop_all
+from stoker.store import StepStore
+
+pytestmark = pytest.mark.s3
+
+WORKER = Path(__file__).with_name("shared_cache_worker.py")
+BUCKET = "shared-cache"
+TTL_S = 2.0
+
+
+@pytest.fixture(scope="module")
+def moto(tmp_path_factory):
+    state = tmp_path_factory.mktemp("s3-shared-cache")
+    url = ensure_s3(state)
+    storage = Storage(bucket=BUCKET, endpoint_url=url)
+    old = {k: os.environ.get(k) for k in TEST_CREDENTIALS}
+    os.environ.update(TEST_CREDENTIALS)
+    s3.ensure_bucket(s3.client(storage), storage, create=True)
+    yield url
+    for k, v in old.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+    stop_all(state)
+
+
+@pytest.fixture
+def storage(moto, monkeypatch):
+    """A prefix of this test's own in the shared bucket."""
+    for k, v in TEST_CREDENTIALS.items():
+        monkeypatch.setenv(k, v)
+    return Storage(bucket=BUCKET, prefix=f"t-{uuid.uuid4().hex[:8]}", endpoint_url=moto, shared_cache=True,
+                   cache_lease_s=TTL_S)
+
+
+class Worker:
+    def __init__(self, tmp: Path, name: str, storage: Storage, key: str, work_s: float, go: Path):
+        self.counter = tmp / "counter"
+        args = {"home": str(tmp / name), "endpoint": storage.endpoint_url, "bucket": storage.bucket,
+                "prefix": storage.prefix, "ttl_s": storage.cache_lease_s, "step": "build", "key": key,
+                "counter": str(self.counter), "work_s": work_s, "go": str(go)}
+        self.home = tmp / name
+        self.lines: list[str] = []
+        self.proc = subprocess.Popen([sys.executable, str(WORKER), json.dumps(args)], stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, text=True, env={**os.environ, **TEST_CREDENTIALS})
+
+    def wait_for(self, text: str, timeout_s: float = 30) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            line = self.proc.stdout.readline()
+            if not line:
+                break
+            self.lines.append(line.rstrip())
+            if text in line:
+                return
+        raise AssertionError(f"no {text!r} from the worker; it said: {self.lines}")
+
+    def result(self, timeout_s: float = 30) -> dict:
+        out, _ = self.proc.communicate(timeout=timeout_s)
+        self.lines += out.splitlines()
+        assert self.proc.returncode == 0, self.lines
+        return json.loads(next(line for line in self.lines if line.startswith("RESULT "))[7:])
+
+
+def test_two_processes_on_one_key_produce_once_and_the_other_reuses_it(storage, tmp_path):
+    go = tmp_path / "go"
+    a, b = (Worker(tmp_path, n, storage, "k-once", 2.0, go) for n in ("host-a", "host-b"))
+    a.wait_for("READY")
+    b.wait_for("READY")
+    go.touch()  # both reach the key together, each with its own cold local cache
+    ra, rb = a.result(), b.result()
+    assert len(a.counter.read_text().splitlines()) == 1  # the step ran exactly once
+    assert sorted([ra["came_from"], rb["came_from"]]) == ["built", "remote"]
+    assert ra["digest"] == rb["digest"] and ra["detail"] == rb["detail"]
+    assert ra["empty_dir"] and rb["empty_dir"]  # the empty folder travelled through S3 too
+    waiter = a if ra["came_from"] == "remote" else b
+    assert any("waiting for " in line and "building build/k-once" in line for line in waiter.lines), waiter.lines
+    assert remote.lookup(s3.client(storage), storage, "build", "k-once") is not None
+    assert leases.read(s3.client(storage), storage, "build", "k-once") is None  # released
+
+
+def test_a_killed_holders_lease_is_taken_over_after_its_ttl(storage, tmp_path):
+    go = tmp_path / "go"
+    go.touch()
+    holder = Worker(tmp_path, "host-a", storage, "k-killed", 60.0, go)
+    holder.wait_for("PRODUCING")
+    waiter = Worker(tmp_path, "host-b", storage, "k-killed", 0.5, go)
+    waiter.wait_for("waiting for")
+    time.sleep(2 * TTL_S)  # the holder's heartbeat keeps its lease fresh while it lives
+    assert len(holder.counter.read_text().splitlines()) == 1
+    holder.proc.send_signal(signal.SIGKILL)
+    holder.proc.wait()
+    killed_at = time.monotonic()
+    rb = waiter.result()
+    assert rb["came_from"] == "built"
+    assert time.monotonic() - killed_at < TTL_S + 8
+    assert len(holder.counter.read_text().splitlines()) == 2
+    stale = [line for line in waiter.lines if "stale lease" in line]
+    assert len(stale) == 1 and "stopped renewing" in stale[0] and "taking it over" in stale[0], waiter.lines
+    # The killed step's temp folder stays until its owner is known dead for long enough, then goes.
+    left = list((holder.home / "cache" / "build").glob(".tmp-*"))
+    assert len(left) == 1 and json.loads((left[0] / sweep.OWNER).read_text())["pid"] == holder.proc.pid
+    assert sweep.sweep_local(left[0].parent) == []
+    assert sweep.sweep_local(left[0].parent, now=time.time() + sweep.DEAD_OWNER_S + 5) == left
+    assert not left[0].exists()
+
+
+def _produce(calls: list):
+    def produce(out: Path) -> dict:
+        calls.append(out)
+        (out / "model.safetensors").write_bytes(os.urandom(2048))
+        (out / "ensemble" / "1").mkdir(parents=True)
+        return {"format": "fp8"}
+    return produce
+
+
+def test_a_cold_local_cache_reads_through_from_s3(storage, tmp_path):
+    calls: list = []
+    lines: list[str] = []
+    first, how = SharedStore(StepStore(tmp_path / "a"), storage).get("quantize", "k-rt", _produce(calls), lines.append)
+    assert how == "built" and len(calls) == 1
+    cold = SharedStore(StepStore(tmp_path / "b"), storage)
+    second, how = cold.get("quantize", "k-rt", _produce(calls), lines.append)
+    assert how == "remote" and len(calls) == 1
+    assert second.digest == first.digest and second.detail == {"format": "fp8"}
+    assert (second.output_dir / "model.safetensors").read_bytes() == (first.output_dir / "model.safetensors").read_bytes()
+    assert (second.output_dir / "ensemble" / "1").is_dir()
+    assert any("in the shared cache" in line for line in lines)
+    _, how = cold.get("quantize", "k-rt", _produce(calls), lines.append)
+    assert how == "local"  # published locally: no S3 round trip the next time
+
+
+def test_a_marker_whose_blobs_are_gone_is_not_trusted(storage, tmp_path):
+    client = s3.client(storage)
+    SharedStore(StepStore(tmp_path / "a"), storage).get("build", "k-gone", _produce([]), print)
+    blobs = [k for k in remote.listing(client, storage)[0].objects if "/blobs/" in k]
+    client.delete_object(Bucket=storage.bucket, Key=blobs[0])
+    assert remote.lookup(client, storage, "build", "k-gone") is None
+    calls: list = []
+    _, how = SharedStore(StepStore(tmp_path / "b"), storage).get("build", "k-gone", _produce(calls), print)
+    assert how == "built" and len(calls) == 1  # built again; the marker that exists stays (If-None-Match)
+
+
+def test_the_remote_sweep_removes_markerless_litter_and_stale_multipart_uploads(storage, tmp_path):
+    client = s3.client(storage)
+    base = remote.entry_prefix(storage, "build", "k-litter")
+    # A builder (its lease fresh) with one blob sent and a big one under way; and a complete entry.
+    assert leases.try_acquire(client, storage, "build", "k-litter", leases.Holder.me(), TTL_S) is not None
+    client.put_object(Bucket=storage.bucket, Key=f"{base}/blobs/abc", Body=b"half")
+    upload_id = client.create_multipart_upload(Bucket=storage.bucket, Key=f"{base}/blobs/big")["UploadId"]
+    SharedStore(StepStore(tmp_path / "a"), storage).get("build", "k-done", _produce([]), print)
+    lines: list[str] = []
+    assert sweep.sweep_remote(client, storage, TTL_S, lines.append) == (0, 0)  # a live builder's: left alone
+    later = time.time() + TTL_S + 5
+    assert sweep.sweep_remote(client, storage, TTL_S, lines.append, dry_run=True, now=later) == (1, 1)
+    assert sweep.sweep_remote(client, storage, TTL_S, lines.append, now=later) == (1, 1)
+    assert [f.key for f in remote.listing(client, storage)] == ["k-done"]
+    uploads = client.list_multipart_uploads(Bucket=storage.bucket, Prefix=base).get("Uploads", [])
+    assert upload_id not in [u["UploadId"] for u in uploads]
+
+
+def _run_manifest(home: Path, storage: Storage, digest: str, keys: dict[str, str]) -> None:
+    run_id = "20261123T120000-abcdef"
+    steps = {name: {"status": "completed", "key": key} for name, key in keys.items()}
+    steps["upload"] = {"status": "completed", "key": digest[:24], "digest": digest}
+    steps["deploy"] = {"status": "completed", "key": None}
+    m = {"run_id": run_id, "spec": {"deploy": {"name": "chat"}, "storage": storage.model_dump(mode="json")},
+         "steps": steps}
+    (home / "runs" / run_id).mkdir(parents=True)
+    (home / "runs" / run_id / "manifest.json").write_text(json.dumps(m))
+
+
+def test_prune_never_removes_what_a_live_deployment_serves(storage, tmp_path, monkeypatch, capsys):
+    from stoker.cli import main
+
+    home = tmp_path / "stoker-home"
+    monkeypatch.setenv("STOKER_HOME", str(home))
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-docker.sock")  # Docker not asked: noted, not fatal
+    shared = SharedStore(StepStore(home / "cache"), storage)
+    made = {}
+    for step, key in (("fetch", "f-live"), ("build", "b-live"), ("package", "p-live"),
+                      ("build", "b-old"), ("package", "p-old")):
+        made[key] = shared.get(step, key, _produce([]), lambda _l: None)[0]
+    _run_manifest(home, storage, made["p-live"].digest, {"fetch": "f-live", "build": "b-live", "package": "p-live"})
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(json.dumps({"model": {"repo_id": "org/model"}, "deploy": {"name": "chat"},
+                                "storage": storage.model_dump(mode="json")}))
+
+    assert main(["cache", "ls", "--spec", str(spec)]) == 0
+    listed = capsys.readouterr().out
+    assert "note: chat: Docker not asked" in listed
+    rows = {line.split()[1]: line.split() for line in listed.splitlines() if line.startswith(("fetch", "build", "pack"))}
+    assert rows["p-live"][-2:] == ["local+remote", "yes"] and rows["b-old"][-2:] == ["local+remote", "-"]
+
+    assert main(["cache", "prune", "--spec", str(spec), "--keep-last", "0", "--dry-run"]) == 0
+    assert "would remove local build/b-old" in capsys.readouterr().out
+    assert all((home / "cache" / e.step / e.key).is_dir() for e in made.values())
+
+    assert main(["cache", "prune", "--spec", str(spec), "--keep-last", "0", "--older-than", "0s"]) == 0
+    out = capsys.readouterr().out
+    assert "4 entries removed, 6 served kept" in out, out
+    client = s3.client(storage)
+    left = {(f.step, f.key) for f in remote.listing(client, storage)}
+    assert left == {("fetch", "f-live"), ("build", "b-live"), ("package", "p-live")}
+    assert {p.parent.name + "/" + p.name for p in (home / "cache").glob("*/*") if not p.name.startswith(".")} == {
+        "fetch/f-live", "build/b-live", "package/p-live"}
+    assert remote.lookup(client, storage, "package", "p-live") is not None
+
+
+def test_prune_refuses_without_a_rule(storage, tmp_path, monkeypatch, capsys):
+    from stoker.cli import main
+
+    monkeypatch.setenv("STOKER_HOME", str(tmp_path / "home"))
+    assert main(["cache", "prune"]) == 1
+    assert capsys.readouterr().err.strip() == "stoker: error: give --older-than and/or --keep-last"
+
+
+def test_preflight_fails_in_one_line_without_credentials(storage, monkeypatch, tmp_path):
+    from stoker.preflight import check_shared_cache
+    from stoker.spec import parse_spec
+
+    for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    spec = parse_spec({"model": {"repo_id": "org/model"}, "storage": storage.model_dump(mode="json")})
+    with pytest.raises(s3.S3Error) as exc:
+        check_shared_cache(spec)
+    assert str(exc.value).startswith("storage.shared_cache is on but no S3 credentials were found for bucket")
+    assert "\n" not in str(exc.value)
+    for k, v in TEST_CREDENTIALS.items():
+        monkeypatch.setenv(k, v)
+    check_shared_cache(spec)  # with keys: the cache prefix is listed, written and cleaned
