@@ -71,11 +71,17 @@ TRTLLM_OUT: tuple[tuple[str, str, tuple[int, ...]], ...] = (
     ("num_input_tokens", _I, (1,)), ("num_output_tokens", _I, (1,)),
 )
 # Ensemble inputs beyond the reference ensemble's, passed straight to tensorrt_llm (upstream's renames).
+# return_num_*: Triton's OpenAI frontend (stoker/gpu/openai_frontend.py) sends both on every request, and
+# Triton refuses a request naming an input its model does not declare.
 EXTRA_ENSEMBLE_IN: tuple[tuple[str, str, str], ...] = (
     ("min_tokens", _I, "min_tokens"), ("presence_penalty", _F, "presence_penalty"),
     ("frequency_penalty", _F, "frequency_penalty"), ("length_penalty", _F, "len_penalty"),
     ("beam_width", _I, "beam_width"), ("num_return_sequences", _I, "num_return_sequences"),
+    ("return_num_input_tokens", _B, "return_num_input_tokens"),
+    ("return_num_output_tokens", _B, "return_num_output_tokens"),
 )
+# Straight from tensorrt_llm to the ensemble's outputs, as upstream's ensemble does: the frontend's usage counts.
+EXTRA_ENSEMBLE_OUT: tuple[tuple[str, str], ...] = (("num_input_tokens", _I), ("num_output_tokens", _I))
 
 
 def settings_for(spec) -> RepoSettings:
@@ -143,9 +149,15 @@ def tensorrt_llm(spec) -> mc.ModelConfig:
 def ensemble(spec) -> mc.ModelConfig:
     cfg = triton_config.ensemble(settings_for(spec))
     gen = next(s for s in cfg.ensemble_scheduling.step if s.model_name == triton_config.MODEL_NAME)
+    declared = {t.name for t in cfg.input}
     for name, dtype, target in EXTRA_ENSEMBLE_IN:
+        if name in declared:  # the reference ensemble has it already (min_tokens); a name twice is invalid
+            continue
         cfg.input.add(name=name, data_type=mc.DataType.Value(dtype), dims=[1], optional=True)
         gen.input_map[target] = name
+    for name, dtype in EXTRA_ENSEMBLE_OUT:
+        cfg.output.add(name=name, data_type=mc.DataType.Value(dtype), dims=[1])
+        gen.output_map[name] = name
     return cfg
 
 

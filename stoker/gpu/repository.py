@@ -12,7 +12,10 @@ from . import inflight, llmapi
 from .facts import ModelFacts
 from .rules import max_seq_len
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json")
+# chat_template.jinja: where newer models keep their chat template (not in tokenizer_config.json); Triton's
+# OpenAI frontend loads its tokenizer from preprocessing's copy (stoker/gpu/openai_frontend.py).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json",
+                   "chat_template.jinja")
 
 
 def write_repository(spec, facts: ModelFacts | None, out: Path, tokenizer_src: Path | None = None) -> dict:

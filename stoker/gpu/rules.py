@@ -14,7 +14,7 @@ from typing import Literal
 
 from .. import model_checks
 from ..errors import SpecError
-from . import matrix
+from . import matrix, openai_frontend
 from .facts import ModelFacts
 
 GIB = 1 << 30
@@ -110,6 +110,11 @@ def check(spec, facts: ModelFacts | None, token_present: bool) -> list[Finding]:
     elif not img.supported:
         refuse("deploy.image", f"{img.ref} carries TRT-LLM {img.trtllm}, which stoker does not support; "
                                f"use {current} (TRT-LLM {matrix.image_info(current).trtllm})")
+    # -- deploy.openai: Triton's own OpenAI frontend, where the image ships it (openai_frontend.py) --
+    # Only for an image that passed the checks above: a refused image needs no second refusal.
+    if not any(f.level == "refuse" and f.field == "deploy.image" for f in out):
+        for f in openai_frontend.findings(spec):
+            (refuse if f.level == "refuse" else note)("deploy.openai", f.message)
     # -- build and serve with one TRT-LLM -----------------------------------------------------
     if target == "tensorrt" and img is not None and b.image and b.image != spec.deploy.image:
         built = matrix.image_info(b.image)

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..container_exec import ContainerStep, Mount
-from . import matrix
+from . import matrix, openai_frontend
 from .facts import ModelFacts
 from .rules import max_seq_len
 
@@ -118,8 +118,11 @@ def build_argv(spec, facts: ModelFacts | None) -> list[str]:
 
 
 def serve_argv(spec) -> list[str]:
-    """tritonserver on one GPU; launch_triton_server.py (one MPI rank per GPU) for TP×PP > 1."""
+    """tritonserver on one GPU; launch_triton_server.py (one MPI rank per GPU) for TP×PP > 1; Triton's
+    OpenAI frontend (which hosts Triton itself) where deploy.openai asks and the image ships it."""
     world = spec.parallel.world_size
+    if openai_frontend.renders(spec):
+        return openai_frontend.argv(CONTAINER_PORTS["http"], CONTAINER_PORTS["grpc"])
     if world == 1:
         return ["tritonserver", f"--model-repository={C_MODELS}", f"--http-port={CONTAINER_PORTS['http']}",
                 f"--grpc-port={CONTAINER_PORTS['grpc']}", f"--metrics-port={CONTAINER_PORTS['metrics']}"]
@@ -157,8 +160,14 @@ def gpu_steps(spec, facts: ModelFacts | None, ws: Workspace) -> list[ContainerSt
     return steps
 
 
+def serve_container_ports(spec) -> dict[str, int]:
+    """Role (http, grpc, metrics) → the port the serve container listens on for it."""
+    if openai_frontend.renders(spec):
+        return openai_frontend.container_ports(CONTAINER_PORTS["http"], CONTAINER_PORTS["grpc"])
+    return dict(CONTAINER_PORTS)
+
+
 def serve_ports(spec) -> dict[str, int]:
     """container port → host port, published for the serve step."""
     p = spec.deploy.ports
-    return {f"{CONTAINER_PORTS['http']}/tcp": p.http, f"{CONTAINER_PORTS['grpc']}/tcp": p.grpc,
-            f"{CONTAINER_PORTS['metrics']}/tcp": p.metrics}
+    return {f"{port}/tcp": getattr(p, role) for role, port in serve_container_ports(spec).items()}

@@ -1,0 +1,127 @@
+"""Triton's own OpenAI-compatible frontend for the engine target: its command, ports and proxy route.
+
+Rendered by contract, not run here (no GPU, no TensorRT-LLM, no NGC image on stoker's machines).
+The CPU reference path has stoker's own OpenAI service (stoker.serving.openai_service); GPU images
+ship NVIDIA's, which this module renders instead. Pure: spec in, argv / ports / findings out.
+
+Upstream facts this relies on (triton-inference-server/server; 26.07 = tag v2.71.0,
+commit 819ee37770df2fcd6d799d2a5d1dacf812f7d62c, per build.py's DEFAULT_TRITON_VERSION_MAP):
+- build.py copies python/openai into the image at /opt/tritonserver/python/openai and pip-installs
+  its requirements.txt. Added by b3b886bc5ad69ac246f5a164884e7caf2de3af62 ("Add OpenAI-Compatible
+  Server to NGC Container", #7895), first released in v2.53.0 (1efbd53bd538b139e471cf8b94291dd820f78c70)
+  = the 24.12 images.
+- python/openai/openai_frontend/main.py starts Triton *in its own process* (tritonserver.Server with
+  --model-repository), so it replaces `tritonserver` as the container's command: a second container
+  beside tritonserver would load the engine a second time. KServe HTTP/gRPC come from the same process
+  only with --enable-kserve-frontends (--kserve-http-port 8000, --kserve-grpc-port 8001 by default);
+  the OpenAI API listens on --openai-port (default 9000) at --host (default 0.0.0.0). It starts no
+  metrics frontend: Prometheus text is served at GET /metrics of the OpenAI port, readiness at
+  GET /health/ready (frontend/fastapi/routers/observability.py). --backend tensorrtllm forces the
+  TRT-LLM request format (choices: vllm, tensorrtllm).
+- engine/triton_engine.py lists every ready model under its Triton name; a request picks one by name.
+  engine/utils/triton.py builds TRT-LLM requests with the inflight_batcher_llm ensemble's inputs
+  (text_input, max_tokens, stream, stop_words, top_p, temperature, seed, presence/frequency_penalty)
+  and always return_num_input_tokens/return_num_output_tokens. The llmapi model takes other names
+  (streaming, sampling_param_*), so the pytorch target gets no frontend.
+- python/openai/README.md: for TRT-LLM the model is "ensemble" (or "tensorrt_llm_bls"); more than one
+  GPU works only in orchestrator mode (TRTLLM_ORCHESTRATOR=1), not in leader mode, which is how
+  stoker launches TP x PP > 1 (launch_triton_server.py, one MPI rank per GPU).
+Unverified: the README's TRT-LLM section still tells users to pip-install the wheels and clone the
+repository inside the -trtllm-python-py3 image; that its copy at /opt/tritonserver/python/openai runs
+there as is follows from build.py only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+from . import matrix
+
+if TYPE_CHECKING:
+    from ..serving.haproxy import ProxyLayout
+    from ..serving.ports import Ports
+
+# Spec validation reaches this module through rules.py: no protobuf/tritonclient import here, so the
+# two names below repeat stoker.triton_config's (a unit test keeps them equal).
+FIRST_TAG = "24.12"  # the first NGC release whose images carry the frontend (v2.53.0)
+MAIN = "/opt/tritonserver/python/openai/openai_frontend/main.py"
+PORT = 9000  # upstream's --openai-port default, inside the container
+MODEL_NAME = "ensemble"  # what an OpenAI client names as `model`: the ensemble is the model that takes text
+C_MODELS = "/models"  # where the serve step mounts the repository (stoker.gpu.trtllm.C_MODELS)
+# The build's tokenizer files, as the package step copies them for preprocessing (stoker.gpu.repository).
+TOKENIZER_DIR = f"{C_MODELS}/preprocessing/1/tokenizer"
+
+
+@dataclass(frozen=True)
+class Finding:
+    level: Literal["refuse", "note"]
+    message: str
+
+
+def ships_frontend(image: str) -> bool:
+    """Whether the image (matrix.json's NGC -trtllm-python-py3 series) carries the frontend."""
+    info = matrix.image_info(image)
+    return info is not None and info.tag is not None and info.tag >= FIRST_TAG
+
+
+def findings(spec) -> list[Finding]:
+    """What `deploy.openai` means for this GPU spec: nothing, a note (not rendered, and why) or a refusal.
+
+    deploy.openai defaults to true, so a target or layout the frontend cannot serve gets a note,
+    not a refusal; only an image that lacks the frontend is refused, naming the first one that has it.
+    """
+    if not spec.deploy.openai:
+        return []
+    if not ships_frontend(spec.deploy.image):
+        ref = matrix.split_ref(spec.deploy.image)[0]
+        return [Finding("refuse", f"{ref} does not ship Triton's OpenAI frontend (first in "
+                                  f"{matrix.image_ref(FIRST_TAG)}); use {matrix.current_image()} or set "
+                                  "deploy.openai: false")]
+    if spec.target != "tensorrt":
+        return [Finding("note", f"not rendered for target {spec.target!r}: Triton's OpenAI frontend sends the "
+                                "ensemble's inputs (text_input, max_tokens, stream), which the llmapi model does "
+                                "not take; set deploy.openai: false to silence this")]
+    if spec.parallel.world_size > 1:
+        return [Finding("note", f"not rendered for tensor x pipeline = {spec.parallel.world_size}: the frontend "
+                                "hosts Triton in its own process and supports TRT-LLM's orchestrator mode only, "
+                                "while stoker serves several ranks in leader mode (launch_triton_server.py)")]
+    out = [Finding("note", f"Triton's OpenAI frontend is the serve command: /v1/ with model {MODEL_NAME!r}, "
+                           f"KServe HTTP/gRPC from the same process (rendered by contract, not run here)")]
+    if not spec.runtime.decoupled:
+        out.append(Finding("note", "runtime.decoupled is false: streamed OpenAI requests (stream: true) will fail"))
+    return out
+
+
+def renders(spec) -> bool:
+    """Whether the serve step runs the frontend instead of tritonserver (see `findings` for why not)."""
+    return (spec.deploy.openai and spec.target == "tensorrt" and spec.parallel.world_size == 1
+            and ships_frontend(spec.deploy.image))
+
+
+def argv(kserve_http: int, kserve_grpc: int) -> list[str]:
+    """The serve container's command: Triton with the OpenAI API and KServe HTTP/gRPC, one process.
+
+    KServe keeps stoker's readiness probe (/v2/health/ready), benchmark and evaluation working
+    unchanged; the tokenizer is the build's own, the one preprocessing tokenizes with, so chat
+    templates and token counts match what the ensemble serves.
+    """
+    return ["python3", MAIN, "--model-repository", C_MODELS, "--tokenizer", TOKENIZER_DIR,
+            "--backend", "tensorrtllm", "--host", "0.0.0.0", "--openai-port", str(PORT),
+            "--enable-kserve-frontends", "--kserve-http-port", str(kserve_http),
+            "--kserve-grpc-port", str(kserve_grpc)]
+
+
+def container_ports(kserve_http: int, kserve_grpc: int) -> dict[str, int]:
+    """Role → container port. The frontend's port takes the metrics role: Triton's metrics port is not
+    served by this process, and the same Prometheus text is at /metrics of the frontend's port."""
+    return {"http": kserve_http, "grpc": kserve_grpc, "metrics": PORT}
+
+
+def proxy_layout(listen: Ports, backend: Ports) -> ProxyLayout:
+    """The deployment proxy's routes when the frontend serves: /v1/ of the stable HTTP port and the
+    metrics port go to the frontend's port (published as the backend's metrics port), everything else
+    on HTTP and gRPC to KServe. One slot: a GPU target serves from one container, no staged candidate."""
+    from ..serving.haproxy import ProxyLayout
+
+    return ProxyLayout(listen=listen, slots={"blue": backend}, live="blue", openai=f"127.0.0.1:{backend.metrics}")

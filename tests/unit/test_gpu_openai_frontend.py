@@ -1,0 +1,167 @@
+"""Triton's OpenAI frontend on the engine target: command, ports, proxy route, refusals.
+
+Contract tests: rendered by contract, not run here (no GPU, no TensorRT-LLM, no NGC image). The
+upstream facts they check against are recorded in stoker/gpu/openai_frontend.py with their commits.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from stoker import triton_config
+from stoker.gpu import inflight, matrix, openai_frontend, repository, rules, trtllm
+from stoker.gpu.facts import known
+from stoker.gpu.rules import PlanRefused
+from stoker.serving import haproxy
+from stoker.serving.ports import Ports
+from stoker.spec import load_spec, parse_spec
+
+SPECS = Path(__file__).resolve().parents[2] / "deployments" / "specs"
+CURRENT = "nvcr.io/nvidia/tritonserver:26.07-trtllm-python-py3"
+LLAMA = known("meta-llama/Meta-Llama-3-8B-Instruct")
+# main.py's options in v2.68.0 (26.04, the oldest image stoker supports; commit
+# dd16c0cad0399599240e8eb37178865eca994303). Every flag stoker renders must be one of them.
+FLAGS_26_04 = {"--model-repository", "--tokenizer", "--backend", "--lora-separator",
+               "--tritonserver-log-verbose-level", "--host", "--tool-call-parser", "--chat-template",
+               "--default-max-tokens", "--model-control-mode", "--load-model", "--openai-port", "--uvicorn-log-level",
+               "--openai-restricted-api", "--enable-kserve-frontends", "--kserve-http-port", "--kserve-grpc-port"}
+
+
+def gpu_spec(**over):
+    data = {"model": {"repo_id": "meta-llama/Meta-Llama-3-8B-Instruct"}, "storage": {"bucket": "bkt"},
+            "target": "tensorrt", "gpus": {"type": "h100-80gb", "count": 2}, "deploy": {"image": CURRENT}}
+    for k, v in over.items():
+        data[k] = {**data.get(k, {}), **v} if isinstance(v, dict) and isinstance(data.get(k), dict) else v
+    return parse_spec(data)
+
+
+def openai_findings(spec) -> list[tuple[str, str]]:
+    return [(f.level, f.message) for f in rules.check(spec, LLAMA, True) if f.field == "deploy.openai"]
+
+
+def test_engine_spec_serves_through_the_frontend_exactly():
+    spec = load_spec(SPECS / "llama3-8b-fp8-h100-engine.yaml")
+    assert spec.deploy.openai  # the default
+    ws = trtllm.Workspace(*(Path(f"/host/{n}") for n in ("hf", "cal", "uni", "ckpt", "eng", "tc", "repo", "src")))
+    serve = trtllm.gpu_steps(spec, LLAMA, ws)[-1]
+    assert serve.name == "serve" and serve.image == CURRENT
+    assert serve.argv == [
+        "python3", "/opt/tritonserver/python/openai/openai_frontend/main.py", "--model-repository", "/models",
+        "--tokenizer", "/models/preprocessing/1/tokenizer", "--backend", "tensorrtllm", "--host", "0.0.0.0",
+        "--openai-port", "9000", "--enable-kserve-frontends", "--kserve-http-port", "8000",
+        "--kserve-grpc-port", "8001"]
+    assert [(m.host, m.container) for m in serve.mounts] == [("/host/repo", "/models")]
+    # KServe HTTP/gRPC keep their ports; the frontend's port (OpenAI + /metrics) is published as metrics.
+    p = spec.deploy.ports
+    assert trtllm.serve_ports(spec) == {"8000/tcp": p.http, "8001/tcp": p.grpc, "9000/tcp": p.metrics}
+
+
+def test_rendered_flags_exist_in_every_supported_image():
+    argv = openai_frontend.argv(8000, 8001)
+    assert {a for a in argv if a.startswith("--")} <= FLAGS_26_04
+
+
+def test_names_match_what_the_package_step_writes():
+    # openai_frontend repeats these to stay import-light; they must not drift.
+    assert openai_frontend.MODEL_NAME == triton_config.ENSEMBLE_NAME == "ensemble"
+    assert openai_frontend.C_MODELS == trtllm.C_MODELS
+    tokenizer_dir = triton_config.RepoSettings().tokenizer_dir
+    assert openai_frontend.TOKENIZER_DIR == f"{trtllm.C_MODELS}/preprocessing/1/{tokenizer_dir}"
+
+
+def test_the_plan_says_what_serves():
+    spec = gpu_spec(gpus={"count": 1})
+    assert openai_findings(spec) == [("note", "Triton's OpenAI frontend is the serve command: /v1/ with model "
+                                              "'ensemble', KServe HTTP/gRPC from the same process (rendered by "
+                                              "contract, not run here)")]
+    streaming_off = gpu_spec(gpus={"count": 1}, runtime={"decoupled": False})
+    assert ("note", "runtime.decoupled is false: streamed OpenAI requests (stream: true) will fail") \
+        in openai_findings(streaming_off)
+
+
+def test_openai_off_keeps_tritonserver():
+    spec = gpu_spec(gpus={"count": 1}, deploy={"openai": False})
+    assert not openai_frontend.renders(spec) and openai_findings(spec) == []
+    assert trtllm.serve_argv(spec)[0] == "tritonserver"
+    assert trtllm.serve_ports(spec) == {"8000/tcp": 8000, "8001/tcp": 8001, "8002/tcp": 8002}
+
+
+def test_llmapi_target_is_not_rendered_and_says_why():
+    spec = load_spec(SPECS / "llama3-8b-fp8-llmapi-h100.yaml")
+    assert spec.deploy.openai and not openai_frontend.renders(spec)
+    assert trtllm.serve_argv(spec)[0] == "tritonserver"
+    [(level, message)] = openai_findings(spec)
+    assert level == "note" and message.startswith("not rendered for target 'pytorch'")
+
+
+def test_several_ranks_keep_the_mpi_launcher():
+    spec = gpu_spec(parallel={"tensor": 2})
+    assert not openai_frontend.renders(spec)
+    assert "launch_triton_server.py --world_size=2" in " ".join(trtllm.serve_argv(spec))
+    [(level, message)] = openai_findings(spec)
+    assert level == "note" and "orchestrator mode" in message
+
+
+@pytest.mark.parametrize("tag, ships", [("24.09", False), ("24.11", False), ("24.12", True), ("26.04", True),
+                                        ("26.07", True)])
+def test_first_release_that_ships_it(tag, ships):
+    assert openai_frontend.ships_frontend(f"nvcr.io/nvidia/tritonserver:{tag}-trtllm-python-py3") is ships
+    assert not openai_frontend.ships_frontend("stoker/triton-cpu:2.51.0-cpu")
+
+
+def test_an_image_without_it_is_refused_at_plan_time_in_one_line(monkeypatch):
+    # Every image stoker supports today ships the frontend: pretend an older one were supported.
+    old = "nvcr.io/nvidia/tritonserver:24.09-trtllm-python-py3"
+    monkeypatch.setitem(matrix.data()["images"]["24.09"], "supported", True)
+    spec = gpu_spec(gpus={"count": 1}, deploy={"image": old})
+    with pytest.raises(PlanRefused) as err:
+        rules.enforce(rules.check(spec, LLAMA, True))
+    assert str(err.value) == (f"deploy.openai: {old} does not ship Triton's OpenAI frontend (first in "
+                              "nvcr.io/nvidia/tritonserver:24.12-trtllm-python-py3); use "
+                              f"{CURRENT} or set deploy.openai: false")
+    assert not openai_frontend.renders(spec) and trtllm.serve_argv(spec)[0] == "tritonserver"
+    assert openai_findings(gpu_spec(gpus={"count": 1}, deploy={"image": old, "openai": False})) == []
+
+
+def test_a_refused_image_is_refused_once():
+    spec = gpu_spec(gpus={"count": 1}, deploy={"image": "nvcr.io/nvidia/tritonserver:24.09-trtllm-python-py3"})
+    assert [f.field for f in rules.check(spec, LLAMA, True) if f.level == "refuse"] == ["deploy.image"]
+
+
+def test_proxy_routes_v1_and_metrics_to_the_frontend():
+    listen, backend = Ports(8000, 8001, 8002), Ports(20100, 20101, 20102)
+    cfg = haproxy.render(openai_frontend.proxy_layout(listen, backend))
+    http = cfg.split("frontend http\n", 1)[1].split("\n\n", 1)[0]
+    assert http.splitlines() == ["    bind :8000", "    acl openai path_beg /v1/", "    use_backend openai if openai",
+                                 "    default_backend http"]
+    assert "backend http\n    server blue 127.0.0.1:20100\n" in cfg
+    assert "backend grpc\n    server blue 127.0.0.1:20101 proto h2\n" in cfg
+    assert "backend metrics\n    server blue 127.0.0.1:20102\n" in cfg
+    assert "    server openai 127.0.0.1:20102" in cfg.split("backend openai\n", 1)[1]
+
+
+def test_ensemble_takes_what_the_frontend_sends():
+    """Every TRT-LLM request from the frontend names return_num_input/output_tokens; the usage comes back
+    as num_input/output_tokens. Inputs declared once each."""
+    cfg = inflight.ensemble(gpu_spec(gpus={"count": 1}))
+    names = [t.name for t in cfg.input]
+    assert len(names) == len(set(names))
+    sent = {"text_input", "max_tokens", "stream", "stop_words", "top_p", "temperature", "seed",
+            "frequency_penalty", "presence_penalty", "exclude_input_in_output", "return_num_input_tokens",
+            "return_num_output_tokens"}
+    assert sent <= set(names)
+    gen = next(s for s in cfg.ensemble_scheduling.step if s.model_name == "tensorrt_llm")
+    assert gen.input_map["return_num_input_tokens"] == "return_num_input_tokens"
+    assert gen.output_map["num_output_tokens"] == "num_output_tokens"
+    assert {"num_input_tokens", "num_output_tokens"} <= {o.name for o in cfg.output}
+
+
+def test_package_copies_the_chat_template(tmp_path):
+    src = tmp_path / "hf"
+    src.mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        (src / name).write_text("{}" if name.endswith(".json") else "{{ messages }}")
+    repository.write_repository(gpu_spec(gpus={"count": 1}), LLAMA, tmp_path / "repo", tokenizer_src=src)
+    assert (tmp_path / "repo" / "preprocessing/1/tokenizer/chat_template.jinja").read_text() == "{{ messages }}"
