@@ -133,15 +133,21 @@ def served(home: Path, docker_live: Callable[[str], str | None] | None = None,
 
 
 def _docker_live() -> Callable[[str], str | None]:
-    client = []  # connect once, on first use
+    state: dict = {}  # connect once, on first use; a daemon that did not answer is not asked again
 
     def ask(name: str) -> str | None:
         from .. import docker_engine
         from ..commands.status import describe
 
-        if not client:
-            client.append(docker_engine.connect(None, timeout_s=5))
-        return describe(client[0], name)["live_digest"]
+        if "client" not in state:
+            try:
+                state["client"] = docker_engine.connect(None, timeout_s=5)
+            except Exception as err:
+                state["client"], state["error"] = None, err
+                raise
+        if state["client"] is None:
+            raise state["error"]
+        return describe(state["client"], name)["live_digest"]
     return ask
 
 

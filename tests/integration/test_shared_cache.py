@@ -153,6 +153,22 @@ def test_a_cold_local_cache_reads_through_from_s3(storage, tmp_path):
     assert how == "local"  # published locally: no S3 round trip the next time
 
 
+def test_cached_step_reads_through_when_the_run_context_names_the_shared_cache(storage, tmp_path):
+    from stoker.run import RunContext, cached_step
+
+    calls: list = []
+    a = RunContext(run_id="r1", home=tmp_path / "a", shared_cache=storage)
+    b = RunContext(run_id="r2", home=tmp_path / "b", shared_cache=storage)
+    built = cached_step(a, "package", "k-ctx", _produce(calls), lambda _l: None)
+    reused = cached_step(b, "package", "k-ctx", _produce(calls), lambda _l: None)
+    assert (built.cache_hit, reused.cache_hit, len(calls)) == (False, True, 1)
+    assert reused.digest == built.digest and reused.path == tmp_path / "b" / "cache" / "package" / "k-ctx" / "out"
+    # Without it (the default) the same call never touches S3.
+    off = cached_step(RunContext(run_id="r3", home=tmp_path / "c"), "package", "k-ctx", _produce(calls),
+                      lambda _l: None)
+    assert (off.cache_hit, len(calls)) == (False, 2)
+
+
 def test_a_marker_whose_blobs_are_gone_is_not_trusted(storage, tmp_path):
     client = s3.client(storage)
     SharedStore(StepStore(tmp_path / "a"), storage).get("build", "k-gone", _produce([]), print)
