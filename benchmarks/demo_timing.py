@@ -1,9 +1,10 @@
-"""Cold `stoker demo` vs an immediate rerun, side by side in one run; writes JSON.
+"""Cold `stoker demo` vs unchanged reruns, side by side in one run; writes JSON.
 
-Cold = a fresh STOKER_HOME and PREFECT_HOME (tiny model generated, every step
-runs); the CPU Triton image is assumed built (its build time is separate).
-Reports each step's duration and the flow's overhead (wall − Σ steps) from the
-run manifests, and the whole command's wall time.
+Cold = a fresh STOKER_HOME and PREFECT_HOME (tiny model generated, the demo's Prefect server and worker
+started, every step runs); the CPU Triton image is assumed built (its build time is separate). Reruns reuse
+all of it. Reports each step's duration, the flow's overhead (wall − Σ steps) from the run manifests, the
+command's wall time and what it spends outside the flow (interpreter, imports, stack checks). The issue's
+target: rerun ≤ 0.10 × cold. Stop a running demo first (`stoker down`): the demo's ports are fixed.
 
     python benchmarks/demo_timing.py --out benchmarks/results/demo_timing.json
 """
@@ -33,26 +34,34 @@ def run_demo(env: dict) -> tuple[float, dict]:
 def summary(wall: float, m: dict) -> dict:
     steps = {k: {"duration_s": v["duration_s"], "cache_hit": v["cache_hit"]} for k, v in m["steps"].items()}
     return {"command_wall_s": round(wall, 2), "flow_wall_s": m["wall_s"], "flow_overhead_s": m["overhead_s"],
-            "steps": steps, "benchmark": m["benchmark"]["levels"]}
+            "outside_flow_s": round(wall - m["wall_s"], 2), "steps": steps, "benchmark": m["benchmark"]["levels"]}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results/demo_timing.json"))
+    ap.add_argument("--reruns", type=int, default=3)
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         env = {**os.environ, "STOKER_HOME": f"{tmp}/home", "PREFECT_HOME": f"{tmp}/prefect"}
-        cold_wall, cold = run_demo(env)
-        warm_wall, warm = run_demo(env)
-        subprocess.run([sys.executable, "-m", "stoker.cli", "down"], env=env, capture_output=True)
-    result = {"cold": summary(cold_wall, cold), "rerun": summary(warm_wall, warm),
-              "cold_over_rerun": round(cold_wall / warm_wall, 2),
-              "note": "same machine, same run, image prebuilt; cold includes tiny-model generation and a fresh "
-                      "Prefect database"}
+        env.pop("PREFECT_API_URL", None)  # the demo's own server, as on a fresh machine
+        try:
+            cold_wall, cold = run_demo(env)
+            reruns = [run_demo(env) for _ in range(args.reruns)]
+        finally:
+            subprocess.run([sys.executable, "-m", "stoker.cli", "down"], env=env, capture_output=True)
+    walls = sorted(w for w, _ in reruns)
+    median = walls[len(walls) // 2]
+    result = {"cold": summary(cold_wall, cold), "reruns": [summary(w, m) for w, m in reruns],
+              "rerun_median_s": round(median, 2), "rerun_over_cold": round(median / cold_wall, 3),
+              "target_rerun_over_cold": 0.10, "met": median / cold_wall <= 0.10,
+              "machine": {"cpus": os.cpu_count(), "load_avg_at_end": os.getloadavg()},
+              "note": "same machine, one run, image prebuilt; cold includes tiny-model generation, a fresh Prefect "
+                      "database and the demo's Prefect server and worker starting"}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1))
-    print(json.dumps({k: result[k] for k in ("cold_over_rerun",)} | {
-        "cold_s": result["cold"]["command_wall_s"], "rerun_s": result["rerun"]["command_wall_s"]}))
+    print(json.dumps({"cold_s": result["cold"]["command_wall_s"], "rerun_s": walls,
+                      "rerun_over_cold": result["rerun_over_cold"], "met": result["met"]}))
 
 
 if __name__ == "__main__":

@@ -26,13 +26,14 @@ def _run(args) -> int:
     from .spec import load_spec
 
     spec = load_spec(args.spec)
-    manifest = run_flow(spec)
+    manifest, _ = run_flow(spec)
     print_summary(manifest)
     return 0
 
 
-def run_flow(spec) -> dict:
-    """Run build_and_deploy on whatever Prefect API is configured (ephemeral when none)."""
+def run_flow(spec, before=None) -> tuple[dict, str | None]:
+    """Run build_and_deploy on whatever Prefect API is configured (ephemeral when none); returns the manifest and
+    the flow run's id. ``before(flow)`` runs once the flow is imported, before it starts."""
     from .stack.prefect_ephemeral import stop_ephemeral_api, telemetry_off
 
     telemetry_off()  # before the flow's import starts anything of Prefect's
@@ -41,12 +42,15 @@ def run_flow(spec) -> dict:
     from .run import RunContext
 
     try:
-        return build_and_deploy(spec, home=str(RunContext.new().home))
+        if before is not None:
+            before(build_and_deploy)
+        state = build_and_deploy(spec, home=str(RunContext.new().home), return_state=True)
+        return state.result(), state.state_details.flow_run_id and str(state.state_details.flow_run_id)
     finally:
         stop_ephemeral_api()  # before our summary, so 'manifest: <path>' really is the last line
 
 
-def print_summary(manifest: dict) -> None:
+def print_summary(manifest: dict, ui: str | None = None) -> None:
     from .report import level_label
     from .run import RunContext
 
@@ -64,6 +68,8 @@ def print_summary(manifest: dict) -> None:
         print(f"try it:   curl -sN -X POST {ep['http']}/v2/models/ensemble/generate_stream -d '{body}'")
         if ep.get("openai"):
             print(f"OpenAI:   {ep['openai']} (model \"{manifest['spec']['deploy']['name']}\")")
+    if ui:
+        print(f"Prefect:  {ui} (the run, its logs and artifacts; `stoker down` stops the server)")
     print(f"report: {ctx.run_dir / 'report.md'}")
     print(f"manifest: {ctx.run_dir / 'manifest.json'}")
 
@@ -75,8 +81,8 @@ def _ms(v) -> str:
 def _demo(args) -> int:
     from .demo import run_demo
 
-    manifest = run_demo()
-    print_summary(manifest)
+    manifest, ui = run_demo()
+    print_summary(manifest, ui)
     return 0
 
 

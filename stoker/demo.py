@@ -1,8 +1,9 @@
 """`stoker demo`: the CPU reference pipeline on embedded defaults, against real local servers.
 
 Starts (or reuses) a Hub mirror serving a generated tiny Llama, an S3 server,
-a Docker daemon and the CPU Triton image, then runs build_and_deploy and leaves
-the endpoint up. `stoker down` stops only what the demo started.
+a Docker daemon, the CPU Triton image and a Prefect server with its UI and a
+process worker (stack/demo_prefect.py), then runs build_and_deploy and leaves
+the endpoint and the UI up. `stoker down` stops only what the demo started.
 """
 
 from __future__ import annotations
@@ -71,11 +72,26 @@ def start_stack(log=print) -> tuple[str, str]:
     return hub, s3_url
 
 
-def run_demo() -> dict:
+def run_demo(log=print) -> tuple[dict, str | None]:
+    """Run the demo; returns its manifest and the URL of its flow run in the Prefect UI (None: no UI to show)."""
     from .cli import run_flow
+    from .stack import demo_prefect
 
-    hub, s3_url = start_stack()
-    return run_flow(demo_spec(hub, s3_url))
+    hub, s3_url = start_stack(log)
+    spec = demo_spec(hub, s3_url)
+    api = demo_prefect.ensure_api(state_dir(), stoker_home() / "prefect-stack", log)
+    if api is not None:
+        demo_prefect.use_api(api)
+        demo_prefect.ensure_demo_worker(state_dir(), api)
+    ui = api.ui_url if api else None
+    log(f"demo: Prefect UI at {ui}" if ui else f"demo: reporting to your Prefect API at {demo_prefect.user_api()}")
+
+    def register(flow) -> None:  # while the flow is imported; a failed run still leaves its deployment
+        if api is not None:
+            demo_prefect.register_deployment(flow, spec)
+
+    manifest, flow_run_id = run_flow(spec, before=register)
+    return manifest, f"{ui}/runs/flow-run/{flow_run_id}" if ui and flow_run_id else None
 
 
 def down() -> list[str]:

@@ -105,3 +105,12 @@ def evaluate_key(served_digest: str, evalset_digest: str, lm_eval: dict | None) 
                     config={"lm_eval": lm_eval},
                     versions={"code": code_digest("evaluation")}
                     | ({"lm_eval_code": code_digest("workers/lm_eval_run.py")} | pick("lm-eval") if lm_eval else {}))
+
+
+def benchmark_key(backend: dict, benchmark: dict) -> str:
+    """One running backend (its container, ports, digest and the run that started it) measured with the same
+    load and code gives the same figures: an unchanged rerun reuses them. The gate's thresholds are not
+    part of the measurement."""
+    return step_key("benchmark", inputs={"backend": json_digest(backend)},
+                    config={k: v for k, v in benchmark.items() if k not in ("gate", "remeasure")},
+                    versions={"code": code_digest("bench")})

@@ -7,10 +7,11 @@ key before it runs; the plan says so instead of guessing.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from . import targets
 from .errors import StokerError
+from .keys import benchmark_key
 from .run import RunContext
 from .spec import Spec
 
@@ -21,6 +22,7 @@ class PlannedStep:
     key: str | None
     status: str  # "hit" | "miss" | "pending" | "runs" | "unknown"
     note: str = ""
+    backend: dict | None = field(default=None, compare=False)  # deploy: the backend already serving the digest
 
 
 def plan(spec: Spec, ctx: RunContext) -> list[PlannedStep]:
@@ -82,7 +84,7 @@ def serving_step(spec: Spec, digest: str | None) -> PlannedStep:
     try:
         import docker
 
-        from .serving.promote import observe_backends
+        from .serving.promote import BackendRef, observe_backends
 
         d = spec.deploy
         client = docker.DockerClient(base_url=d.docker_host) if d.docker_host else docker.from_env()
@@ -90,8 +92,21 @@ def serving_step(spec: Spec, digest: str | None) -> PlannedStep:
     except Exception as err:  # noqa: BLE001 - a plan must not fail on a missing daemon
         return PlannedStep("deploy", digest[:24], "unknown", f"Docker not reachable: {str(err).splitlines()[0][:80]}")
     if serving is not None:
-        return PlannedStep("deploy", digest[:24], "hit", f"already serving in {serving.container}")
+        return PlannedStep("deploy", digest[:24], "hit", f"already serving in {serving.container}",
+                           backend=BackendRef.of(serving).to_dict())
     return PlannedStep("deploy", digest[:24], "miss", f"new backend behind deployment {spec.deploy.name!r}'s proxy")
+
+
+def benchmark_step(spec: Spec, ctx: RunContext, backend: dict | None) -> PlannedStep:
+    """The benchmark reuses the figures of the backend that already serves, measured with these settings."""
+    if spec.benchmark.remeasure:
+        return PlannedStep("benchmark", None, "runs", "benchmark.remeasure: measured every run")
+    if backend is None:
+        return PlannedStep("benchmark", None, "runs", "measured on the new backend")
+    key = benchmark_key(backend, spec.benchmark.model_dump(mode="json"))
+    if ctx.store.lookup("benchmark", key) is not None:
+        return PlannedStep("benchmark", key, "hit", "this backend was measured with these settings")
+    return PlannedStep("benchmark", key, "runs", "this backend was not measured with these settings")
 
 
 def render_plan(steps: list[PlannedStep]) -> str:

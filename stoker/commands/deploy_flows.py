@@ -90,22 +90,15 @@ def apply_platform(cfg: Platform, log=print) -> None:
     from prefect.client.schemas.actions import (
         GlobalConcurrencyLimitCreate,
         GlobalConcurrencyLimitUpdate,
-        WorkPoolCreate,
     )
     from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
 
     with get_client(sync_client=True) as client:
         for pool in cfg.work_pools:
-            try:
-                client.read_work_pool(pool.name)
+            if ensure_work_pool(client, pool.name, pool.type, pool.concurrency_limit):
+                log(f"work pool {pool.name} ({pool.type}): created")
+            else:
                 log(f"work pool {pool.name}: exists")
-            except ObjectNotFound:
-                try:
-                    client.create_work_pool(WorkPoolCreate(name=pool.name, type=pool.type,
-                                                           concurrency_limit=pool.concurrency_limit))
-                    log(f"work pool {pool.name} ({pool.type}): created")
-                except ObjectAlreadyExists:  # a worker starting on it created it between our read and create
-                    log(f"work pool {pool.name}: exists")
         for lim in cfg.concurrency_limits:
             try:
                 client.read_global_concurrency_limit_by_name(lim.name)
@@ -119,6 +112,22 @@ def apply_platform(cfg: Platform, log=print) -> None:
                 except ObjectAlreadyExists:  # created concurrently: set its limit
                     client.update_global_concurrency_limit(lim.name, GlobalConcurrencyLimitUpdate(limit=lim.limit))
                     log(f"concurrency limit {lim.name}={lim.limit}: updated")
+
+
+def ensure_work_pool(client, name: str, type_: str, concurrency_limit: int | None = None) -> bool:
+    """Create the work pool unless it exists (a sync Prefect client); True when this call created it."""
+    from prefect.client.schemas.actions import WorkPoolCreate
+    from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
+
+    try:
+        client.read_work_pool(name)
+        return False
+    except ObjectNotFound:
+        try:
+            client.create_work_pool(WorkPoolCreate(name=name, type=type_, concurrency_limit=concurrency_limit))
+            return True
+        except ObjectAlreadyExists:  # a worker starting on it created it between our read and create
+            return False
 
 
 def prefect_deploy_all(prefect_file: Path, out=sys.stdout) -> None:

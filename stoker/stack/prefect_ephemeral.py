@@ -41,13 +41,15 @@ def stop_ephemeral_api(timeout_s: float = 10) -> None:
         return
     from prefect.events.worker import EventsWorker
     from prefect.logging.handlers import APILogWorker
-    from prefect.server.api.server import SubprocessASGIServer
 
     # Logs and events still queued for the API go first; otherwise their workers retry against the
     # stopped server for a minute at exit.
     APILogWorker.drain_all(timeout=timeout_s)
     EventsWorker.drain_all(timeout=timeout_s)
     # prefect 3.8.8 (pinned) keeps its temporary servers here and stops them in an atexit hook;
-    # stop() forgets the process, so that hook then logs nothing.
-    for server in list(getattr(SubprocessASGIServer, "_instances", {}).values()):
+    # stop() forgets the process, so that hook then logs nothing. The module is imported only when a
+    # temporary server was started: importing it costs seconds (the whole server app), for nothing
+    # when the flow ran against a persistent server.
+    server_module = sys.modules.get("prefect.server.api.server")
+    for server in list(getattr(getattr(server_module, "SubprocessASGIServer", None), "_instances", {}).values()):
         server.stop()

@@ -35,7 +35,11 @@ class PrefectApi:
     auth: str = field(repr=False)
 
     def env(self) -> dict[str, str]:
-        return {"PREFECT_API_URL": self.url, "PREFECT_API_AUTH_STRING": self.auth}
+        return {"PREFECT_API_URL": self.url, **({"PREFECT_API_AUTH_STRING": self.auth} if self.auth else {})}
+
+    @property
+    def ui_url(self) -> str:
+        return self.url.removesuffix("/api")
 
 
 def _prefect_bin() -> str:
@@ -43,8 +47,8 @@ def _prefect_bin() -> str:
 
 
 def _healthy(url: str, auth: str) -> bool:
-    req = urllib.request.Request(f"{url}/health",
-                                 headers={"Authorization": "Basic " + base64.b64encode(auth.encode()).decode()})
+    headers = {"Authorization": "Basic " + base64.b64encode(auth.encode()).decode()} if auth else {}
+    req = urllib.request.Request(f"{url}/health", headers=headers)
     try:
         with urllib.request.urlopen(req, timeout=2) as resp:
             return resp.status == 200
@@ -102,24 +106,25 @@ def ensure_postgres(state_dir: Path, port: int | None = None, timeout_s: float =
 
 
 def ensure_server(state_dir: Path, port: int | None = None, database_url: str | None = None,
-                  ui: bool = False, timeout_s: float = 120) -> PrefectApi:
-    """Start (or reuse) `prefect server start` with basic auth; SQLite under the state dir unless database_url."""
-    auth = auth_string(state_dir)
+                  ui: bool = False, timeout_s: float = 120, auth: bool = True) -> PrefectApi:
+    """Start (or reuse) `prefect server start`, with basic auth unless auth=False (the demo's loopback server,
+    Prefect's own default); SQLite under the state dir unless database_url."""
+    secret = auth_string(state_dir) if auth else ""
     running = is_running(SERVER, state_dir)
     if running is not None:
-        return PrefectApi(f"{running.url}/api", auth)
+        return PrefectApi(f"{running.url}/api", secret)
     port = port or free_port()
     home = Path(state_dir) / "prefect-home"
     home.mkdir(parents=True, exist_ok=True)
-    env = {"PREFECT_HOME": str(home), "PREFECT_SERVER_API_AUTH_STRING": auth, "PREFECT_API_AUTH_STRING": auth,
-           "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_SERVER_UI_ENABLED": "true" if ui else "false",
-           "PREFECT_API_URL": f"http://127.0.0.1:{port}/api"}
+    env = {"PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+           "PREFECT_SERVER_UI_ENABLED": "true" if ui else "false", "PREFECT_API_URL": f"http://127.0.0.1:{port}/api",
+           **({"PREFECT_SERVER_API_AUTH_STRING": secret, "PREFECT_API_AUTH_STRING": secret} if auth else {})}
     if database_url:
         env["PREFECT_API_DATABASE_CONNECTION_URL"] = database_url
     url = f"http://127.0.0.1:{port}/api"
     start_service(SERVER, [_prefect_bin(), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-                  port, state_dir, env=env, ready=lambda: _healthy(url, auth), timeout_s=timeout_s)
-    return PrefectApi(url, auth)
+                  port, state_dir, env=env, ready=lambda: _healthy(url, secret), timeout_s=timeout_s)
+    return PrefectApi(url, secret)
 
 
 def ensure_worker(state_dir: Path, api: PrefectApi, pool: str, cwd: Path, env: dict[str, str] | None = None,

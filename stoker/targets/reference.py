@@ -33,7 +33,7 @@ class Reference(Target):
 
     def plan(self, spec, ctx) -> list:
         from ..keys import build_key, fetch_key, package_key, quantize_key
-        from ..plan import PlannedStep, check_model, serving_step, upload_step
+        from ..plan import PlannedStep, benchmark_step, check_model, serving_step, upload_step
         from ..source import resolve_source
 
         check_model(spec)
@@ -52,8 +52,8 @@ class Reference(Target):
             out.append(PlannedStep(name, key, "hit" if entry else "miss", note))
             digest = entry.digest if entry else None
         out.append(upload_step(spec, digest))
-        out.append(serving_step(spec, digest))
-        out.append(PlannedStep("benchmark", None, "runs", "always measured again"))
+        deploy = serving_step(spec, digest)
+        out += [deploy, benchmark_step(spec, ctx, deploy.backend)]
         return out
 
     def build(self, steps: StepRunner, spec, fetched, ctx):
