@@ -53,6 +53,11 @@ class SharedStore:
                     except remote.CorruptEntry as err:
                         log(f"{step}: {err}; building it here")
                         trust_remote = False
+                    except StokerError:
+                        if remote.lookup(self.s3, self.storage, step, key) is not None:
+                            raise  # the entry is intact: S3 itself failed
+                        log(f"{step}: shared entry {key} went away while downloading (pruned?); looking again")
+                        continue
             mine = leases.try_acquire(self.s3, self.storage, step, key, self.holder, self.ttl_s)
             if mine is None:
                 current = leases.read(self.s3, self.storage, step, key)

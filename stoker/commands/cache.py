@@ -48,7 +48,9 @@ def remote_rows(s3c, storage) -> tuple[list, list]:
             unfinished.append(f)
             continue
         rec = get_json(s3c, storage, f"{remote.entry_prefix(storage, f.step, f.key)}/{remote.RECORD}") or {}
-        rows.append(Row("remote", f.step, f.key, f.bytes, f.newest, rec.get("digest")))
+        # The marker's own upload time: finer than LastModified's whole seconds, so ties order as locally.
+        created = rec.get("uploaded_at") if isinstance(rec.get("uploaded_at"), (int, float)) else f.newest
+        rows.append(Row("remote", f.step, f.key, f.bytes, float(created), rec.get("digest")))
     return rows, unfinished
 
 
