@@ -140,13 +140,19 @@ def prune_cmd(args) -> int:
         raise CacheCommandError(str(err)) from None
     verb = "would remove" if args.dry_run else "removing"
     listed = {(f.step, f.key): f for f in (remote.listing(client, storage) if client is not None else [])}
+    removed = 0
     for r in doomed:
+        f = listed.get((r.step, r.key))
+        if r.layer == "remote" and (f is None or f.has_lease):  # gone meanwhile, or someone is rebuilding it
+            print(f"kept remote {r.step}/{r.key}: {'a lease is held on it' if f else 'already gone'}")
+            continue
         print(f"{verb} {r.layer} {r.step}/{r.key} ({_size(r.bytes)})")
+        removed += 1
         if args.dry_run:
             continue
         if r.layer == "local":
             _remove_local(home / "cache", r.step, r.key)
-        elif (f := listed.get((r.step, r.key))) is not None and not f.has_lease:
+        else:
             remote.delete(client, storage, f)
     kept = sum(1 for r in prune.mark(local + remote_r, found) if r.served)
     swept = []
@@ -156,7 +162,7 @@ def prune_cmd(args) -> int:
         print(f"{'would remove' if args.dry_run else 'removed'} leftover {p}")
     if client is not None:
         sweep.sweep_remote(client, storage, storage.cache_lease_s, print, dry_run=args.dry_run)
-    print(f"{len(doomed)} entries {'to remove' if args.dry_run else 'removed'}, {kept} served kept"
+    print(f"{removed} entries {'to remove' if args.dry_run else 'removed'}, {kept} served kept"
           + (" (dry run: nothing removed)" if args.dry_run else ""))
     return 0
 
