@@ -1,0 +1,299 @@
+"""Peer check of `stoker bench` against AIPerf 0.13 on one endpoint whose timing is scripted (known ground truth).
+
+One local tritonserver serves stoker's ensemble (real preprocessing/postprocessing and the tiny model's tokenizer)
+with a scripted ``tensorrt_llm`` (tests/integration/scripted_ensemble.py): first token FIRST_TOKEN_S after the
+model sees a request, then one token every INTERVAL_S, exactly OSL tokens. The OpenAI service
+(`python -m stoker.openai_api`) sits in front of the same Triton. Both tools get the same workload: the same prompt
+texts (exact ISL, file order), the same OSL (min_tokens = max_tokens), concurrency, request count and warm-up.
+
+- `stoker bench` (the CLI, a child process) → Triton's ensemble over HTTP ``generate_stream`` (SSE);
+- AIPerf 0.13 (its own venv, benchmarks/aiperf_tool.py) → the OpenAI route, streamed ``/v1/completions``;
+- a bare aiohttp client on the OpenAI route (benchmarks/peer_timing.py), the referee: the two tools' routes differ,
+  and it tells what the route costs from what AIPerf costs.
+
+Rounds alternate the order (A B C, then C B A) so drift on this shared host does not favour one tool. The model logs
+its own stamps, so each run's *model-side* TTFT and ITL are known too, and each request's TTFT splits into way in,
+model and way out: what a tool reports beyond the model is the route and the client. The result: TTFT p50/p99, ITL p50, output tokens/s and request count side by side, ratios,
+whether each agrees within 3 %, and each against the ground truth.
+
+    python benchmarks/peer_aiperf.py --out benchmarks/results/peer_aiperf.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests" / "integration"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import aiperf_tool  # noqa: E402
+import peer_timing  # noqa: E402
+
+FIRST_TOKEN_S = 0.400  # as tests/integration/test_bench_accuracy.py: route costs of a few ms stay ~1 % of it
+INTERVAL_S = 0.010
+ISL, OSL = 128, 64
+CONCURRENCY, REQUESTS, WARMUP = 4, 64, 4
+PROMPTS = 16
+TOLERANCE = 0.03
+MODEL = "tiny"
+COMPARED = ("ttft_ms_p50", "ttft_ms_p99", "itl_ms_p50", "output_tokens_per_s", "requests")
+
+
+def stoker_bench(url: str, prompt_file: Path, tokenizer: Path, out: Path) -> dict:
+    """`stoker bench` as a user runs it; its summary.json read back under the compared names."""
+    argv = [sys.executable, "-m", "stoker.cli", "bench", "--url", url, "--prompt-file", str(prompt_file),
+            "--tokenizer", str(tokenizer), "--ignore-eos", "--output-tokens", str(OSL),
+            "--concurrency", str(CONCURRENCY), "--requests", str(REQUESTS), "--warmup", str(WARMUP),
+            "--out", str(out), "--quiet"]
+    subprocess.run(argv, check=True, cwd=ROOT, capture_output=True, text=True, timeout=300,
+                   env={**os.environ, "PYTHONPATH": str(ROOT)})
+    level = json.loads((out / "summary.json").read_text())["levels"][0]
+    return {"ttft_ms_p50": level["ttft_ms"]["p50"], "ttft_ms_p99": level["ttft_ms"]["p99"],
+            "itl_ms_p50": level["itl_ms"]["p50"], "output_tokens_per_s": level["output_tokens_per_s"],
+            "requests": level["requests"], "errors": level["errors"], "osl_mean": level["output_tokens"]["mean"],
+            "duration_s": level["duration_s"], "e2e_ms_p50": level["e2e_ms"]["p50"]}
+
+
+def model_side(log: Path, start_wall: float, end_wall: float) -> dict:
+    """The scripted model's own view of one run (its requests, warm-up included): TTFT and ITL from its stamps."""
+    entries = [e for e in map(json.loads, log.read_text().splitlines()) if start_wall <= e["recv_wall"] <= end_wall]
+    ttft = [1000 * (e["sends"][0] - e["recv"]) for e in entries if e["sends"]]
+    itl = [1000 * (e["sends"][-1] - e["sends"][0]) / (len(e["sends"]) - 1) for e in entries if len(e["sends"]) > 1]
+    return {"requests_seen": len(entries), "ttft_ms_p50": statistics.median(ttft), "itl_ms_p50": statistics.median(itl)}
+
+
+def ideal_tokens_per_s() -> float:
+    """Closed loop at CONCURRENCY with zero route cost: each slot finishes one request per TTFT + (OSL-1)·ITL."""
+    per_request = FIRST_TOKEN_S + (OSL - 1) * INTERVAL_S
+    rounds = -(-REQUESTS // CONCURRENCY)
+    return REQUESTS * OSL / (rounds * per_request)
+
+
+def _wait_ready(url: str, deadline_s: float = 60) -> None:
+    deadline = time.monotonic() + deadline_s
+    while True:
+        try:
+            httpx.get(f"{url}/v1/models", timeout=2).raise_for_status()
+            return
+        except httpx.HTTPError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
+def measure(root: Path, rounds: int, aiperf_venv: Path) -> dict:
+    """Serve the scripted endpoint and run the three clients `rounds` times, alternating the order."""
+    from scripted_ensemble import write_repo
+
+    from tokenizers import Tokenizer
+
+    from stoker.bench.workload import make_prompts
+    from stoker.stack import local_triton
+    from stoker.stack.services import free_port
+    from stoker.workers.tinymodel import make_tiny_model
+
+    exe = aiperf_tool.ensure_venv(aiperf_venv)
+    make_tiny_model(root / "ckpt", seed=0)
+    log = root / "model_timing.jsonl"
+    repo, assets = write_repo(root / "ckpt", root, FIRST_TOKEN_S, INTERVAL_S, timing_log=log)
+    tokenizer = assets / "tokenizer.json"
+    prompts = make_prompts(PROMPTS, ISL, seed=0, tokenizer_json=tokenizer, output_tokens=OSL)
+    stoker_file = root / "prompts.jsonl"  # stoker bench's prompt-file form: {"text", "output_tokens"}
+    stoker_file.write_text("".join(json.dumps({"text": p.text, "output_tokens": p.output_tokens}) + "\n"
+                                   for p in prompts))
+    aiperf_file = aiperf_tool.write_input_file(root / "prompts_aiperf.jsonl", prompts)
+    encoder = Tokenizer.from_file(str(tokenizer))
+
+    def tail_of(text: str) -> tuple:  # the model logs each prompt's last 8 ids (preprocessing may add a BOS in front)
+        return tuple(encoder.encode(text, add_special_tokens=False).ids[-8:])
+
+    runs = []
+    with local_triton.start(repo, local_triton.pick_free_ports(), root / "tritonserver.log") as server:
+        port = free_port()
+        service = subprocess.Popen(
+            [sys.executable, "-m", "stoker.openai_api", "--model", MODEL, "--grpc", server.grpc_url,
+             "--assets", str(assets), "--port", str(port), "--log-level", "warning"],
+            cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+        try:
+            openai_url = f"http://127.0.0.1:{port}"
+            _wait_ready(openai_url)
+            tools = {
+                "stoker_bench": lambda out: stoker_bench(server.http_url, stoker_file, tokenizer, out),
+                "aiperf": lambda out: aiperf_tool.metrics(aiperf_tool.profile(
+                    exe, openai_url, MODEL, assets, aiperf_file, CONCURRENCY, REQUESTS, WARMUP, OSL, out)),
+                "bare_openai": lambda out: peer_timing.bare_openai(
+                    openai_url, MODEL, [q.text for q in prompts], OSL, CONCURRENCY, REQUESTS, WARMUP, out),
+            }
+            for r in range(rounds):
+                order = list(tools) if r % 2 == 0 else list(reversed(tools))
+                for name in order:
+                    out = root / f"round{r}-{name}"
+                    t0 = time.time()
+                    figures = tools[name](out)
+                    t1 = time.time()
+                    time.sleep(1.0)  # the model logs a request after its last send
+                    run = {"round": r, "tool": name, **figures, "model_side": model_side(log, t0, t1)}
+                    if name in ("stoker_bench", "bare_openai"):  # both stamp on perf_counter, as the model
+                        run["ttft_split"] = peer_timing.split_stoker(out / "records.jsonl",
+                                                                     [tail_of(q.text) for q in prompts],
+                                                                     peer_timing.read_log(log))
+                    elif name == "aiperf":
+                        run["ttft_split"] = peer_timing.split_aiperf(out, tail_of, peer_timing.read_log(log))
+                    runs.append(run)
+        finally:
+            service.terminate()
+            service.wait(timeout=30)
+    return {"runs": runs}
+
+
+def _pct(a: float, b: float) -> float:
+    return 100.0 * (a / b - 1.0)
+
+
+def compare(runs: list[dict]) -> dict:
+    """Per round and metric: both values, AIPerf/stoker ratio, within 3 %?; each (and the bare client) against the
+    ground truth."""
+    truth = {"ttft_ms": FIRST_TOKEN_S * 1000, "itl_ms": INTERVAL_S * 1000, "output_tokens_per_s": ideal_tokens_per_s(),
+             "requests": REQUESTS}
+    table = []
+    for rnd in sorted({r["round"] for r in runs}):
+        by_tool = {r["tool"]: r for r in runs if r["round"] == rnd}
+        s, a, b = by_tool["stoker_bench"], by_tool["aiperf"], by_tool.get("bare_openai")
+        for metric in COMPARED:
+            key = "ttft_ms" if metric.startswith("ttft") else "itl_ms" if metric.startswith("itl") else metric
+            ratio = a[metric] / s[metric]
+            row = {"round": rnd, "metric": metric, "stoker_bench": round(s[metric], 3), "aiperf": round(a[metric], 3),
+                   "aiperf_over_stoker": round(ratio, 4), "agree_within_3pct": abs(ratio - 1) <= TOLERANCE,
+                   "ground_truth": round(truth[key], 3),
+                   "stoker_vs_truth_pct": round(_pct(s[metric], truth[key]), 2),
+                   "aiperf_vs_truth_pct": round(_pct(a[metric], truth[key]), 2)}
+            if b is not None:  # the referee: a bare client on AIPerf's route
+                row["bare_openai"] = round(b[metric], 3)
+                row["bare_openai_vs_truth_pct"] = round(_pct(b[metric], truth[key]), 2)
+            if not row["agree_within_3pct"]:
+                closer = "stoker_bench" if abs(row["stoker_vs_truth_pct"]) < abs(row["aiperf_vs_truth_pct"]) else "aiperf"
+                row["closer_to_ground_truth"] = closer
+            table.append(row)
+    return {"ground_truth": {k: round(v, 3) for k, v in truth.items()}, "comparison": table,
+            "all_agree_within_3pct": all(r["agree_within_3pct"] for r in table)}
+
+
+def _mean(values: list[float]) -> float:
+    return round(statistics.mean(values), 3)
+
+
+def diagnose(runs: list[dict], comparison: list[dict]) -> dict:
+    """Where the tools differ, from the model's stamps and the bare client, averaged over rounds; and a verdict
+    per metric that is worded from these numbers."""
+    tools = {name: [r for r in runs if r["tool"] == name] for name in ("stoker_bench", "aiperf", "bare_openai")}
+
+    def avg(tool: str, get) -> float:
+        return _mean([get(r) for r in tools[tool]])
+
+    split = {tool: {part: avg(tool, lambda r, part=part: r["ttft_split"][part])
+                    for part in ("way_in_ms_p50", "way_in_ms_p99", "model_ms_p50", "way_out_ms_p50", "way_out_ms_p99")}
+             for tool in tools}
+    split["aiperf"]["credit_to_send_ms_p50"] = avg("aiperf", lambda r: r["ttft_split"]["credit_to_send_ms_p50"])
+    d = {
+        "rounds": len(tools["aiperf"]),
+        "model_side_ttft_ms_p50": avg("aiperf", lambda r: r["model_side"]["ttft_ms_p50"]),
+        "model_side_itl_ms_p50": avg("aiperf", lambda r: r["model_side"]["itl_ms_p50"]),
+        "ttft_split_ms": split,
+        "openai_route_minus_ensemble_route_ttft_ms": {
+            q: round(avg("bare_openai", lambda r, q=q: r[q]) - avg("stoker_bench", lambda r, q=q: r[q]), 3)
+            for q in ("ttft_ms_p50", "ttft_ms_p99")},
+        "aiperf_minus_bare_client_same_route_ttft_ms": {
+            q: round(avg("aiperf", lambda r, q=q: r[q]) - avg("bare_openai", lambda r, q=q: r[q]), 3)
+            for q in ("ttft_ms_p50", "ttft_ms_p99")},
+    }
+    verdicts = {}
+    for metric in COMPARED:
+        rows = [r for r in comparison if r["metric"] == metric]
+        worst = max(rows, key=lambda r: abs(r["aiperf_over_stoker"] - 1))
+        if all(r["agree_within_3pct"] for r in rows):
+            verdicts[metric] = (f"agree in {len(rows)}/{len(rows)} rounds (AIPerf/stoker ratio "
+                                f"{min(r['aiperf_over_stoker'] for r in rows):.4f}–{max(r['aiperf_over_stoker'] for r in rows):.4f})")
+            continue
+        closer = {r.get("closer_to_ground_truth") for r in rows if not r["agree_within_3pct"]}
+        text = (f"differ in {sum(not r['agree_within_3pct'] for r in rows)}/{len(rows)} rounds (worst ratio "
+                f"{worst['aiperf_over_stoker']:.4f}); closer to the ground truth: {', '.join(sorted(closer))}")
+        if metric.startswith("ttft"):
+            q = "ttft_ms_p50" if metric.endswith("p50") else "ttft_ms_p99"
+            pct = "p50" if q.endswith("p50") else "p99"
+            d_in = split["aiperf"][f"way_in_ms_{pct}"] - split["bare_openai"][f"way_in_ms_{pct}"]
+            d_out = split["aiperf"][f"way_out_ms_{pct}"] - split["bare_openai"][f"way_out_ms_{pct}"]
+            text += (f". The model's own TTFT was {d['model_side_ttft_ms_p50']} ms (script {FIRST_TOKEN_S * 1000:g}) "
+                     f"under every client, so the gap is outside the model. The OpenAI route itself (a bare client on "
+                     f"it) adds {d['openai_route_minus_ensemble_route_ttft_ms'][q]:+.1f} ms over the ensemble route; "
+                     f"AIPerf adds {d['aiperf_minus_bare_client_same_route_ttft_ms'][q]:+.1f} ms over the bare client on "
+                     f"the same route. By the model's stamps ({pct}), AIPerf's way in (its start stamp → the model "
+                     f"receiving the request) is {d_in:+.1f} ms longer than the bare client's and its way out "
+                     f"{d_out:+.1f} ms: time AIPerf itself costs on this host, not the endpoint's — its request path "
+                     f"after the start stamp (aiohttp with its trace hooks), or the service waiting for CPU that "
+                     f"AIPerf's worker and record-processor processes hold on these {os.cpu_count()} cores (the "
+                     f"stamps cannot tell these two apart)")
+        elif metric == "output_tokens_per_s":
+            text += (f". Same definition (Σ OSL / first send → last response); AIPerf's closed loop also waits "
+                     f"{split['aiperf']['credit_to_send_ms_p50']} ms (p50) from a credit to the send, and its requests "
+                     f"take longer (TTFT above), so it offers less load: a property of its load generator")
+        verdicts[metric] = text
+    d["verdicts"] = verdicts
+    return d
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--rounds", type=int, default=2, help="each round runs both tools (order alternates)")
+    p.add_argument("--aiperf-venv", type=Path, default=ROOT / ".venv-aiperf")
+    p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "peer_aiperf.json")
+    args = p.parse_args()
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory() as tmp:
+        measured = measure(Path(tmp), args.rounds, args.aiperf_venv)
+    result = {
+        "what": "stoker bench (Triton ensemble, HTTP generate_stream) vs AIPerf 0.13.0 (OpenAI /v1/completions "
+                "via stoker's OpenAI service), same tritonserver, scripted-timing tensorrt_llm",
+        "workload": {"isl": ISL, "osl": OSL, "distinct_prompts": PROMPTS, "concurrency": CONCURRENCY,
+                     "requests": REQUESTS, "warmup": WARMUP, "exact_osl": "min_tokens = max_tokens"},
+        "script": {"first_token_s": FIRST_TOKEN_S, "interval_s": INTERVAL_S},
+        "definitions": {
+            "ttft": "both: first non-empty response - request start",
+            "itl": "both: (e2e - TTFT) / (OSL - 1) per request; AIPerf's e2e ends at the last content chunk, "
+                   "stoker's at the last response",
+            "output_tokens_per_s": "both: sum OSL / (last response - first request start)",
+            "ground_truth_output_tokens_per_s": "closed loop, zero route cost: requests*OSL / "
+                                                "(rounds * (TTFT + (OSL-1)*ITL)); an upper bound"},
+        **(compared := compare(measured["runs"])),
+        "diagnosis": diagnose(measured["runs"], compared["comparison"]),
+        "runs": measured["runs"],
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores", "date": time.strftime("%Y-%m-%d"),
+        "wall_s": round(time.monotonic() - started, 1),
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    for row in result["comparison"]:
+        print(f"round {row['round']} {row['metric']:>20}: stoker {row['stoker_bench']:>9} aiperf {row['aiperf']:>9} "
+              f"ratio {row['aiperf_over_stoker']:.4f} {'ok' if row['agree_within_3pct'] else 'DIFFERS'} "
+              f"(truth {row['ground_truth']}: stoker {row['stoker_vs_truth_pct']:+.2f} %, "
+              f"aiperf {row['aiperf_vs_truth_pct']:+.2f} %, bare {row.get('bare_openai_vs_truth_pct', 0):+.2f} %)")
+    for metric, verdict in result["diagnosis"]["verdicts"].items():
+        print(f"{metric}: {verdict}")
+    print(f"wrote {args.out} ({result['wall_s']} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
