@@ -31,6 +31,7 @@ demo: setup
 	$(VENV)/bin/stoker demo
 
 test: setup
+	bash infra/test-deps.sh
 	$(PY) -m pytest -q
 
 test-unit: venv
