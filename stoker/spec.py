@@ -184,10 +184,11 @@ class Deploy(_Section):
         "load the new model version into the live backend (Triton model-control API, no second container)")
     auto_rollback: bool = Field(True, description="reload: put the previous model version back when the smoke "
                                 "inference or a later step (benchmark, gate) fails")
-    # OpenAI-compatible API (issue 14): a service container per deployment behind the proxy's /v1/
-    # (stoker.serving.openai_service); the reference target only, GPU targets have none yet.
-    openai: bool = Field(True, description="serve /v1/models, /v1/completions and /v1/chat/completions on the stable "
-                         "HTTP port (target reference)")
+    # OpenAI-compatible API (issue 14). reference: a service container per deployment behind the proxy's /v1/
+    # (stoker.serving.openai_service). tensorrt: Triton's own OpenAI frontend as the serve command, by contract
+    # (stoker.gpu.openai_frontend), on the metrics role's port.
+    openai: bool = Field(True, description="serve /v1/models, /v1/completions and /v1/chat/completions: on the stable "
+                         "HTTP port (target reference), or Triton's OpenAI frontend (target tensorrt)")
 
     @field_validator("name")
     @classmethod

@@ -86,6 +86,7 @@ def deploy_gpu(spec: Spec, packaged: StepResult, ctx: RunContext) -> StepResult:
     """Serve the repository on the spec's GPUs (device requests, shm, ulimits; MPI launch for TP×PP > 1)."""
 
     from stoker import docker_engine
+    from stoker.gpu import openai_frontend
     from stoker.serving import probe
 
     logger = get_run_logger()
@@ -109,9 +110,9 @@ def deploy_gpu(spec: Spec, packaged: StepResult, ctx: RunContext) -> StepResult:
     except Exception:
         container.remove(force=True)
         raise
+    endpoint = {"http": http, "grpc": f"127.0.0.1:{spec.deploy.ports.grpc}"}
+    if openai_frontend.renders(spec):  # Triton's own OpenAI frontend serves on the metrics role's port
+        endpoint["openai"] = f"http://127.0.0.1:{spec.deploy.ports.metrics}/v1"
     return StepResult(name="deploy", duration_s=time.perf_counter() - t0, key=packaged.digest[:24],
-                      digest=packaged.digest, detail={"container": name, "http": http,
-                                                      "grpc": f"127.0.0.1:{spec.deploy.ports.grpc}",
-                                                      "endpoint": {"http": http,
-                                                                   "grpc": f"127.0.0.1:{spec.deploy.ports.grpc}"},
-                                                      "image": trtllm.serving_image(spec)})
+                      digest=packaged.digest, detail={"container": name, "http": http, "grpc": endpoint["grpc"],
+                                                      "endpoint": endpoint, "image": trtllm.serving_image(spec)})

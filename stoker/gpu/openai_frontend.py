@@ -34,13 +34,9 @@ there as is follows from build.py only.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 from . import matrix
-
-if TYPE_CHECKING:
-    from ..serving.haproxy import ProxyLayout
-    from ..serving.ports import Ports
 
 # Spec validation reaches this module through rules.py: no protobuf/tritonclient import here, so the
 # two names below repeat stoker.triton_config's (a unit test keeps them equal).
@@ -116,12 +112,3 @@ def container_ports(kserve_http: int, kserve_grpc: int) -> dict[str, int]:
     """Role → container port. The frontend's port takes the metrics role: Triton's metrics port is not
     served by this process, and the same Prometheus text is at /metrics of the frontend's port."""
     return {"http": kserve_http, "grpc": kserve_grpc, "metrics": PORT}
-
-
-def proxy_layout(listen: Ports, backend: Ports) -> ProxyLayout:
-    """The deployment proxy's routes when the frontend serves: /v1/ of the stable HTTP port and the
-    metrics port go to the frontend's port (published as the backend's metrics port), everything else
-    on HTTP and gRPC to KServe. One slot: a GPU target serves from one container, no staged candidate."""
-    from ..serving.haproxy import ProxyLayout
-
-    return ProxyLayout(listen=listen, slots={"blue": backend}, live="blue", openai=f"127.0.0.1:{backend.metrics}")

@@ -14,8 +14,6 @@ from stoker import triton_config
 from stoker.gpu import inflight, matrix, openai_frontend, repository, rules, trtllm
 from stoker.gpu.facts import known
 from stoker.gpu.rules import PlanRefused
-from stoker.serving import haproxy
-from stoker.serving.ports import Ports
 from stoker.spec import load_spec, parse_spec
 
 SPECS = Path(__file__).resolve().parents[2] / "deployments" / "specs"
@@ -128,18 +126,6 @@ def test_an_image_without_it_is_refused_at_plan_time_in_one_line(monkeypatch):
 def test_a_refused_image_is_refused_once():
     spec = gpu_spec(gpus={"count": 1}, deploy={"image": "nvcr.io/nvidia/tritonserver:24.09-trtllm-python-py3"})
     assert [f.field for f in rules.check(spec, LLAMA, True) if f.level == "refuse"] == ["deploy.image"]
-
-
-def test_proxy_routes_v1_and_metrics_to_the_frontend():
-    listen, backend = Ports(8000, 8001, 8002), Ports(20100, 20101, 20102)
-    cfg = haproxy.render(openai_frontend.proxy_layout(listen, backend))
-    http = cfg.split("frontend http\n", 1)[1].split("\n\n", 1)[0]
-    assert http.splitlines() == ["    bind :8000", "    acl openai path_beg /v1/", "    use_backend openai if openai",
-                                 "    default_backend http"]
-    assert "backend http\n    server blue 127.0.0.1:20100\n" in cfg
-    assert "backend grpc\n    server blue 127.0.0.1:20101 proto h2\n" in cfg
-    assert "backend metrics\n    server blue 127.0.0.1:20102\n" in cfg
-    assert "    server openai 127.0.0.1:20102" in cfg.split("backend openai\n", 1)[1]
 
 
 def test_ensemble_takes_what_the_frontend_sends():
