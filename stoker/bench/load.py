@@ -166,6 +166,7 @@ async def drive_level(
             requested_output_tokens=max_tokens,
             scheduled_s=scheduled,
             worker=worker,
+            reported_output_tokens=ex.reported_tokens,
         )
         if scheduled is not None and cap is None:
             send_lags.append(ex.start_s - scheduled)

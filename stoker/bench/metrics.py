@@ -38,6 +38,7 @@ class RequestRecord:
     requested_output_tokens: int | None = None  # max_tokens sent; OSL below it is a short output
     scheduled_s: float | None = None  # request-rate mode: when the arrival process wanted it sent
     worker: int = 0  # load-generator process that sent it
+    reported_output_tokens: int | None = None  # the server's usage.completion_tokens (OpenAI route): a check only
 
     @property
     def inter_chunk_s(self) -> tuple[float, ...]:

@@ -1,8 +1,8 @@
 """What a benchmark needs from a protocol: preflight, then one timed streaming request at a time.
 
-Two transports implement it: gRPC `stream_infer` (grpc_transport) and HTTP `generate_stream` SSE
-(http_transport). Both time every response on time.perf_counter, which is CLOCK_MONOTONIC on Linux and
-so comparable across the load generator's processes. A `TransportSpec` is the picklable recipe a
+Three transports implement it: gRPC `stream_infer` (grpc_transport), HTTP `generate_stream` SSE
+(http_transport) and OpenAI's streamed `/v1/completions` (openai_transport). All time every response on
+time.perf_counter, which is CLOCK_MONOTONIC on Linux and so comparable across the load generator's processes. A `TransportSpec` is the picklable recipe a
 worker process rebuilds its transport from, after the main process has run the preflight.
 """
 
@@ -20,7 +20,7 @@ MIN_TOKENS = "min_tokens"
 STREAM = "stream"
 TEXT_OUTPUT = "text_output"
 PREFLIGHT_TIMEOUT_S = 10.0
-Protocol_ = Literal["grpc", "http"]
+Protocol_ = Literal["grpc", "http", "openai"]
 
 
 @dataclass
@@ -34,6 +34,7 @@ class Exchange:
     chunks: int = 0  # non-empty responses
     error: str | None = None
     failed_s: float | None = None
+    reported_tokens: int | None = None  # the server's own output count (OpenAI usage), where it gives one
 
     @property
     def end_s(self) -> float | None:
@@ -93,7 +94,11 @@ def open_transport(spec: TransportSpec) -> Transport:
         from .http_transport import HttpTransport
 
         return HttpTransport(spec)
-    raise InvalidBenchmarkConfig(f"unknown protocol {spec.protocol!r}: use grpc or http")
+    if spec.protocol == "openai":
+        from .openai_transport import OpenAiTransport
+
+        return OpenAiTransport(spec)
+    raise InvalidBenchmarkConfig(f"unknown protocol {spec.protocol!r}: use grpc, http or openai")
 
 
 def one_line(text: object) -> str:

@@ -1,4 +1,5 @@
-"""`stoker bench`: the streaming benchmark against any Triton LLM endpoint (gRPC or HTTP SSE).
+"""`stoker bench`: the streaming benchmark against any Triton LLM endpoint (gRPC or HTTP SSE), or any
+OpenAI-compatible server's streamed /v1/completions (--protocol openai, or a --url ending in /v1).
 
 Tokens are counted with a tokenizer: --tokenizer, else the one of the stoker deployment serving --url
 (its run's manifest, else its repository in S3). Without one it refuses, unless --count-chunks: then
@@ -61,13 +62,20 @@ def _counting(args: argparse.Namespace):
     return choose(_tokenizer(args.tokenizer), args.count_chunks, deployed)
 
 
+def _protocol_of(url: str) -> str:
+    """OpenAI for a URL ending in /v1 (OpenAI clients' base URL), HTTP for another http(s) URL, else gRPC."""
+    if url.rstrip("/").endswith("/v1"):
+        return "openai"
+    return "http" if url.startswith(("http://", "https://")) else "grpc"
+
+
 def _bench(args: argparse.Namespace) -> int:
     from ..bench.client import BenchConfig, validate
     from ..bench.counting import CHUNKS_WARNING
     from ..bench.session import Workload, execute, levels_from
     from ..bench.workload import Prompt, load_prompt_file
 
-    protocol = args.protocol or ("http" if args.url.startswith(("http://", "https://")) else "grpc")
+    protocol = args.protocol or _protocol_of(args.url)
     if args.request_rate and args.concurrency:
         raise InvalidBenchmarkConfig("give --concurrency or --request-rate, not both (cap rates with --max-concurrency)")
     levels = levels_from(args.concurrency or ([] if args.request_rate else [1]), args.request_rate, args.max_concurrency)
@@ -103,10 +111,13 @@ def _bench(args: argparse.Namespace) -> int:
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench", help="benchmark a Triton LLM endpoint (TTFT, ITL, throughput; GenAI-Perf definitions)",
                        description=__doc__)
-    p.add_argument("--url", required=True, help="gRPC host:port, or http://host:port for HTTP generate_stream")
-    p.add_argument("--protocol", choices=("grpc", "http"), help="default: from the URL")
-    p.add_argument("--model", default="ensemble")
-    p.add_argument("--no-stream", action="store_true", help="HTTP only: /generate, one response per request")
+    p.add_argument("--url", required=True, help="gRPC host:port, http://host:port for HTTP generate_stream, or "
+                   "http://host:port/v1 for an OpenAI-compatible server")
+    p.add_argument("--protocol", choices=("grpc", "http", "openai"),
+                   help="default: from the URL (…/v1: openai; http(s)://: http; else grpc)")
+    p.add_argument("--model", default="ensemble", help="the Triton model, or the OpenAI model id (default ensemble)")
+    p.add_argument("--no-stream", action="store_true",
+                   help="HTTP: /generate; openai: stream false (one response per request)")
     load = p.add_argument_group("load")
     load.add_argument("--concurrency", type=_numbers(int), help="levels, e.g. 1,4,16 (default 1)")
     load.add_argument("--request-rate", type=_numbers(float), help="requests/s levels, e.g. 2,5,10")
@@ -122,14 +133,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     wl.add_argument("--input-tokens-stddev", type=float, default=0.0)
     wl.add_argument("--output-tokens", type=int, default=32, help="max_tokens per request")
     wl.add_argument("--output-tokens-stddev", type=float, default=0.0)
-    wl.add_argument("--ignore-eos", action="store_true", help="send min_tokens = max_tokens (exact OSL)")
+    wl.add_argument("--ignore-eos", action="store_true", help="send min_tokens = max_tokens (exact OSL; "
+                    "on openai the min_tokens field, as vLLM and stoker's OpenAI service take it)")
     wl.add_argument("--tokenizer", type=Path, help="tokenizer.json (or its folder); default: the one of the stoker "
                     "deployment serving --url (its manifest, else its repository in S3)")
     wl.add_argument("--count-chunks", action="store_true",
                     help="no tokenizer: count stream chunks (labelled CHUNKS everywhere) and input words")
     wl.add_argument("--prompt-file", type=Path, help='JSONL prompts: {"text": ..., "output_tokens": N}')
     wl.add_argument("--seed", type=int, default=0)
-    wl.add_argument("--extra-input", type=_extra, action="append", help="NAME=VALUE model input, e.g. end_id=2")
+    wl.add_argument("--extra-input", type=_extra, action="append",
+                    help="NAME=VALUE model input, e.g. end_id=2 (openai: a request field, e.g. temperature=0)")
     p.add_argument("--out", type=Path, help="output folder (default ./bench-<time>)")
     p.add_argument("--quiet", action="store_true", help="no progress output")
     p.set_defaults(fn=_bench)

@@ -12,6 +12,8 @@ stoker_runtime.json), exactly as through the ensemble.
     temperature, top_p        temperature FP32, runtime_top_p FP32 [1, 1]; temperature 0 or top_p 0: greedy
     seed                      seed UINT64 [1, 1] (a fresh random seed when the request has none)
     stop                      matched in the detokenized text here; the stream is cancelled at a match
+    min_tokens, ignore_eos    min_tokens INT32 [1, 1] (vLLM's extra fields; ignore_eos: min_tokens = max_tokens):
+                              the end id cannot end the output sooner; stop ids and stop sequences still do
     n                         1 only
     usage                     len(input_ids), number of output_ids received
 
@@ -123,6 +125,9 @@ class _Request(_Loose):
     n: StrictInt | None = None
     stream: StrictBool | None = False
     stream_options: StreamOptions | None = None
+    # vLLM's extensions, honoured because benchmarks (AIPerf, stoker bench) send them for an exact output length.
+    min_tokens: StrictInt | None = None
+    ignore_eos: StrictBool | None = None
 
 
 class ChatRequest(_Request):
@@ -262,6 +267,7 @@ class Generation:
     top_p: float
     seed: int
     stop: tuple[str, ...]
+    min_tokens: int = 0  # the end id is held back this long (0: may end at once)
 
 
 def plan(req: _Request, input_ids: Sequence[int], context_len: int | None, *, seed: int,
@@ -299,7 +305,19 @@ def plan(req: _Request, input_ids: Sequence[int], context_len: int | None, *, se
     top_p = 1.0 if req.top_p is None else float(req.top_p)
     return Generation(input_ids=tuple(int(t) for t in input_ids), max_tokens=int(asked),
                       greedy=temperature == 0.0 or top_p == 0.0, temperature=temperature, top_p=top_p,
-                      seed=(seed if req.seed is None else req.seed) & UINT64_MASK, stop=stop_sequences(req))
+                      seed=(seed if req.seed is None else req.seed) & UINT64_MASK, stop=stop_sequences(req),
+                      min_tokens=_min_tokens(req, int(asked)))
+
+
+def _min_tokens(req: _Request, max_tokens: int) -> int:
+    """How long the end id is held back: ``min_tokens``, or all of ``max_tokens`` with ``ignore_eos`` (vLLM's rules)."""
+    if req.min_tokens is not None and req.min_tokens < 0:
+        raise bad_request(f"Invalid value for 'min_tokens': {req.min_tokens} is less than the minimum of 0.",
+                          "min_tokens")
+    if req.min_tokens is not None and req.min_tokens > max_tokens:
+        raise bad_request(f"min_tokens ({req.min_tokens}) must be less than or equal to max_tokens ({max_tokens}).",
+                          "min_tokens")
+    return max_tokens if req.ignore_eos else (req.min_tokens or 0)
 
 
 def _tensor(request: service_pb2.ModelInferRequest, name: str, datatype: str, shape: list[int], raw: bytes) -> None:
@@ -321,6 +339,8 @@ def triton_request(gen: Generation, request_id: str, model: str = MODEL_NAME) ->
         _tensor(r, "temperature", "FP32", [1, 1], np.float32(gen.temperature).astype("<f4").tobytes())
         _tensor(r, "runtime_top_p", "FP32", [1, 1], np.float32(gen.top_p).astype("<f4").tobytes())
     _tensor(r, "seed", "UINT64", [1, 1], np.uint64(gen.seed).astype("<u8").tobytes())
+    if gen.min_tokens:
+        _tensor(r, "min_tokens", "INT32", [1, 1], np.int32(gen.min_tokens).astype("<i4").tobytes())
     r.outputs.add().name = "output_ids"
     # The stream ends with an empty response flagged final, so the end is seen even without tokens.
     r.parameters["triton_enable_empty_final_response"].bool_param = True

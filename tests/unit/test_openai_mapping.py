@@ -169,6 +169,30 @@ def test_triton_request_sampled_and_greedy():
     assert "temperature" not in greedy and "runtime_top_p" not in greedy  # no top-k/top-p: greedy
 
 
+def test_min_tokens_and_ignore_eos():
+    """vLLM's extra fields: min_tokens holds the end id back; ignore_eos holds it back for all of max_tokens."""
+    def plan(**kw):
+        return m.plan(m.parse_completion({"model": "tiny", "prompt": "x", **kw}), [1, 2], 100, seed=0)
+
+    assert plan(max_tokens=8).min_tokens == 0
+    assert plan(max_tokens=8, min_tokens=5).min_tokens == 5
+    assert plan(max_tokens=8, ignore_eos=True).min_tokens == 8
+    assert plan(max_tokens=8, ignore_eos=True, min_tokens=3).min_tokens == 8
+    assert plan(ignore_eos=True).min_tokens == m.DEFAULT_COMPLETION_MAX_TOKENS  # the default length, filled first
+    assert m.plan(m.parse_chat(_chat(max_completion_tokens=6, ignore_eos=True)), [1], 100, seed=0).min_tokens == 6
+    for kw, code in (({"min_tokens": 9, "max_tokens": 8}, "invalid_value"), ({"min_tokens": -1}, "invalid_value")):
+        with pytest.raises(m.ApiError) as err:
+            plan(**kw)
+        assert (err.value.status, err.value.param, err.value.code) == (400, "min_tokens", code)
+    with pytest.raises(m.ApiError) as err:
+        m.parse_completion({"model": "tiny", "prompt": "x", "ignore_eos": "yes"})
+    assert err.value.param == "ignore_eos"
+    # On the wire: the model's own min_tokens input, only when asked (absent means 0 to tensorrt_llm).
+    asked = _inputs(m.triton_request(plan(max_tokens=8, ignore_eos=True), "r"))
+    assert asked["min_tokens"] == ("INT32", [1, 1], [8])
+    assert "min_tokens" not in _inputs(m.triton_request(plan(max_tokens=8), "r"))
+
+
 def _response(ids=None, final=False, error="", length=None) -> service_pb2.ModelStreamInferResponse:
     resp = service_pb2.ModelStreamInferResponse(error_message=error)
     r = resp.infer_response

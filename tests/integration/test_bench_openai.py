@@ -1,0 +1,112 @@
+"""`stoker bench --protocol openai` against stoker's real OpenAI service (`python -m stoker.openai_api`, as a
+deployment runs it) in front of the real tritonserver serving the tiny Llama (the reference build), as in
+test_openai_served.py.
+
+Exact output lengths need the service's `min_tokens` (random weights may sample the end id early): with
+--ignore-eos every request must generate exactly max_tokens ids (the service's usage), and the bench's own count
+(the tokenizer over the streamed text) must equal the tokenizer's count of the same greedy answer asked for in
+one piece.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+pytestmark = [pytest.mark.triton, pytest.mark.slow]
+
+pytest.importorskip("pytriton")
+pytest.importorskip("transformers")
+from tokenizers import Tokenizer
+
+from grpc_stream import serve_checkpoint
+
+from stoker.bench.workload import make_prompts
+from stoker.stack.services import free_port
+from stoker.workers.tinymodel import make_tiny_model
+
+ROOT = Path(__file__).resolve().parents[2]
+MODEL = "tiny"
+REQUESTS, CONCURRENCY, OSL = 8, 2, 12
+
+
+@pytest.fixture(scope="module")
+def openai_url(tmp_path_factory):
+    root = tmp_path_factory.mktemp("bench-openai")
+    make_tiny_model(root / "checkpoint", seed=0)
+    with serve_checkpoint(root / "checkpoint", root) as (server, artifact):
+        port = free_port()
+        service = subprocess.Popen(
+            [sys.executable, "-m", "stoker.openai_api", "--model", MODEL, "--grpc", server.grpc_url,
+             "--assets", str(artifact), "--port", str(port), "--log-level", "warning"],
+            cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+        try:
+            base = f"http://127.0.0.1:{port}/v1"
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    httpx.get(f"{base}/models", timeout=2).raise_for_status()
+                    break
+                except httpx.HTTPError:
+                    assert service.poll() is None and time.monotonic() < deadline, "the OpenAI service did not start"
+                    time.sleep(0.2)
+            yield base, artifact / "tokenizer.json"
+        finally:
+            service.terminate()
+            service.wait(timeout=30)
+
+
+def _bench(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "stoker.cli", "bench", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+
+def test_bench_over_openai_counts_every_request_and_token(openai_url, tmp_path):
+    base, tokenizer = openai_url
+    prompts = make_prompts(4, 16, seed=0, tokenizer_json=tokenizer, output_tokens=OSL)
+    prompt_file = tmp_path / "prompts.jsonl"
+    prompt_file.write_text("".join(json.dumps({"text": p.text, "output_tokens": OSL}) + "\n" for p in prompts))
+    out = tmp_path / "bench"
+    # The protocol comes from the URL (…/v1); greedy, so each prompt's answer is known below.
+    run = _bench("--url", base, "--model", MODEL, "--prompt-file", str(prompt_file), "--tokenizer", str(tokenizer),
+                 "--ignore-eos", "--output-tokens", str(OSL), "--extra-input", "temperature=0",
+                 "--concurrency", str(CONCURRENCY), "--requests", str(REQUESTS), "--warmup", "2", "--out", str(out),
+                 "--quiet")
+    assert run.returncode == 0, run.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    level = summary["levels"][0]
+    assert summary["workload"]["protocol"] == "openai"
+    assert (level["requests"], level["completed"], level["errors"]) == (REQUESTS, REQUESTS, 0)
+    records = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()]
+    assert len(records) == REQUESTS and all(r["ok"] for r in records)
+    # The model generated exactly what was asked (min_tokens through the service) ...
+    assert [r["reported_output_tokens"] for r in records] == [OSL] * REQUESTS
+    # ... and the bench counted the streamed text as the tokenizer counts the same answer asked for in one piece.
+    tok = Tokenizer.from_file(str(tokenizer))
+    expected = []
+    for prompt in prompts:
+        whole = httpx.post(f"{base}/completions", timeout=60, json={
+            "model": MODEL, "prompt": prompt.text, "max_tokens": OSL, "min_tokens": OSL, "temperature": 0}).json()
+        assert whole["usage"]["completion_tokens"] == OSL
+        expected.append(len(tok.encode(whole["choices"][0]["text"], add_special_tokens=False).ids))
+    assert [r["output_tokens"] for r in records] == [expected[r["request_id"] % len(prompts)] for r in records]
+    assert all(r["first_response_s"] is not None and r["end_s"] >= r["first_response_s"] for r in records)
+
+
+def test_preflight_errors_are_one_line(openai_url, tmp_path):
+    base, tokenizer = openai_url
+    missing = _bench("--protocol", "openai", "--url", base, "--model", "gpt-4o", "--tokenizer", str(tokenizer),
+                     "--requests", "1", "--out", str(tmp_path / "a"), "--quiet")
+    assert missing.returncode == 1
+    assert missing.stderr.strip() == (f"stoker: error: model 'gpt-4o' is not served at {base} "
+                                      f"(models: {MODEL}; give --model)")
+    gone = _bench("--protocol", "openai", "--url", f"http://127.0.0.1:{free_port()}/v1", "--model", MODEL,
+                  "--tokenizer", str(tokenizer), "--requests", "1", "--out", str(tmp_path / "b"), "--quiet")
+    assert gone.returncode == 1 and "is unreachable" in gone.stderr and len(gone.stderr.strip().splitlines()) == 1
