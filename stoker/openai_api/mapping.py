@@ -23,6 +23,7 @@ Errors are ``ApiError``s carrying OpenAI's error body and the HTTP status.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any
@@ -162,15 +163,33 @@ def _from_validation(err: ValidationError) -> ApiError:
                        "invalid_type" if first["type"].endswith("_type") else "invalid_value")
 
 
+# A \uD800-\uDFFF escape: JSON's syntax allows one alone, but it is no Unicode text (see parse_json).
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+def _is_unicode(obj: Any) -> bool:
+    try:
+        json.dumps(obj, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def parse_json(raw: bytes) -> dict:
     """The request body as a JSON object."""
     try:
         obj = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
+    # RecursionError: nesting deeper than the parser's stack ("[" * 100_000) is malformed input, not a server fault.
+    except (ValueError, UnicodeDecodeError, RecursionError):
         raise bad_request("We could not parse the JSON body of your request. The body must be valid JSON "
                           "(Content-Type: application/json).", None, "invalid_json") from None
     if not isinstance(obj, dict):
         raise bad_request("The request body must be a JSON object.", None, "invalid_json")
+    # A lone surrogate would fail the tokenizer, or the encoding of an error body that quotes it (a 500).
+    # Checked only when the raw body holds such an escape, so an ordinary body costs one regex scan.
+    if _SURROGATE_ESCAPE.search(raw) and not _is_unicode(obj):
+        raise bad_request("The request body holds a string that is not valid Unicode (an unpaired surrogate "
+                          "escape, \\uD800-\\uDFFF).", None, "invalid_json")
     return obj
 
 
