@@ -19,10 +19,13 @@ import uuid
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_table_artifact
 from prefect.cache_policies import NO_CACHE
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from stoker.errors import SpecError
 from stoker.spec import Spec
 from tasks import retry_transient
+
+BUILD, MATRIX = "build_and_deploy/stoker-cpu", "build_matrix/matrix"
 
 
 class Watch(BaseModel):
@@ -30,7 +33,34 @@ class Watch(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     spec: Spec
-    deployment: str = Field("build_and_deploy/stoker-cpu", description="FLOW/DEPLOYMENT to run per new sha")
+    deployment: str = Field(BUILD, description="FLOW/DEPLOYMENT to run per new sha")
+    formats: list[str] = Field(default_factory=list, description="quantization formats: each new sha starts a "
+                               f"matrix ({MATRIX}, its default deployment then) instead of one build")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _matrix_deployment(cls, data: object) -> object:
+        # A watch with formats but no deployment means the matrix: the build deployment takes no `formats`.
+        if isinstance(data, dict) and data.get("formats") and not data.get("deployment"):
+            return {**data, "deployment": MATRIX}
+        return data
+
+    @model_validator(mode="after")
+    def _matrix_entries(self) -> Watch:
+        if self.formats:  # a bad entry is refused when the watch is read, not at the next new sha
+            from stoker.matrix import plan_entries
+
+            if self.deployment.startswith("build_and_deploy/"):
+                raise ValueError(f"formats start a matrix: {self.deployment} builds one format (use {MATRIX})")
+            try:
+                plan_entries(self.spec, self.formats)
+            except SpecError as exc:
+                raise ValueError(str(exc)) from None
+        return self
+
+    def parameters(self, spec: Spec) -> dict:
+        """The started run's parameters: the pinned spec, and the formats when this watch starts a matrix."""
+        return {"spec": spec.model_dump(mode="json"), **({"formats": self.formats} if self.formats else {})}
 
 
 def dedup_key(watch: Watch, sha: str) -> str:
@@ -56,7 +86,7 @@ def start_build(watch: Watch, sha: str) -> dict:
     # Pin the exact commit seen: a push between now and the fetch must not change what is built.
     spec = watch.spec.model_copy(update={"model": watch.spec.model.model_copy(update={"revision": sha})})
     name = f"{watch.spec.deploy.name}-{sha[:10]}-{uuid.uuid4().hex[:6]}"
-    run = run_deployment(watch.deployment, parameters={"spec": spec.model_dump(mode="json")}, timeout=0,
+    run = run_deployment(watch.deployment, parameters=watch.parameters(spec), timeout=0,
                          idempotency_key=dedup_key(watch, sha), flow_run_name=name, as_subflow=False,
                          tags=["stoker", "watcher"])
     return {"flow_run_id": str(run.id), "flow_run_name": run.name, "created": run.name == name}

@@ -37,7 +37,7 @@ def deployed(prefect_api):
     r = subprocess.run([sys.executable, "-m", "stoker.cli", "deploy-flows"], cwd=ROOT, env=prefect_env(api),
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
-    assert r.stdout.strip().splitlines()[-1] == "applied 2 deployment(s) of prefect.yaml: stoker-cpu, watch"
+    assert r.stdout.strip().splitlines()[-1] == "applied 3 deployment(s) of prefect.yaml: stoker-cpu, matrix, watch"
     return api
 
 
@@ -54,6 +54,10 @@ def test_deploy_flows_writes_every_deployment_of_prefect_yaml(deployed):
     assert schema["properties"]["spec"]["$ref"] == "#/definitions/Spec"
     assert schema["definitions"]["Storage"]["required"] == ["bucket"]
     assert schema["definitions"]["Quantization"]["properties"]["format"]["enum"][:2] == ["none", "fp8"]
+
+    matrix = api_get(api, "/deployments/name/build_matrix/matrix")
+    assert matrix["work_pool_name"] == "stoker-cpu" and matrix["enforce_parameter_schema"] is True
+    assert matrix["parameter_openapi_schema"]["required"] == ["spec", "formats"]
 
     watch = api_get(api, "/deployments/name/watch_revisions/watch")
     assert [s["schedule"]["interval"] for s in watch["schedules"]] == [300]

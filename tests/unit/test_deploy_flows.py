@@ -12,8 +12,8 @@ from stoker.commands.deploy_flows import DeployFlowsError, deployment_names, las
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_repo_files_declare_both_deployments_the_pool_the_gpu_limit_and_the_automation():
-    assert deployment_names(ROOT / "prefect.yaml") == ["stoker-cpu", "watch"]
+def test_repo_files_declare_every_deployment_the_pool_the_gpu_limit_and_the_automation():
+    assert deployment_names(ROOT / "prefect.yaml") == ["stoker-cpu", "matrix", "watch"]
     platform = load_platform(ROOT / "deployments/platform.yaml")
     assert [(p.name, p.type) for p in platform.work_pools] == [("stoker-cpu", "process")]
     assert [(lim.name, lim.limit) for lim in platform.concurrency_limits] == [("gpu-0", 1)]
