@@ -84,3 +84,17 @@ def write_atomic(path: Path, text: str) -> Path:
 
 def write_local(ctx: RunContext, manifest: dict) -> Path:
     return write_atomic(ctx.run_dir / "manifest.json", json.dumps(manifest, indent=1, sort_keys=True))
+
+
+def read_manifests(home: Path) -> list[dict]:
+    """Every readable run manifest under ``home/runs``, oldest first (run ids sort by time); a manifest being
+    written or damaged is skipped, not an error."""
+    out = []
+    for path in sorted((Path(home) / "runs").glob("*/manifest.json")):
+        try:
+            m = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(m, dict):
+            out.append(m)
+    return out

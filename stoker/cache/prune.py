@@ -10,10 +10,11 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
+
+from ..manifest import read_manifests
 
 
 @dataclass(frozen=True)
@@ -78,18 +79,6 @@ def parse_age(text: str) -> float:
     return value
 
 
-def _manifests(home: Path) -> list[dict]:
-    out = []
-    for path in sorted((home / "runs").glob("*/manifest.json")):
-        try:
-            m = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue
-        if isinstance(m, dict):
-            out.append(m)
-    return out
-
-
 def _step_keys(manifest: dict) -> set[tuple[str, str]]:
     return {(name, s["key"]) for name, s in (manifest.get("steps") or {}).items()
             if isinstance(s, dict) and s.get("key") and name != "upload"}
@@ -105,7 +94,7 @@ def served(home: Path, docker_live: Callable[[str], str | None] | None = None,
     from ..commands.rollback import deployed_runs
 
     found = Served()
-    manifests = _manifests(home)
+    manifests = read_manifests(home)
     names = {}
     for m in manifests:
         name = ((m.get("spec") or {}).get("deploy") or {}).get("name")

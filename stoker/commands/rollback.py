@@ -9,7 +9,6 @@ Reads run manifests from $STOKER_HOME/runs; the repository is still in S3 (diges
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 from ..errors import StokerError
@@ -21,12 +20,10 @@ class RollbackError(StokerError):
 
 def deployed_runs(home: Path, name: str) -> list[dict]:
     """Manifests of runs that put ``name`` live, oldest first (run ids sort by time)."""
+    from ..manifest import read_manifests
+
     out = []
-    for path in sorted((home / "runs").glob("*/manifest.json")):
-        try:
-            m = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue
+    for m in read_manifests(home):
         steps = m.get("steps", {})
         dep, up, sw = steps.get("deploy", {}), steps.get("upload", {}), steps.get("switch")
         if (m.get("spec", {}).get("deploy", {}).get("name") == name and dep.get("status") == "completed"
