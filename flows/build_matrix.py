@@ -25,7 +25,7 @@ from stoker import matrix
 from stoker.errors import one_line
 from stoker.run import stoker_home
 from stoker.spec import Spec
-from tasks.matrix import free_ports, publish_comparison, remove_entry, run_on_deployment
+from tasks.matrix import failed_run_manifest, free_ports, publish_comparison, remove_entry, run_on_deployment
 
 
 @flow(name="build_matrix", log_prints=True)
@@ -88,13 +88,16 @@ def _run_entries(spec: Spec, entries: list[matrix.Entry], max_parallel: int, dep
                  home: str | None) -> list[tuple[dict | None, str | None]]:
     """(manifest, one-line cause) per entry, in order; a failed entry never stops the others."""
     def one(entry: matrix.Entry) -> tuple[dict | None, str | None]:
+        started = time.time() - 1  # file times may be coarser than the clock
         try:
             entry_spec = matrix.entry_spec(spec, entry, free_ports())
             if deployment:
                 return run_on_deployment(deployment, entry_spec)
             return build_and_deploy.with_options(flow_run_name=f"matrix-{entry.deploy_name}")(entry_spec, home), None
         except Exception as exc:  # noqa: BLE001 - recorded as the entry's cause
-            return None, one_line(exc)
+            left = None if deployment else failed_run_manifest(Path(home) if home else stoker_home(),
+                                                               entry.deploy_name, started)
+            return left, one_line(exc)
 
     if max_parallel == 1:
         return [one(e) for e in entries]

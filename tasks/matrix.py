@@ -31,6 +31,21 @@ def free_ports() -> Ports:
     return Ports(http=http, grpc=grpc, metrics=metrics)
 
 
+def failed_run_manifest(home: Path, deploy_name: str, since: float) -> dict | None:
+    """The manifest a failed in-process entry left (its numbers up to the failure: a failed evaluation's
+    perplexity, say): the newest under `home` for that deployment, written since the entry started."""
+    found = []
+    for path in (home / "runs").glob("*/manifest.json"):
+        try:
+            if path.stat().st_mtime >= since:
+                m = json.loads(path.read_text())
+                if m["spec"]["deploy"]["name"] == deploy_name:
+                    found.append((path.stat().st_mtime, m))
+        except (OSError, ValueError, KeyError):  # a run folder being written or removed: not ours
+            continue
+    return max(found, key=lambda f: f[0])[1] if found else None
+
+
 @task(name="matrix-entry-on-worker", cache_policy=NO_CACHE, persist_result=False)
 def run_on_deployment(deployment: str, spec: Spec) -> tuple[dict | None, str | None]:
     """One entry as a run of a registered build_and_deploy deployment (the fleet's workers build it); waits for it.

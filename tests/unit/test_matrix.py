@@ -124,3 +124,27 @@ def test_a_watch_with_formats_starts_the_matrix_deployment_with_them():
         Watch.model_validate({"spec": spec, "formats": ["fp8", "fp8"]})
     with pytest.raises(ValidationError, match="formats start a matrix: build_and_deploy/stoker-cpu builds one"):
         Watch.model_validate({"spec": spec, "formats": ["fp8"], "deployment": "build_and_deploy/stoker-cpu"})
+
+
+def test_a_failed_entry_keeps_the_numbers_its_run_left(tmp_path):
+    import json
+    import os
+    import time
+
+    from tasks.matrix import failed_run_manifest
+
+    def write(run_id, name, mtime):
+        path = tmp_path / "runs" / run_id / "manifest.json"
+        path.parent.mkdir(parents=True)
+        path.write_text(json.dumps({"run_id": run_id, "spec": {"deploy": {"name": name}}}))
+        os.utime(path, (mtime, mtime))
+
+    now = time.time()
+    write("old", "tiny-fp8", now - 100)  # an earlier matrix's
+    write("other", "tiny-none", now)  # another entry's
+    write("ours", "tiny-fp8", now)
+    (tmp_path / "runs" / "half").mkdir()
+    (tmp_path / "runs" / "half" / "manifest.json").write_text("{")  # being written
+    assert failed_run_manifest(tmp_path, "tiny-fp8", now - 10)["run_id"] == "ours"
+    assert failed_run_manifest(tmp_path, "tiny-int8-sq", now - 10) is None
+    assert failed_run_manifest(tmp_path / "nothing", "tiny-fp8", now - 10) is None
