@@ -2,10 +2,11 @@
 
 One tiny Llama (stoker.workers.tinymodel, the real reference build) served by the local tritonserver; the
 OpenAI service (`python -m stoker.openai_api`, its own process, as in its container) in front of Triton's gRPC
-port. The same greedy request (prompt, 32 output tokens) alternates between the two routes, one at a time,
-through the same HTTP client: Triton's ``/v2/models/ensemble/generate_stream`` (preprocessing → tensorrt_llm →
-postprocessing) and the service's streamed ``/v1/completions`` (token ids to tensorrt_llm, detokenized in the
-service). Both produce the same tokens. No proxy in either path (HAProxy's own cost: benchmarks/results/operate.json).
+port. The same greedy request (prompt, 32 output tokens) alternates between the two routes (which one goes
+first flips every round), one at a time, through the same HTTP client: Triton's
+``/v2/models/ensemble/generate_stream`` (preprocessing → tensorrt_llm → postprocessing) and the service's
+streamed ``/v1/completions`` (token ids to tensorrt_llm, detokenized in the service). Both produce the same
+tokens. No proxy in either path (HAProxy's own cost: benchmarks/results/operate.json).
 
     python benchmarks/openai_overhead.py --out benchmarks/results/openai_overhead.json
 """
@@ -56,7 +57,7 @@ def _p(values: list[float], q: float) -> float:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--requests", type=int, default=40, help="per route")
+    p.add_argument("--requests", type=int, default=200, help="per route")
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "openai_overhead.json")
     args = p.parse_args()
 
@@ -99,8 +100,10 @@ def main() -> int:
                         routes[name] += (texts,)
                     ttft = {n: [] for n in routes}
                     gaps = {n: [] for n in routes}
-                    for _ in range(args.requests):
-                        for name, (url, body, text_of, _texts) in routes.items():
+                    for i in range(args.requests):
+                        # Which route goes first flips every round, so neither always follows the other.
+                        for name in list(routes)[:: 1 if i % 2 == 0 else -1]:
+                            url, body, text_of, _texts = routes[name]
                             first, between, _ = _events(client, url, body, text_of)
                             ttft[name].append(first)
                             gaps[name] += between
@@ -116,6 +119,7 @@ def main() -> int:
         "machine": f"{platform.machine()}, {os.cpu_count()} cores", "date": time.strftime("%Y-%m-%d"),
         "routes": {n: {"ttft_ms_p50": round(_p(ttft[n], 0.5), 3), "ttft_ms_p99": round(_p(ttft[n], 0.99), 3),
                        "itl_ms_p50": round(_p(gaps[n], 0.5), 3),
+                       "ttft_count": len(ttft[n]), "itl_count": len(gaps[n]),
                        "itl_ms_mean": round(statistics.mean(gaps[n]) * 1000, 3),
                        "chunks": len(gaps[n]) + len(ttft[n])} for n in ttft},
     }

@@ -5,6 +5,8 @@
     served_model  the live build's tokenizer, chat template and context length, loaded from its files
                   and followed across blue/green switches (live.json, written by stoker)
     app           the ASGI service (FastAPI): one persistent gRPC channel to Triton, one stream per request
+    sse           the streamed answer's response: its first chunk ready before the headers go
+    http11        uvicorn's h11 protocol writing a streamed answer's headers with its first chunk
     layout        the state folder's names, shared with stoker.serving.openai_service
     __main__      `python -m stoker_openai …` inside the container (uvicorn)
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import uvicorn
 
 from .app import DEFAULT_MAX_BODY_BYTES, Settings, create_app
+from .http11 import H11HeadersWithFirstChunk
 from .served_model import LiveModel
 
 # Longer than the proxy keeps an idle connection to us, so the proxy never reuses one we are closing.
@@ -37,7 +38,9 @@ def main(argv: list[str] | None = None) -> int:
     app = create_app(Settings(args.model, args.grpc, args.max_body_bytes), live)
     where = {"uds": args.uds} if args.uds else {"host": args.host, "port": args.port}
     logging.getLogger("stoker_openai").info("serving %s at %s, Triton at %s", args.model, where, args.grpc)
-    uvicorn.run(app, **where, log_level=args.log_level, access_log=False, timeout_keep_alive=KEEP_ALIVE_S)
+    # uvicorn's own h11 protocol (the image has no httptools), writing a stream's headers with its first chunk.
+    uvicorn.run(app, **where, log_level=args.log_level, access_log=False, timeout_keep_alive=KEEP_ALIVE_S,
+                http=H11HeadersWithFirstChunk)
     return 0
 
 

@@ -4,7 +4,8 @@ One persistent gRPC channel to Triton (in a deployment: the proxy's stable gRPC 
 follow a switch like any client's); each OpenAI request is one `stream_infer` stream to
 `tensorrt_llm`, cancelled when the client goes away or a stop sequence matches. The first Triton
 response is awaited before the HTTP answer starts, so an unreachable backend is a 503 in OpenAI's
-error shape rather than a broken stream.
+error shape rather than a broken stream; that response's text then leaves in the same write as the
+headers (sse.py, http11.py).
 """
 
 from __future__ import annotations
@@ -12,17 +13,18 @@ from __future__ import annotations
 import secrets
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass
 
 import grpc
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from . import mapping as m
 from .served_model import LiveModel, ServedModel
+from .sse import EventStream
 
 DEFAULT_MAX_BODY_BYTES = 4 << 20
 MAX_MESSAGE_BYTES = 2**31 - 1
@@ -73,13 +75,13 @@ class Generating:
         self.finish: str | None = None
         self._request = m.triton_request(gen, request_id)
         self._call = None
-        self._first: m.Step | None = None
+        self._step: m.Step | None = None  # read, its tokens not yet turned into text
 
     async def open(self) -> None:
         """Start the stream and read its first response; Triton's or gRPC's refusal raises ApiError here."""
         self._call = self.triton.stream(self._request)
         try:
-            self._first = await self._next()
+            self._step = await self._next()
         except BaseException:
             self.close()
             raise
@@ -98,25 +100,38 @@ class Generating:
             raise m.backend_error(f"the model backend failed: {step.error.splitlines()[0]}")
         return step
 
+    def ready(self) -> list[str]:
+        """The text of the response already read, without waiting; ``finish`` is set if it was the last.
+
+        The first response is read before the HTTP answer starts, so its text can leave with the headers.
+        """
+        step, self._step = self._step, None
+        if step is None or self.finish is not None:
+            return []
+        out = []
+        for token in step.token_ids:
+            self.completion_tokens += 1
+            piece = self.text.push(token)
+            if piece:
+                out.append(piece)
+            if self.text.stopped:
+                break
+        if self.text.stopped or step.final:
+            rest = self.text.flush()
+            if rest:
+                out.append(rest)
+            self.finish = m.finish_reason(self.text.stopped, self.completion_tokens, self.gen.max_tokens)
+        return out
+
     async def pieces(self) -> AsyncIterator[str]:
         """Text as it is generated; ``finish`` and ``completion_tokens`` are set when it ends."""
         try:
-            step = self._first
             while True:
-                for token in step.token_ids:
-                    self.completion_tokens += 1
-                    piece = self.text.push(token)
-                    if piece:
-                        yield piece
-                    if self.text.stopped:
-                        break
-                if self.text.stopped or step.final:
-                    break
-                step = await self._next()
-            rest = self.text.flush()
-            if rest:
-                yield rest
-            self.finish = m.finish_reason(self.text.stopped, self.completion_tokens, self.gen.max_tokens)
+                for piece in self.ready():
+                    yield piece
+                if self.finish is not None:
+                    return
+                self._step = await self._next()
         finally:
             self.close()
 
@@ -146,6 +161,33 @@ async def _body(request: Request, limit: int) -> bytes:
                              "invalid_request_error", None, "request_too_large")
         chunks.append(chunk)
     return b"".join(chunks)
+
+
+def _usage_on(req: m.ChatRequest | m.CompletionRequest) -> bool:
+    return bool(req.stream and req.stream_options and req.stream_options.include_usage)
+
+
+def _event_stream(g: Generating, head: m.Head, obj: str, usage_on: bool, opening: list[dict],
+                  chunk: Callable[[str | None, str | None], dict]) -> EventStream:
+    """A streamed answer, chat's or completions': the ``opening`` chunks, ``chunk(piece, None)`` per piece of
+    text, ``chunk(None, finish)``, the usage chunk when asked for, ``[DONE]``; an error after the start is
+    an error event. The text of the backend's first response (already read) goes out with the headers."""
+    first = b"".join([*(m.sse(c) for c in opening), *(m.sse(chunk(p, None)) for p in g.ready())])
+
+    async def rest() -> AsyncGenerator[bytes, None]:
+        try:
+            async for piece in g.pieces():
+                yield m.sse(chunk(piece, None))
+            yield m.sse(chunk(None, g.finish))
+            if usage_on:
+                yield m.sse(m.usage_chunk(head, obj, m.usage(len(g.gen.input_ids), g.completion_tokens)))
+        except m.ApiError as err:
+            yield m.sse(err.body())
+        finally:
+            g.close()
+        yield m.DONE
+
+    return EventStream(first, rest())
 
 
 def create_app(settings: Settings, live: LiveModel) -> FastAPI:
@@ -203,38 +245,23 @@ def create_app(settings: Settings, live: LiveModel) -> FastAPI:
         await g.open()
         return g, head
 
-    @app.post("/v1/chat/completions")
-    async def chat(request: Request):
+    async def chat(request: Request) -> Response:
         req = m.parse_chat(m.parse_json(await _body(request, settings.max_body_bytes)))
         check_model(req.model)
         model = await live.get()
         ids = model.chat_ids(m.chat_messages(req))
         gen = m.plan(req, ids, model.context_len, seed=secrets.randbits(63))
         g, head = await run(gen, model, "chatcmpl")
-        usage_on = bool(req.stream and req.stream_options and req.stream_options.include_usage)
         if not req.stream:
             text = "".join([p async for p in g.pieces()])
-            return m.chat_response(head, text, g.finish, m.usage(len(gen.input_ids), g.completion_tokens))
+            return JSONResponse(m.chat_response(head, text, g.finish,
+                                                m.usage(len(gen.input_ids), g.completion_tokens)))
+        usage_on = _usage_on(req)
+        return _event_stream(g, head, "chat.completion.chunk", usage_on, [
+            m.chat_chunk(head, {"role": "assistant", "content": ""}, None, usage_on)],
+            lambda piece, finish: m.chat_chunk(head, {} if piece is None else {"content": piece}, finish, usage_on))
 
-        async def events() -> AsyncIterator[bytes]:
-            try:
-                yield m.sse(m.chat_chunk(head, {"role": "assistant", "content": ""}, None, usage_on))
-                async for piece in g.pieces():
-                    yield m.sse(m.chat_chunk(head, {"content": piece}, None, usage_on))
-                yield m.sse(m.chat_chunk(head, {}, g.finish, usage_on))
-                if usage_on:
-                    yield m.sse(m.usage_chunk(head, "chat.completion.chunk",
-                                              m.usage(len(gen.input_ids), g.completion_tokens)))
-            except m.ApiError as err:
-                yield m.sse(err.body())
-            finally:
-                g.close()
-            yield m.DONE
-
-        return StreamingResponse(events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-
-    @app.post("/v1/completions")
-    async def completions(request: Request):
+    async def completions(request: Request) -> Response:
         req = m.parse_completion(m.parse_json(await _body(request, settings.max_body_bytes)))
         check_model(req.model)
         model = await live.get()
@@ -243,25 +270,16 @@ def create_app(settings: Settings, live: LiveModel) -> FastAPI:
         gen = m.plan(req, ids, model.context_len, seed=secrets.randbits(63),
                      vocab_size=None if isinstance(prompt, str) else model.vocab_size)
         g, head = await run(gen, model, "cmpl")
-        usage_on = bool(req.stream and req.stream_options and req.stream_options.include_usage)
         if not req.stream:
             text = "".join([p async for p in g.pieces()])
-            return m.completion_response(head, text, g.finish, m.usage(len(gen.input_ids), g.completion_tokens))
+            return JSONResponse(m.completion_response(head, text, g.finish,
+                                                      m.usage(len(gen.input_ids), g.completion_tokens)))
+        usage_on = _usage_on(req)
+        return _event_stream(g, head, "text_completion", usage_on, [],
+                             lambda piece, finish: m.completion_chunk(head, piece or "", finish, usage_on))
 
-        async def events() -> AsyncIterator[bytes]:
-            try:
-                async for piece in g.pieces():
-                    yield m.sse(m.completion_chunk(head, piece, None, usage_on))
-                yield m.sse(m.completion_chunk(head, "", g.finish, usage_on))
-                if usage_on:
-                    yield m.sse(m.usage_chunk(head, "text_completion",
-                                              m.usage(len(gen.input_ids), g.completion_tokens)))
-            except m.ApiError as err:
-                yield m.sse(err.body())
-            finally:
-                g.close()
-            yield m.DONE
-
-        return StreamingResponse(events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-
+    # Plain Starlette routes, not FastAPI's: they take the Request as it is, without FastAPI's dependency
+    # resolution on the way in (tens of microseconds before the backend is asked, on every request).
+    app.add_route("/v1/chat/completions", chat, methods=["POST"])
+    app.add_route("/v1/completions", completions, methods=["POST"])
     return app
