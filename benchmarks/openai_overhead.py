@@ -18,7 +18,6 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -63,38 +62,24 @@ def main() -> int:
 
     from grpc_stream import serve_checkpoint
 
-    from stoker.stack.services import free_port
+    from openai_process import openai_service
     from stoker.workers.tinymodel import make_tiny_model
 
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         make_tiny_model(root / "ckpt", seed=0)
         with serve_checkpoint(root / "ckpt", root) as (server, artifact):
-            port = free_port()
-            service = subprocess.Popen(
-                [sys.executable, "-m", "stoker.openai_api", "--model", "tiny", "--grpc", server.grpc_url,
-                 "--assets", str(artifact), "--port", str(port), "--log-level", "warning"],
-                cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
-            try:
+            with openai_service("tiny", server.grpc_url, artifact) as (base, _service):
                 routes = {
                     "generate_stream": (f"{server.http_url}/v2/models/ensemble/generate_stream",
                                         {"text_input": PROMPT, "max_tokens": TOKENS, "stream": True},
                                         lambda e: e.get("text_output", "")),
-                    "openai_completions": (f"http://127.0.0.1:{port}/v1/completions",
+                    "openai_completions": (f"{base}/completions",
                                            {"model": "tiny", "prompt": PROMPT, "max_tokens": TOKENS,
                                             "temperature": 0, "stream": True},
                                            lambda e: e["choices"][0]["text"] if e.get("choices") else ""),
                 }
                 with httpx.Client(timeout=60) as client:
-                    deadline = time.monotonic() + 60
-                    while True:
-                        try:
-                            client.get(f"http://127.0.0.1:{port}/v1/models").raise_for_status()
-                            break
-                        except httpx.HTTPError:
-                            if time.monotonic() > deadline:
-                                raise
-                            time.sleep(0.2)
                     for name, (url, body, text_of) in routes.items():  # warm-up, and the same answer on both
                         texts = {_events(client, url, body, text_of)[2] for _ in range(3)}
                         routes[name] += (texts,)
@@ -107,9 +92,6 @@ def main() -> int:
                             first, between, _ = _events(client, url, body, text_of)
                             ttft[name].append(first)
                             gaps[name] += between
-            finally:
-                service.terminate()
-                service.wait(timeout=30)
     same = routes["generate_stream"][3] == routes["openai_completions"][3]
     result = {
         "what": "streamed greedy request, one at a time, no proxy: Triton generate_stream (ensemble) vs the OpenAI "

@@ -37,7 +37,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import httpx
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -94,18 +93,6 @@ def ideal_tokens_per_s() -> float:
     return REQUESTS * OSL / (rounds * per_request)
 
 
-def _wait_ready(url: str, deadline_s: float = 60) -> None:
-    deadline = time.monotonic() + deadline_s
-    while True:
-        try:
-            httpx.get(f"{url}/v1/models", timeout=2).raise_for_status()
-            return
-        except httpx.HTTPError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.2)
-
-
 def measure(root: Path, rounds: int, aiperf_venv: Path) -> dict:
     """Serve the scripted endpoint and run the three clients `rounds` times, alternating the order."""
     from scripted_ensemble import write_repo
@@ -114,7 +101,7 @@ def measure(root: Path, rounds: int, aiperf_venv: Path) -> dict:
 
     from stoker.bench.workload import make_prompts
     from stoker.stack import local_triton
-    from stoker.stack.services import free_port
+    from openai_process import openai_service
     from stoker.workers.tinymodel import make_tiny_model
 
     exe = aiperf_tool.ensure_venv(aiperf_venv)
@@ -134,14 +121,8 @@ def measure(root: Path, rounds: int, aiperf_venv: Path) -> dict:
 
     runs = []
     with local_triton.start(repo, local_triton.pick_free_ports(), root / "tritonserver.log") as server:
-        port = free_port()
-        service = subprocess.Popen(
-            [sys.executable, "-m", "stoker.openai_api", "--model", MODEL, "--grpc", server.grpc_url,
-             "--assets", str(assets), "--port", str(port), "--log-level", "warning"],
-            cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
-        try:
-            openai_url = f"http://127.0.0.1:{port}"
-            _wait_ready(openai_url)
+        with openai_service(MODEL, server.grpc_url, assets) as (base, _service):
+            openai_url = base.removesuffix("/v1")
             tools = {
                 "stoker_bench": lambda out: stoker_bench(f"{openai_url}/v1", "openai", MODEL, stoker_file, tokenizer,
                                                          out),
@@ -168,9 +149,6 @@ def measure(root: Path, rounds: int, aiperf_venv: Path) -> dict:
                     elif name == "aiperf":
                         run["ttft_split"] = peer_timing.split_aiperf(out, tail_of, peer_timing.read_log(log))
                     runs.append(run)
-        finally:
-            service.terminate()
-            service.wait(timeout=30)
     return {"runs": runs}
 
 

@@ -14,7 +14,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -27,6 +26,7 @@ pytest.importorskip("transformers")
 from tokenizers import Tokenizer
 
 from grpc_stream import serve_checkpoint
+from openai_process import openai_service
 
 from stoker.bench.workload import make_prompts
 from stoker.stack.services import free_port
@@ -41,26 +41,9 @@ REQUESTS, CONCURRENCY, OSL = 8, 2, 12
 def openai_url(tmp_path_factory):
     root = tmp_path_factory.mktemp("bench-openai")
     make_tiny_model(root / "checkpoint", seed=0)
-    with serve_checkpoint(root / "checkpoint", root) as (server, artifact):
-        port = free_port()
-        service = subprocess.Popen(
-            [sys.executable, "-m", "stoker.openai_api", "--model", MODEL, "--grpc", server.grpc_url,
-             "--assets", str(artifact), "--port", str(port), "--log-level", "warning"],
-            cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
-        try:
-            base = f"http://127.0.0.1:{port}/v1"
-            deadline = time.monotonic() + 60
-            while True:
-                try:
-                    httpx.get(f"{base}/models", timeout=2).raise_for_status()
-                    break
-                except httpx.HTTPError:
-                    assert service.poll() is None and time.monotonic() < deadline, "the OpenAI service did not start"
-                    time.sleep(0.2)
-            yield base, artifact / "tokenizer.json"
-        finally:
-            service.terminate()
-            service.wait(timeout=30)
+    with serve_checkpoint(root / "checkpoint", root) as (server, artifact), \
+            openai_service(MODEL, server.grpc_url, artifact) as (base, _service):
+        yield base, artifact / "tokenizer.json"
 
 
 def _bench(*args: str) -> subprocess.CompletedProcess:

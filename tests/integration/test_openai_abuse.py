@@ -13,8 +13,6 @@ import asyncio
 import itertools
 import json
 import os
-import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,8 +25,8 @@ pytest.importorskip("pytriton")
 httpx = pytest.importorskip("httpx")
 
 from grpc_stream import serve_checkpoint
+from openai_process import openai_service
 
-from stoker.stack.services import free_port
 from stoker.workers.tinymodel import MAX_POSITIONS, make_tiny_model
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -205,30 +203,10 @@ def _answer(base: str) -> tuple[str, str, dict]:
 def stack(tmp_path_factory):
     root = tmp_path_factory.mktemp("abuse")
     make_tiny_model(root / "checkpoint", seed=0)
-    with serve_checkpoint(root / "checkpoint", root) as (server, artifact):
-        port = free_port()
-        log = root / "openai.log"
-        with open(log, "wb") as out:
-            service = subprocess.Popen(
-                [sys.executable, "-m", "stoker.openai_api", "--model", MODEL, "--grpc", server.grpc_url,
-                 "--assets", str(artifact), "--port", str(port), "--log-level", "warning"],
-                cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=out, stderr=subprocess.STDOUT)
-        base = f"http://127.0.0.1:{port}/v1"
-        try:
-            deadline = time.monotonic() + 60
-            while True:
-                assert service.poll() is None, log.read_text()
-                try:
-                    if httpx.get(f"{base}/models", timeout=2).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                assert time.monotonic() < deadline, "the OpenAI service did not start"
-                time.sleep(0.2)
-            yield {"base": base, "service": service, "triton": server.process, "log": log}
-        finally:
-            service.terminate()
-            service.wait(timeout=30)
+    log = root / "openai.log"
+    with serve_checkpoint(root / "checkpoint", root) as (server, artifact), \
+            openai_service(MODEL, server.grpc_url, artifact, log=log) as (base, service):
+        yield {"base": base, "service": service, "triton": server.process, "log": log}
 
 
 def test_a_thousand_bad_requests_change_nothing(stack):

@@ -1,0 +1,55 @@
+"""stoker's OpenAI service as its own process, as in its container: `python -m stoker.openai_api` on a free port
+in front of a Triton gRPC address, over a folder of the build's tokenizer files. Used by the tests and the
+benchmarks that need the service apart from the test process (its memory, its own event loop)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+
+from stoker.stack.services import free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@contextlib.contextmanager
+def openai_service(model: str, grpc_url: str, assets: Path, log: Path | None = None,
+                   timeout_s: float = 60) -> Iterator[tuple[str, subprocess.Popen]]:
+    """Start the service and wait until /v1/models answers; yields (base URL ending in /v1, the process)."""
+    port = free_port()
+    out = open(log, "wb") if log else None
+    try:
+        service = subprocess.Popen(
+            [sys.executable, "-m", "stoker.openai_api", "--model", model, "--grpc", grpc_url, "--assets", str(assets),
+             "--port", str(port), "--log-level", "warning"],
+            cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=out,
+            stderr=subprocess.STDOUT if out else None)
+    finally:
+        if out:
+            out.close()  # the child holds its own copy of the descriptor
+    base = f"http://127.0.0.1:{port}/v1"
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if service.poll() is not None:
+                raise RuntimeError(f"the OpenAI service exited with {service.returncode}"
+                                   + (f": {log.read_text()[-2000:]}" if log else ""))
+            try:
+                if httpx.get(f"{base}/models", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the OpenAI service did not answer within {timeout_s:.0f} s")
+            time.sleep(0.2)
+        yield base, service
+    finally:
+        service.terminate()
+        service.wait(timeout=30)
