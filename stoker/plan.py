@@ -77,6 +77,26 @@ def upload_step(spec: Spec, digest: str | None) -> PlannedStep:
     return PlannedStep("upload", digest[:24], "hit" if marker else "miss", where)
 
 
+def cached_row(spec: Spec, ctx: RunContext, step: str, key: str, note: str = "") -> tuple[PlannedStep, str | None]:
+    """A cached step's row and its output digest: a local hit, a hit in the shared S3 cache (storage.shared_cache:
+    the run would download it), or a miss. A plan never fails on S3: an unreachable cache is "unknown"."""
+    entry = ctx.store.lookup(step, key)
+    if entry is not None:
+        return PlannedStep(step, key, "hit", note), entry.digest
+    if spec.storage.shared_cache:
+        from . import s3
+        from .cache import remote
+
+        try:
+            found = remote.lookup(s3.client(spec.storage), spec.storage, step, key)
+        except Exception as err:  # noqa: BLE001 - reported in the row
+            return PlannedStep(step, key, "unknown", f"shared cache not readable: {str(err).splitlines()[0][:80]}"), None
+        if found is not None:
+            where = f"in the shared cache ({found.bytes / 1e6:.1f} MB to download)"
+            return PlannedStep(step, key, "hit", f"{note}; {where}" if note else where), found.digest
+    return PlannedStep(step, key, "miss", note), None
+
+
 def serving_step(spec: Spec, digest: str | None) -> PlannedStep:
     """Whether a ready backend behind the deployment's proxy already serves this package digest."""
     if digest is None:

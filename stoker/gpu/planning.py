@@ -83,7 +83,7 @@ def plan_gpu(spec, ctx) -> list:
     """The GPU plan: refuse (PlanRefused) before any GPU time, else checks' notes + each step's key and status."""
     from ..hub import HubUnavailable
     from ..keys import fetch_key, gpu_build_key, gpu_package_key
-    from ..plan import PlannedStep
+    from ..plan import PlannedStep, cached_row
     from ..source import resolve_source
 
     facts, findings = check_spec(spec)
@@ -91,7 +91,6 @@ def plan_gpu(spec, ctx) -> list:
     out = [PlannedStep("checks", None, "ok", f"{spec.target} on {spec.deploy.image} (TRT-LLM {img.trtllm}, "
                                              f"facts: {facts.source if facts else 'unknown'})")]
     out += [PlannedStep("checks", None, "note", f.line()) for f in findings]
-    store = ctx.store
     try:
         source_id, source = resolve_source(spec)
     except HubUnavailable as err:
@@ -99,19 +98,15 @@ def plan_gpu(spec, ctx) -> list:
         source_id = None
     digest = None
     if source_id is not None:
-        key = fetch_key(spec, source_id)
-        entry = store.lookup("fetch", key)
-        out.append(PlannedStep("fetch", key, "hit" if entry else "miss", f"sha {source.get('sha')}"))
-        digest = entry.digest if entry else None
+        row, digest = cached_row(spec, ctx, "fetch", fetch_key(spec, source_id), f"sha {source.get('sha')}")
+        out.append(row)
     for name, keyfn, note in (("build", gpu_build_key, "quantize + checkpoint + engine: a hit skips all GPU work"),
                               ("package", gpu_package_key, "")):
         if digest is None:
             out.append(PlannedStep(name, None, "pending", "key known once the previous step has run"))
             continue
-        key = keyfn(spec, digest)
-        entry = store.lookup(name, key)
-        out.append(PlannedStep(name, key, "hit" if entry else "miss", note))
-        digest = entry.digest if entry else None
+        row, digest = cached_row(spec, ctx, name, keyfn(spec, digest), note)
+        out.append(row)
     out.append(PlannedStep("upload", digest[:24] if digest else None, "pending" if digest is None else "unknown",
                            "engines/checkpoints go to S3 with the repository"))
     out.append(PlannedStep("deploy", None, "pending", f"serve on GPUs {spec.gpus.ids[:spec.parallel.world_size]} "

@@ -33,7 +33,7 @@ class Reference(Target):
 
     def plan(self, spec, ctx) -> list:
         from ..keys import build_key, fetch_key, package_key, quantize_key
-        from ..plan import PlannedStep, benchmark_step, check_model, serving_step, upload_step
+        from ..plan import PlannedStep, benchmark_step, cached_row, check_model, serving_step, upload_step
         from ..source import resolve_source
 
         check_model(spec)
@@ -46,11 +46,8 @@ class Reference(Target):
             if i > 0 and digest is None:
                 out.append(PlannedStep(name, None, "pending", "key known once the previous step has run"))
                 continue
-            key = keyfn(digest)
-            entry = ctx.store.lookup(name, key)
-            note = f"sha {source.get('sha')}" if name == "fetch" else ""
-            out.append(PlannedStep(name, key, "hit" if entry else "miss", note))
-            digest = entry.digest if entry else None
+            row, digest = cached_row(spec, ctx, name, keyfn(digest), f"sha {source.get('sha')}" if name == "fetch" else "")
+            out.append(row)
         out.append(upload_step(spec, digest))
         deploy = serving_step(spec, digest)
         out += [deploy, benchmark_step(spec, ctx, deploy.backend)]

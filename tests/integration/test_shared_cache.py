@@ -271,3 +271,23 @@ def test_preflight_fails_in_one_line_without_credentials(storage, monkeypatch, t
     for k, v in TEST_CREDENTIALS.items():
         monkeypatch.setenv(k, v)
     check_shared_cache(spec)  # with keys: the cache prefix is listed, written and cleaned
+
+
+def test_plan_counts_an_entry_only_in_s3_as_a_hit(storage, tmp_path):
+    """`stoker plan` with the shared cache on: what another worker published is a hit (to download), not a miss."""
+    from stoker.plan import cached_row
+    from stoker.run import RunContext
+    from stoker.spec import parse_spec
+
+    calls: list = []
+    published, _ = SharedStore(StepStore(tmp_path / "a" / "cache"), storage).get("quantize", "k-plan", _produce(calls),
+                                                                                   lambda _l: None)
+    spec = parse_spec({"model": {"repo_id": "stoker/tiny-llama"}, "storage": storage.model_dump()}, "test")
+    cold = RunContext(run_id="p", home=tmp_path / "b")
+    row, digest = cached_row(spec, cold, "quantize", "k-plan")
+    assert (row.status, digest) == ("hit", published.digest) and "in the shared cache" in row.note, row
+    row, digest = cached_row(spec, cold, "quantize", "k-other")
+    assert (row.status, digest) == ("miss", None)
+    off = parse_spec({"model": {"repo_id": "stoker/tiny-llama"},
+                      "storage": {**storage.model_dump(), "shared_cache": False}}, "test")
+    assert cached_row(off, cold, "quantize", "k-plan")[0].status == "miss"  # off: S3 is never asked
