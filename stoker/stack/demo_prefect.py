@@ -17,7 +17,7 @@ import os
 from pathlib import Path
 
 from .prefect_stack import SERVER, PrefectApi, auth_string, ensure_server, ensure_worker
-from .services import is_running, port_free
+from .services import ServiceError, is_running, port_free
 
 DEMO_POOL = "stoker-demo"
 DEMO_DEPLOYMENT = "demo"
@@ -62,8 +62,34 @@ def ensure_demo_worker(state: Path, api: PrefectApi) -> None:
     the demo S3 server's keys and STOKER_HOME, so UI runs share the demo's cache and deployment."""
     from ..run import stoker_home
 
+    from prefect.client.orchestration import get_client
+
+    from ..commands.deploy_flows import ensure_work_pool
+
+    with get_client(sync_client=True) as client:  # before the worker, so that it and we never race to create it
+        ensure_work_pool(client, DEMO_POOL, "process")
     env = {"STOKER_HOME": str(stoker_home()), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
     ensure_worker(state, api, DEMO_POOL, cwd=ROOT, env=env, timeout_s=120)
+    wait_online(DEMO_POOL, state)
+
+
+def wait_online(pool: str, state: Path, timeout_s: float = 120) -> None:
+    """Until a worker of ``pool`` has sent the server a heartbeat. The worker's health port answers before it
+    has registered: on a fresh SQLite database its first writes can meet the demo's own ("database is
+    locked", which it retries), and a run submitted from the UI meanwhile would wait for a worker."""
+    import time
+
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.objects import WorkerStatus
+
+    deadline = time.monotonic() + timeout_s
+    with get_client(sync_client=True) as client:
+        while time.monotonic() < deadline:
+            if any(w.status == WorkerStatus.ONLINE for w in client.read_workers_for_work_pool(pool)):
+                return
+            time.sleep(0.5)
+    raise ServiceError(f"the demo's Prefect worker did not come online on pool {pool} within {timeout_s:.0f} s; "
+                       f"see {state / 'logs' / f'prefect-worker-{pool}.log'}")
 
 
 def register_deployment(flow, spec) -> str:

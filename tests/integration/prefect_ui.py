@@ -44,16 +44,27 @@ def _button(driver, text: str):
     return next((b for b in driver.find_elements(By.TAG_NAME, "button") if b.text.strip() == text), None)
 
 
-def submit_custom_run(driver, ui: str, deployment_id: str) -> str:
-    """Open the deployment's run form (its parameters pre-filled), submit it; returns the new run's name."""
+def submit_custom_run(driver, ui: str, deployment_id: str, new_runs, timeout_s: float = 120) -> str:
+    """Open the deployment's run form (its parameters pre-filled) and submit it; returns the new run's name.
+
+    ``new_runs()`` lists the names of the deployment's runs created since the form opened (from the API): a
+    toast is shown only for a few seconds, and on a loaded machine a click that lands while the form is
+    still rendering does nothing, so the click is repeated until the server has the run."""
     driver.get(f"{ui}/deployments/deployment/{deployment_id}/run")
-    _wait(driver).until(lambda d: _button(d, "Submit")).click()
-
-    def toast(d) -> str | None:  # "<run name> scheduled to start now"
-        m = re.search(r"(\S+) scheduled to start", d.find_element(By.TAG_NAME, "body").text)
-        return m.group(1) if m else None
-
-    return _wait(driver).until(toast)
+    _wait(driver).until(lambda d: "Repo Id" in d.find_element(By.TAG_NAME, "body").text)  # the form rendered
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        button = _wait(driver).until(lambda d: (b := _button(d, "Submit")) is not None and b.is_enabled() and b)
+        button.click()
+        clicked = time.monotonic()
+        while time.monotonic() - clicked < 15:
+            if names := new_runs():
+                return names[0]
+            time.sleep(1)
+        if "/run" not in driver.current_url:  # submitted (the page moved on) but the run is not listed yet
+            continue
+    raise AssertionError(f"no run created from the form within {timeout_s:.0f} s; the page shows: "
+                         f"{driver.find_element(By.TAG_NAME, 'body').text[-1500:]}")
 
 
 def open_run(driver, name: str) -> str:

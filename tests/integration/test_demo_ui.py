@@ -31,6 +31,12 @@ def _get(url: str) -> dict:
         return json.loads(r.read())
 
 
+def _post(url: str, body: dict) -> list | dict:
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=30) as r:
+        return json.loads(r.read())
+
+
 def _stoker(args: list[str], env: dict, timeout: float) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "stoker.cli", *args], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=timeout)
@@ -57,9 +63,14 @@ def test_demo_leaves_a_prefect_ui_where_a_form_run_completes(tmp_path, triton_im
         assert deployment["work_pool_name"] == "stoker-demo"
         assert "spec" in deployment["parameter_openapi_schema"]["properties"]  # the UI renders it as a form
 
+        def new_runs() -> list[str]:
+            runs = _post(f"{ui}/api/flow_runs/filter",
+                         {"flow_runs": {"deployment_id": {"any_": [deployment["id"]]}}})
+            return [r["name"] for r in runs if r["id"] != run_id]
+
         driver = prefect_ui.browser()
         try:
-            name = prefect_ui.submit_custom_run(driver, ui, deployment["id"])  # the form's defaults: the demo spec
+            name = prefect_ui.submit_custom_run(driver, ui, deployment["id"], new_runs)  # defaults: the demo spec
             url = prefect_ui.open_run(driver, name)
             assert prefect_ui.wait_final_state(driver, timeout_s=600) == "completed", url
             artifacts = prefect_ui.open_tab(driver, "Artifacts")
