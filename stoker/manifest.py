@@ -55,6 +55,7 @@ def build_manifest(spec: Spec, ctx: RunContext, steps: dict[str, StepResult], so
         "rollback": rollback,  # set when a failure after deploy returned the endpoint to what served before
         "triton_metrics": metrics or [],  # per model, cumulative since the server started
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started_at)),
+        "runner": ctx.runner,
         "wall_s": round(wall_s, 3),
         "overhead_s": round(wall_s - sum(s.duration_s for s in steps.values()), 3),
     }

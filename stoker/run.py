@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import time
 import uuid
 from pathlib import Path
@@ -32,6 +33,11 @@ class RunContext(BaseModel):
         return cls(run_id=run_id, home=(home or stoker_home()))
 
     @property
+    def runner(self) -> str:
+        """Who runs this flow: host and STOKER_HOME (each worker of a fleet has its own home)."""
+        return f"{socket.gethostname()}:{self.home}"
+
+    @property
     def run_dir(self) -> Path:
         return self.home / "runs" / self.run_id
 
@@ -59,10 +65,22 @@ class StepResult(BaseModel):
     outputs: list[Output] = Field(default_factory=list)
     detail: dict = Field(default_factory=dict)
     error: str | None = None
+    # Cached steps: where the result came from ("local", "remote": the shared cache, "built": run here), the
+    # bytes downloaded from the shared cache, and who ran it (host:STOKER_HOME), so a fleet's manifests say
+    # which worker executed each heavy step.
+    layer: str | None = None
+    pulled_bytes: int = 0
+    ran_on: str | None = None
+    routed: dict | None = None  # set when another worker's flow run executed the step (flows/heavy_steps.py)
 
     def manifest_entry(self) -> dict:
         d = {"status": self.status, "cache_hit": self.cache_hit, "duration_s": round(self.duration_s, 3),
              "key": self.key, "digest": self.digest, "outputs": [o.model_dump() for o in self.outputs]}
+        for name in ("layer", "ran_on", "routed"):
+            if getattr(self, name):
+                d[name] = getattr(self, name)
+        if self.pulled_bytes:
+            d["pulled_bytes"] = self.pulled_bytes
         if self.error:
             d["error"] = self.error
         if self.detail:
@@ -84,7 +102,9 @@ def cached_step(ctx: RunContext, name: str, key: str, produce: Callable[[Path], 
         entry, came_from = SharedStore(ctx.store, ctx.shared_cache).get(name, key, produce, log)
         return StepResult(name=name, cache_hit=came_from != "built", duration_s=time.perf_counter() - t0, key=key,
                           digest=entry.digest, path=entry.output_dir, outputs=entry_outputs(entry),
-                          detail=entry.detail)
+                          detail=entry.detail, layer=came_from,
+                          pulled_bytes=sum(f.bytes for f in entry.files) if came_from == "remote" else 0,
+                          ran_on=ctx.runner if came_from == "built" else None)
     store = ctx.store
     entry = store.lookup(name, key)
     hit = entry is not None
@@ -95,4 +115,4 @@ def cached_step(ctx: RunContext, name: str, key: str, produce: Callable[[Path], 
         entry = store.publish(name, key, produce)
     return StepResult(name=name, cache_hit=hit, duration_s=time.perf_counter() - t0, key=key,
                       digest=entry.digest, path=entry.output_dir, outputs=entry_outputs(entry),
-                      detail=entry.detail)
+                      detail=entry.detail, layer="local" if hit else "built", ran_on=None if hit else ctx.runner)
