@@ -27,6 +27,7 @@ from tasks.gate import promote_run
 from tasks.hub import fetch_weights
 from tasks.preflight import preflight_checks
 from tasks.rollout import emit_failure, read_rollback
+from tasks.routing import mark_routed, route_heavy_steps
 from tasks.s3 import store_manifest, upload_repository
 
 
@@ -84,8 +85,15 @@ def run_steps(spec: Spec, ctx: RunContext, steps: Steps) -> None:
         steps.run("eval-data", evaluation_data, spec, fetched, ctx)
     elif spec.evaluation.enabled:
         get_run_logger().warning(f"evaluate: {target.evaluation_note}")
-    with target.heavy_slot():  # a global concurrency limit per GPU (stoker/gpu_slot.py); CPU: no slot
-        built = target.build(steps, spec, fetched, ctx)
+    if spec.routing.heavy:  # on the pool that has the resource; its results come back through the shared cache
+        routed = route_heavy_steps(spec, fetched, ctx)
+        built = target.build(steps, spec, fetched, ctx.model_copy(update={"routed_to": spec.routing.heavy}))
+        for name in ("quantize", "build"):
+            if name in steps:
+                mark_routed(steps[name], routed)
+    else:
+        with target.heavy_slot():  # a global concurrency limit per GPU (stoker/gpu_slot.py); CPU: no slot
+            built = target.build(steps, spec, fetched, ctx)
     packaged = target.package(steps, spec, fetched, built, ctx)
     uploaded = steps.run("upload", upload_repository, spec, packaged, ctx)
     benchmarked = target.deploy(steps, spec, ctx, built, packaged, uploaded)  # evaluated before it is promoted

@@ -45,6 +45,8 @@ def check_shared_cache(spec: Spec) -> None:
             raise s3.S3Error(f"storage.shared_cache is on but no S3 credentials were found for bucket {st.bucket!r} "
                              "(set storage.credentials_block or AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY)")
     client = s3.client(st)
+    if st.create_bucket:  # the first step reads the cache before the upload step would create the bucket
+        s3.ensure_bucket(client, st, create=True)
     probe = f"{st.prefix}/cache/.preflight"
     try:
         client.list_objects_v2(Bucket=st.bucket, Prefix=f"{st.prefix}/cache/", MaxKeys=1)
@@ -75,5 +77,11 @@ def preflight(spec: Spec, log: Callable[[str], None]) -> None:
         check_shared_cache(spec)
         log(f"preflight: shared step cache s3://{spec.storage.bucket}/{spec.storage.prefix}/cache/ "
             "readable and writable")
+    if spec.routing.heavy:
+        from .routing import check_route
+
+        route = check_route(spec.routing.heavy)
+        log(f"preflight: heavy steps routed to {route.deployment} on pool {route.pool!r} "
+            f"(online: {', '.join(route.workers)})")
     check_docker(spec)
     log(f"preflight: Docker daemon, images {spec.deploy.image} and {spec.deploy.proxy_image}, ports ok")

@@ -26,6 +26,9 @@ class RunContext(BaseModel):
     home: Path
     # The spec's storage when `storage.shared_cache` is on: steps then read through S3 (stoker/cache/).
     shared_cache: Storage | None = None
+    # Set while a routed run's results are read (flows/heavy_steps.py): a cached step found in neither layer is
+    # an error naming that deployment, never a silent build on this (maybe GPU-less) host.
+    routed_to: str | None = None
 
     @classmethod
     def new(cls, home: Path | None = None) -> RunContext:
@@ -96,6 +99,8 @@ def cached_step(ctx: RunContext, name: str, key: str, produce: Callable[[Path], 
                 log: Callable[[str], None]) -> StepResult:
     """Reuse the stored result for `key`, or produce and publish it atomically."""
     t0 = time.perf_counter()
+    if ctx.routed_to is not None:
+        produce = _not_here(ctx.routed_to, name, key)
     if ctx.shared_cache is not None:
         from .cache.shared import SharedStore
 
@@ -116,3 +121,12 @@ def cached_step(ctx: RunContext, name: str, key: str, produce: Callable[[Path], 
     return StepResult(name=name, cache_hit=hit, duration_s=time.perf_counter() - t0, key=key,
                       digest=entry.digest, path=entry.output_dir, outputs=entry_outputs(entry),
                       detail=entry.detail, layer="local" if hit else "built", ran_on=None if hit else ctx.runner)
+
+
+def _not_here(deployment: str, name: str, key: str) -> Callable[[Path], dict]:
+    def refuse(out: Path) -> dict:
+        from .errors import StokerError
+
+        raise StokerError(f"{name}: {key} is not in the shared cache after the routed run of {deployment}; "
+                          "it runs there, not here")
+    return refuse

@@ -144,6 +144,26 @@ class Storage(_Section):
         return v
 
 
+class Routing(_Section):
+    """Where the heavy steps (fetch, quantize, build) run. By default in the flow run itself; with `heavy`, as a
+    run of a heavy_steps deployment on its own work pool (GPU hosts: a docker or Kubernetes pool), whose results
+    reach this run through the shared step cache (flows/heavy_steps.py)."""
+
+    heavy: str | None = Field(None, description="FLOW/DEPLOYMENT of heavy_steps, e.g. heavy_steps/gpu; "
+                                                "default: the heavy steps run in this flow run")
+    start_timeout_s: float = Field(120.0, gt=0, le=86400, description="a routed run that no worker has started "
+                                   "this long after it was scheduled is cancelled; the run fails naming the pool")
+    timeout_s: float = Field(7200.0, gt=0, le=604800, description="a routed run still going after this long fails "
+                             "the run")
+
+    @field_validator("heavy")
+    @classmethod
+    def _deployment_name(cls, v: str | None) -> str | None:
+        if v is not None and not re.fullmatch(r"[^/\s]+/[^/\s]+", v):
+            raise ValueError(f"{v!r} is not FLOW/DEPLOYMENT (e.g. heavy_steps/gpu)")
+        return v
+
+
 class Ports(_Section):
     http: int = Field(8000, ge=1, le=65535)
     grpc: int = Field(8001, ge=1, le=65535)
@@ -335,6 +355,7 @@ class Spec(_Section):
     deploy: Deploy = Deploy()
     benchmark: Benchmark = Benchmark()
     evaluation: Evaluation = Evaluation()
+    routing: Routing = Routing()
 
     def digest(self) -> str:
         return section_digest(self)
@@ -356,6 +377,25 @@ class Spec(_Section):
     def _gpus_for_target(cls, g: Gpus | None, info: ValidationInfo) -> Gpus | None:
         _target(info).check_gpus(g)
         return g
+
+
+    @model_validator(mode="after")
+    def _routed_needs_shared_cache(self) -> Spec:
+        if self.routing.heavy and not self.storage.shared_cache:
+            raise ValueError("routing.heavy needs storage.shared_cache: true (the routed steps' results reach this "
+                             "run through the bucket)")
+        if self.routing.heavy and self.model.local_path is not None:
+            raise ValueError("routing.heavy needs a Hub model (model.repo_id): the routed run's worker cannot read "
+                             "model.local_path")
+        return self
+
+    @model_serializer(mode="wrap")
+    def _omit_default_routing(self, handler):
+        # Left at its default, routing stays out of dumps: manifests and the spec digest read as before.
+        out = handler(self)
+        if isinstance(out, dict) and self.routing == Routing():
+            out.pop("routing", None)
+        return out
 
 
 def _target(info: ValidationInfo):

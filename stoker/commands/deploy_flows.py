@@ -124,10 +124,23 @@ def ensure_work_pool(client, name: str, type_: str, concurrency_limit: int | Non
         return False
     except ObjectNotFound:
         try:
-            client.create_work_pool(WorkPoolCreate(name=name, type=type_, concurrency_limit=concurrency_limit))
+            client.create_work_pool(WorkPoolCreate(name=name, type=type_, concurrency_limit=concurrency_limit,
+                                                   base_job_template=default_job_template(type_)))
             return True
         except ObjectAlreadyExists:  # a worker starting on it created it between our read and create
             return False
+
+
+def default_job_template(type_: str) -> dict:
+    """The worker type's own job template (what `prefect work-pool create --type` sets), from its installed package
+    (prefect-docker for "docker"); a pool created without one gives its deployments no job variables."""
+    from prefect.workers.base import BaseWorker
+
+    worker = BaseWorker.get_worker_class_from_type(type_)
+    if worker is None:
+        raise DeployFlowsError(f"work pool type {type_!r}: its worker package is not installed here "
+                               "(docker: pip install prefect-docker)")
+    return worker.get_default_base_job_template()
 
 
 def prefect_deploy_all(prefect_file: Path, out=sys.stdout) -> None:

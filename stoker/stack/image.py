@@ -212,14 +212,16 @@ def _pin(name: str, versions: Path = IMAGE_DIR / "versions.env") -> str:
 
 
 def _docker_build(client, image: str, buildargs: dict[str, str], labels: dict[str, str],
-                  log: Callable[[str], None]) -> None:
-    """docker build of PROXY_DIR tagged ``image``; a failed build leaves an existing tag where it was."""
+                  log: Callable[[str], None], path: Path = PROXY_DIR, network_mode: str | None = None) -> None:
+    """docker build of ``path`` (default PROXY_DIR) tagged ``image``; a failed build leaves an existing tag where
+    it was."""
     tail: deque[str] = deque(maxlen=TAIL_LINES)
     steps: Progress | None = None  # the step count is known from the first step line
     say, ok = log, False
     try:
-        for chunk in client.api.build(path=str(PROXY_DIR), tag=image, buildargs=buildargs, labels=labels,
-                                      rm=True, forcerm=True, pull=False, decode=True, timeout=BUILD_TIMEOUT_S):
+        for chunk in client.api.build(path=str(path), tag=image, buildargs=buildargs, labels=labels,
+                                      rm=True, forcerm=True, pull=False, decode=True, timeout=BUILD_TIMEOUT_S,
+                                      network_mode=network_mode):
             if "error" in chunk:
                 detail = _one_line((chunk.get("errorDetail") or {}).get("message") or chunk["error"])
                 # The daemon quotes the whole RUN command; its exit status and last output say more.

@@ -128,14 +128,15 @@ def ensure_server(state_dir: Path, port: int | None = None, database_url: str | 
 
 
 def ensure_worker(state_dir: Path, api: PrefectApi, pool: str, cwd: Path, env: dict[str, str] | None = None,
-                  timeout_s: float = 90) -> None:
-    """A process worker polling ``pool`` (created if missing), running flows from ``cwd``."""
-    name = f"prefect-worker-{pool}"
+                  timeout_s: float = 90, type_: str = "process", name: str | None = None) -> None:
+    """A worker of type ``type_`` (process, or docker: prefect-docker) polling ``pool`` (created if missing),
+    running flows from ``cwd``; ``name`` tells apart several workers of one pool (default: after the pool)."""
+    name = name or f"prefect-worker-{pool}"
     if is_running(name, state_dir) is not None:
         return
     port = free_port()
     wenv = {**(env or {}), **api.env(), "PREFECT_WORKER_WEBSERVER_PORT": str(port),
             "PREFECT_WORKER_WEBSERVER_HOST": "127.0.0.1", "PREFECT_WORKER_QUERY_SECONDS": "2",
             "PREFECT_HOME": str(Path(state_dir) / "prefect-home-worker")}
-    start_service(name, [_prefect_bin(), "worker", "start", "--pool", pool, "--type", "process",
+    start_service(name, [_prefect_bin(), "worker", "start", "--pool", pool, "--type", type_, "--name", name,
                          "--with-healthcheck"], port, state_dir, env=wenv, cwd=cwd, timeout_s=timeout_s)

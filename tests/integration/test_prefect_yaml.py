@@ -37,7 +37,7 @@ def deployed(prefect_api):
     r = subprocess.run([sys.executable, "-m", "stoker.cli", "deploy-flows"], cwd=ROOT, env=prefect_env(api),
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
-    assert r.stdout.strip().splitlines()[-1] == "applied 3 deployment(s) of prefect.yaml: stoker-cpu, matrix, watch"
+    assert r.stdout.strip().splitlines()[-1] == "applied 4 deployment(s) of prefect.yaml: stoker-cpu, matrix, gpu, watch"
     return api
 
 

@@ -1,0 +1,65 @@
+"""Routing's pure parts: the spec section's one-line refusals, its absence from the digest when unset, and a
+routed step's local read that never builds here."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from stoker.errors import StokerError
+from stoker.run import RunContext, cached_step
+from stoker.spec import SpecError, parse_spec
+
+BASE = {"model": {"repo_id": "org/model"}, "storage": {"bucket": "abc"}}
+
+
+def _spec(**over):
+    data = {**BASE, **over}
+    return parse_spec(data, "it")
+
+
+def test_unset_routing_leaves_the_spec_digest_and_dump_as_before():
+    plain = _spec()
+    assert "routing" not in plain.model_dump(mode="json")
+    assert plain.digest() == _spec(routing={}).digest()
+    routed = _spec(storage={"bucket": "abc", "shared_cache": True}, routing={"heavy": "heavy_steps/gpu"})
+    assert routed.model_dump(mode="json")["routing"]["heavy"] == "heavy_steps/gpu"
+    assert routed.digest() != plain.digest()
+
+
+@pytest.mark.parametrize("over, says", [
+    ({"routing": {"heavy": "heavy_steps/gpu"}}, "routing.heavy needs storage.shared_cache: true"),
+    ({"storage": {"bucket": "abc", "shared_cache": True}, "routing": {"heavy": "gpu"}},
+     "'gpu' is not FLOW/DEPLOYMENT"),
+    ({"model": {"local_path": "/tmp"}, "storage": {"bucket": "abc", "shared_cache": True},
+      "routing": {"heavy": "heavy_steps/gpu"}}, "routing.heavy needs a Hub model"),
+    ({"storage": {"bucket": "abc", "shared_cache": True}, "routing": {"heavy": "a/b", "start_timeout_s": 0}},
+     "routing.start_timeout_s"),
+])
+def test_bad_routing_is_refused_in_one_line(over, says):
+    with pytest.raises(SpecError) as err:
+        _spec(**over)
+    assert says in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_routed_step_missing_from_the_cache_is_an_error_not_a_build_here(tmp_path: Path):
+    ctx = RunContext.new(tmp_path).model_copy(update={"routed_to": "heavy_steps/gpu"})
+    built = []
+
+    def produce(out: Path) -> dict:
+        built.append(out)
+        return {}
+
+    with pytest.raises(StokerError, match=r"build: k1 is not in the shared cache after the routed run of "
+                                          r"heavy_steps/gpu; it runs there, not here"):
+        cached_step(ctx, "build", "k1", produce, lambda _m: None)
+    assert built == [] and not list((tmp_path / "cache").glob("build/k1*"))
+
+    # Unrouted, the same call builds here and says so in its manifest entry.
+    done = cached_step(RunContext.new(tmp_path), "build", "k1", produce, lambda _m: None)
+    assert built and done.layer == "built" and done.ran_on.endswith(f":{tmp_path}")
+    entry = done.manifest_entry()
+    assert entry["layer"] == "built" and "pulled_bytes" not in entry
+    again = cached_step(RunContext.new(tmp_path), "build", "k1", produce, lambda _m: None)
+    assert again.cache_hit and again.layer == "local" and again.ran_on is None
