@@ -23,6 +23,7 @@ from pydantic import Field
 from flows.build_and_deploy import build_and_deploy
 from stoker import matrix
 from stoker.errors import one_line
+from stoker.exclusive import exclusive
 from stoker.run import stoker_home
 from stoker.spec import Spec
 from tasks.matrix import failed_run_manifest, free_ports, publish_comparison, remove_entry, run_on_deployment
@@ -54,6 +55,17 @@ def build_matrix(
     entries = matrix.plan_entries(spec, formats, targets)  # one line naming a bad entry, before any build
     matrix_id = time.strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:6]
     logger.info(f"matrix {matrix_id}: {len(entries)} entries: {', '.join(e.label for e in entries)}")
+    # Two matrices of one deployment name would deploy the same <name>-<format> entries: the second waits, then
+    # finds every heavy step in the cache and reports the same digests.
+    with exclusive(f"stoker-matrix-{spec.deploy.name}", logger.info,
+                   f"another matrix of {spec.deploy.name!r} is running"):
+        return _matrix(spec, entries, matrix_id, promote, max_parallel, deployment, home)
+
+
+def _matrix(spec: Spec, entries: list[matrix.Entry], matrix_id: str, promote: bool, max_parallel: int,
+            deployment: str | None, home: str | None) -> dict:
+    logger = get_run_logger()
+    best = None
     try:
         results = _run_entries(spec, entries, max_parallel, deployment, home)
         rows = [matrix.comparison_row(e, m, err) for e, (m, err) in zip(entries, results)]

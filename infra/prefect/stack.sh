@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The self-hosted Prefect stack on this host, with no image registry: Debian's PostgreSQL 15 (installed with
-# apt when missing), `prefect server start` on it with API basic auth, and a process worker for CPU work.
+# apt when missing), `prefect server start` on it with API basic auth, a process worker for CPU work (pool
+# stoker-cpu), and a prefect-docker worker (pool stoker-gpu) that runs routed heavy steps as containers of
+# stoker/worker (built here, no registry; on this GPU-less host they run on the CPU).
 # Then `stoker deploy-flows`: the pools, limits and automations of deployments/platform.yaml, and prefect.yaml's
 # deployments through `prefect deploy --all`. Everything listens on 127.0.0.1.
 #   infra/prefect/stack.sh            start (or reuse) it all; prints the env a client needs
@@ -31,9 +33,12 @@ state, port = Path(sys.argv[1]), int(sys.argv[2])
 db = ensure_postgres(state)
 api = ensure_server(state, port=port, database_url=db, ui=os.environ.get("STOKER_PREFECT_UI") == "1")
 ensure_worker(state, api, "stoker-cpu", cwd=Path.cwd())
+from stoker.stack.worker_image import ensure_worker_image
+ensure_worker_image(log=print)
+ensure_worker(state, api, "stoker-gpu", cwd=Path.cwd(), type_="docker")
 (state / "client.env").write_text(f"export PREFECT_API_URL={api.url}\nexport PREFECT_API_AUTH_STRING='{api.auth}'\n")
 (state / "client.env").chmod(0o600)
-print(f"Prefect API {api.url} (PostgreSQL), process worker on pool stoker-cpu")
+print(f"Prefect API {api.url} (PostgreSQL), process worker on pool stoker-cpu, docker worker on pool stoker-gpu")
 print(f"client settings: source {state / 'client.env'}")
 PYEOF
 set -a; source "$STATE/client.env"; set +a

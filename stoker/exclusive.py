@@ -1,0 +1,42 @@
+"""One holder at a time, fleet-wide: a Prefect global concurrency limit of one slot, created when missing.
+
+Used where two runs must not overlap at all (two matrices of one deployment name would deploy the same
+`<name>-<format>` entries). The slot is a lease the holder's client renews; a holder killed outright frees it when
+the lease runs out (Prefect's default, 300 s).
+"""
+
+from __future__ import annotations
+
+from contextlib import ExitStack, contextmanager
+from typing import Callable, Iterator
+
+
+def ensure_limit(name: str) -> None:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
+    from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
+
+    with get_client(sync_client=True) as client:
+        try:
+            client.read_global_concurrency_limit_by_name(name)
+        except ObjectNotFound:
+            try:
+                client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name=name, limit=1))
+            except ObjectAlreadyExists:  # another run created it first: the same one slot
+                pass
+
+
+@contextmanager
+def exclusive(name: str, log: Callable[[str], None], what: str) -> Iterator[None]:
+    """Hold the only slot of limit `name` for the block; says once that it waits, and for what."""
+    from prefect.concurrency.sync import concurrency
+
+    ensure_limit(name)
+    with ExitStack() as held:
+        try:
+            held.enter_context(concurrency(name, occupy=1, timeout_seconds=1, strict=True))
+        except TimeoutError:
+            log(f"{what}: waiting for it to finish (Prefect concurrency limit {name!r})")
+            held.enter_context(concurrency(name, occupy=1, strict=True))
+            log(f"{what}: finished; going on")
+        yield
