@@ -114,11 +114,6 @@ def test_quantize_and_build_run_in_a_docker_worker_container_and_come_back_throu
         client = docker_engine.connect()
         left = [c.name for c in client.containers.list(all=True) if c.image.tags == ["stoker/worker:0.1.0"]]
         assert left == [], left
-
-        # A second run elsewhere (a new STOKER_HOME): the routed run finds everything in the shared cache.
-        again = _run(data, env, tmp / "home-b")
-        assert again["ok"], again.get("error", "") + again["log"][-4000:]
-        assert {again["manifest"]["steps"][s]["routed"]["layer"] for s in ("quantize", "build")} == {"remote"}
     finally:
         docker_engine.remove_deployment(docker_engine.connect(), name, lambda _m: None)
 
