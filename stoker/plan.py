@@ -7,7 +7,7 @@ key before it runs; the plan says so instead of guessing.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from . import targets
 from .errors import StokerError
@@ -30,6 +30,10 @@ def plan(spec: Spec, ctx: RunContext) -> list[PlannedStep]:
     warnings = check_evaluation(spec)
     steps = targets.get(spec.target).plan(spec, ctx)
     target = targets.get(spec.target)
+    if spec.routing.heavy:  # a miss runs on the routed deployment's pool, not in this run's process
+        where = f"runs on {spec.routing.heavy}'s pool (routing.heavy)"
+        steps = [replace(s, note="; ".join(filter(None, [s.note, where])))
+                 if s.name in ("quantize", "build") and s.status in ("miss", "pending") else s for s in steps]
     if spec.evaluation.enabled and target.evaluates:
         source = ("the unquantized build, scored here" if target.baseline_source == "runtime"
                   else "the bf16 build's record in S3")

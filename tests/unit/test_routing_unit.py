@@ -63,3 +63,18 @@ def test_a_routed_step_missing_from_the_cache_is_an_error_not_a_build_here(tmp_p
     assert entry["layer"] == "built" and "pulled_bytes" not in entry
     again = cached_step(RunContext.new(tmp_path), "build", "k1", produce, lambda _m: None)
     assert again.cache_hit and again.layer == "local" and again.ran_on is None
+
+
+def test_plan_says_where_a_routed_miss_runs(monkeypatch, tmp_path: Path):
+    from stoker import plan, targets
+    from stoker.plan import PlannedStep
+
+    rows = [PlannedStep("fetch", "k0", "hit"), PlannedStep("quantize", "k1", "miss"),
+            PlannedStep("build", None, "pending", "key known once the previous step has run")]
+    monkeypatch.setattr(type(targets.get("reference")), "plan", lambda self, spec, ctx: list(rows))
+    spec = _spec(storage={"bucket": "abc", "shared_cache": True}, routing={"heavy": "heavy_steps/gpu"},
+                 evaluation={"enabled": False})
+    out = {s.name: s.note for s in plan.plan(spec, RunContext.new(tmp_path))}
+    assert out["fetch"] == ""
+    assert out["quantize"] == "runs on heavy_steps/gpu's pool (routing.heavy)"
+    assert out["build"] == "key known once the previous step has run; runs on heavy_steps/gpu's pool (routing.heavy)"
