@@ -40,13 +40,15 @@ class Steps(dict[str, StepResult]):
         self.evaluation: dict | None = None  # likewise: the accuracy evaluation, even when its gate failed
 
     def run(self, name: str, task: Callable[..., StepResult], *args) -> StepResult:
-        t0 = time.perf_counter()
+        t0, began = time.perf_counter(), time.time()
         try:
             result = task(*args)
         except Exception as exc:
             self[name] = StepResult(name=name, status="failed", duration_s=time.perf_counter() - t0,
-                                    error=one_line(exc))
+                                    error=one_line(exc), started_at=began)
             raise
+        if result.started_at is None:  # a step that began elsewhere (a task future) says when itself
+            result.started_at = began
         self[name] = result
         return result
 

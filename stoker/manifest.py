@@ -42,8 +42,8 @@ def build_manifest(spec: Spec, ctx: RunContext, steps: dict[str, StepResult], so
         "backend": (deploy.detail.get("candidate" if live else "previous") if deploy and deploy.status == "completed"
                     else None),
         # Steps after the pipeline's own (gate, promote, ...) follow in the order they ran.
-        "steps": {name: steps[name].manifest_entry() for name in (*STEPS, *(n for n in steps if n not in STEPS))
-                  if name in steps},
+        "steps": {name: _step_entry(steps[name], started_at)
+                  for name in (*STEPS, *(n for n in steps if n not in STEPS)) if name in steps},
         "benchmark": {"levels": [_level(lv) for lv in levels]},
         # Accuracy against the unquantized build of the same revision (None when evaluation is off or
         # the run stopped before it); present also when its gate failed.
@@ -57,8 +57,32 @@ def build_manifest(spec: Spec, ctx: RunContext, steps: dict[str, StepResult], so
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started_at)),
         "runner": ctx.runner,
         "wall_s": round(wall_s, 3),
-        "overhead_s": round(wall_s - sum(s.duration_s for s in steps.values()), 3),
+        "overhead_s": round(wall_s - covered_s(steps.values()), 3),
     }
+
+
+def _step_entry(step: StepResult, run_started_at: float) -> dict:
+    entry = step.manifest_entry()
+    if step.started_at is not None:  # seconds into the run: overlapping steps show as such
+        entry["started_s"] = round(step.started_at - run_started_at, 3)
+    return entry
+
+
+def covered_s(steps) -> float:
+    """Seconds of the run that some step covered: the union of the steps' intervals where every step says when
+    it began (steps overlap: the baseline runs while the candidate starts), else the sum of their durations."""
+    steps = list(steps)
+    if not steps or any(s.started_at is None for s in steps):
+        return sum(s.duration_s for s in steps)
+    covered, end = 0.0, None
+    for start, stop in sorted((s.started_at, s.started_at + s.duration_s) for s in steps):
+        if end is None or start >= end:
+            covered += stop - start
+            end = stop
+        elif stop > end:
+            covered += stop - end
+            end = stop
+    return covered
 
 
 def _level(lv: dict) -> dict:

@@ -75,6 +75,9 @@ class StepResult(BaseModel):
     pulled_bytes: int = 0
     ran_on: str | None = None
     routed: dict | None = None  # set when another worker's flow run executed the step (flows/heavy_steps.py)
+    # When it began (epoch s): steps may overlap (the baseline runs while the candidate starts), so the manifest's
+    # orchestration overhead is the wall time no step covered, not the wall minus the sum of durations.
+    started_at: float | None = None
 
     def manifest_entry(self) -> dict:
         d = {"status": self.status, "cache_hit": self.cache_hit, "duration_s": round(self.duration_s, 3),
@@ -98,7 +101,7 @@ def entry_outputs(entry: Entry) -> list[Output]:
 def cached_step(ctx: RunContext, name: str, key: str, produce: Callable[[Path], dict],
                 log: Callable[[str], None]) -> StepResult:
     """Reuse the stored result for `key`, or produce and publish it atomically."""
-    t0 = time.perf_counter()
+    t0, began = time.perf_counter(), time.time()
     if ctx.routed_to is not None:
         produce = _not_here(ctx.routed_to, name, key)
     if ctx.shared_cache is not None:
@@ -109,7 +112,7 @@ def cached_step(ctx: RunContext, name: str, key: str, produce: Callable[[Path], 
                           digest=entry.digest, path=entry.output_dir, outputs=entry_outputs(entry),
                           detail=entry.detail, layer=came_from,
                           pulled_bytes=sum(f.bytes for f in entry.files) if came_from == "remote" else 0,
-                          ran_on=ctx.runner if came_from == "built" else None)
+                          ran_on=ctx.runner if came_from == "built" else None, started_at=began)
     store = ctx.store
     entry = store.lookup(name, key)
     hit = entry is not None
@@ -120,7 +123,8 @@ def cached_step(ctx: RunContext, name: str, key: str, produce: Callable[[Path], 
         entry = store.publish(name, key, produce)
     return StepResult(name=name, cache_hit=hit, duration_s=time.perf_counter() - t0, key=key,
                       digest=entry.digest, path=entry.output_dir, outputs=entry_outputs(entry),
-                      detail=entry.detail, layer="local" if hit else "built", ran_on=None if hit else ctx.runner)
+                      detail=entry.detail, layer="local" if hit else "built", ran_on=None if hit else ctx.runner,
+                      started_at=began)
 
 
 def _not_here(deployment: str, name: str, key: str) -> Callable[[Path], dict]:

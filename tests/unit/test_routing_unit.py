@@ -78,3 +78,20 @@ def test_plan_says_where_a_routed_miss_runs(monkeypatch, tmp_path: Path):
     assert out["fetch"] == ""
     assert out["quantize"] == "runs on heavy_steps/gpu's pool (routing.heavy)"
     assert out["build"] == "key known once the previous step has run; runs on heavy_steps/gpu's pool (routing.heavy)"
+
+
+def test_overhead_is_the_wall_time_no_step_covered():
+    from stoker.manifest import covered_s
+    from stoker.run import StepResult
+
+    def step(name, start, dur):
+        return StepResult(name=name, duration_s=dur, started_at=start)
+
+    # fetch 0-2, deploy 2-10, baseline 3-9 (inside deploy), benchmark 11-12: 11 s covered, not 2+8+6+1 = 17.
+    steps = [step("fetch", 100, 2), step("deploy", 102, 8), step("baseline", 103, 6), step("benchmark", 111, 1)]
+    assert covered_s(steps) == 11
+    # Partly overlapping, and touching intervals.
+    assert covered_s([step("a", 0, 5), step("b", 3, 5), step("c", 8, 1)]) == 9
+    # A step without a start (an older producer): the sum of durations, as before.
+    assert covered_s([step("a", 0, 5), StepResult(name="b", duration_s=5)]) == 10
+    assert covered_s([]) == 0
