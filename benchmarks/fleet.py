@@ -43,6 +43,9 @@ sys.path.insert(0, str(ROOT))
 
 HEAVY = ("fetch", "quantize", "build", "package")
 POOL, DEPLOYMENT = "fleet-cpu", "fleet"
+# Each worker runs at most this many flow runs at once (`prefect worker start --limit`): its capacity. Without it
+# the first worker to poll takes every scheduled entry, and a second worker adds nothing.
+WORKER_LIMIT = 2
 MODES = {"a": ("1 worker, cold local and S3 caches", 1, "cold"),
          "b": ("2 workers, cold local and S3 caches", 2, "cold"),
          "c": ("2 workers, cold local caches, warm S3 cache (b's)", 2, "warm")}
@@ -115,7 +118,7 @@ def start_workers(state: Path, stack: dict, n: int, mode: str) -> list[tuple[str
         name, home = f"fleet-{mode}-w{i + 1}", state / f"home-{mode}-w{i + 1}"
         env = {k: v for k, v in stack["env"].items() if not k.startswith("PREFECT_API")}
         env |= {"STOKER_HOME": str(home), "HF_HOME": str(state / f"hf-{mode}-{i}")}
-        ensure_worker(state, stack["api"], POOL, cwd=ROOT, env=env, name=name)
+        ensure_worker(state, stack["api"], POOL, cwd=ROOT, env=env, name=name, limit=WORKER_LIMIT)
         workers.append((name, home))
     wait_online(len(workers), [w for w, _ in workers])
     return workers
@@ -194,6 +197,7 @@ def main() -> int:
     out = {"benchmark": "fleet", "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
            "machine": {"cores": os.cpu_count(), "python": platform.python_version()},
            "formats": formats, "evaluation": not args.no_evaluation, "max_parallel": len(formats),
+           "worker_limit": WORKER_LIMIT,
            "heavy_steps": list(HEAVY), "modes": {}}
     try:
         stack = start_stack(state)

@@ -128,9 +128,11 @@ def ensure_server(state_dir: Path, port: int | None = None, database_url: str | 
 
 
 def ensure_worker(state_dir: Path, api: PrefectApi, pool: str, cwd: Path, env: dict[str, str] | None = None,
-                  timeout_s: float = 90, type_: str = "process", name: str | None = None) -> None:
+                  timeout_s: float = 90, type_: str = "process", name: str | None = None,
+                  limit: int | None = None) -> None:
     """A worker of type ``type_`` (process, or docker: prefect-docker) polling ``pool`` (created if missing),
-    running flows from ``cwd``; ``name`` tells apart several workers of one pool (default: after the pool)."""
+    running flows from ``cwd``; ``name`` tells apart several workers of one pool (default: after the pool);
+    ``limit`` caps the flow runs it runs at once (its capacity: the others are left to the pool's other workers)."""
     name = name or f"prefect-worker-{pool}"
     if is_running(name, state_dir) is not None:
         return
@@ -139,4 +141,5 @@ def ensure_worker(state_dir: Path, api: PrefectApi, pool: str, cwd: Path, env: d
             "PREFECT_WORKER_WEBSERVER_HOST": "127.0.0.1", "PREFECT_WORKER_QUERY_SECONDS": "2",
             "PREFECT_HOME": str(Path(state_dir) / "prefect-home-worker")}
     start_service(name, [_prefect_bin(), "worker", "start", "--pool", pool, "--type", type_, "--name", name,
-                         "--with-healthcheck"], port, state_dir, env=wenv, cwd=cwd, timeout_s=timeout_s)
+                         "--with-healthcheck", *(["--limit", str(limit)] if limit else [])], port, state_dir,
+                  env=wenv, cwd=cwd, timeout_s=timeout_s)
