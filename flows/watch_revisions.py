@@ -83,6 +83,11 @@ def start_build(watch: Watch, sha: str) -> dict:
     """Create the build run for this sha (idempotently); says whether this watcher created it."""
     from prefect.deployments.flow_runs import run_deployment
 
+    from stoker.routing import check_route
+
+    # Prefect would leave a run of a pool with no worker Scheduled forever, and start it whenever one appears,
+    # maybe long after a newer sha: refuse now, in one line; the next tick after a worker starts builds it.
+    check_route(watch.deployment, what=f"watch {watch.spec.deploy.name}")
     # Pin the exact commit seen: a push between now and the fetch must not change what is built.
     spec = watch.spec.model_copy(update={"model": watch.spec.model.model_copy(update={"revision": sha})})
     name = f"{watch.spec.deploy.name}-{sha[:10]}-{uuid.uuid4().hex[:6]}"

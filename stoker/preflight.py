@@ -22,14 +22,28 @@ def check_credentials(spec: Spec) -> None:
 
 
 def check_storage(spec: Spec) -> None:
-    """S3 answers and the bucket exists (or may be created)."""
+    """S3 answers with the keys the run will use (the spec's block, else boto3's chain where this runs) and the
+    bucket exists, or may be created. Only a missing bucket is forgiven by `create_bucket`: missing or refused
+    keys fail here, in one line, not at the upload after the heavy steps."""
     st = spec.storage
+    require_keys(st)
     client = s3.client(st)
     try:
         s3.ensure_bucket(client, st, create=False)
-    except s3.S3Error:
+    except s3.NoSuchBucket:
         if not st.create_bucket:
             raise
+
+
+def require_keys(st) -> None:
+    """Some S3 keys exist for this bucket: the named block's, or boto3's own chain (environment, profile, role)."""
+    if credentials.aws_keys(st) is None:
+        import boto3
+
+        if boto3.Session().get_credentials() is None:
+            raise s3.S3Error(f"bucket {st.bucket!r} at {st.endpoint_url or 'AWS S3'}: no S3 credentials here "
+                             "(name an AwsCredentials block in storage.credentials_block, or set "
+                             "AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY where the run runs)")
 
 
 def check_shared_cache(spec: Spec) -> None:
@@ -38,12 +52,7 @@ def check_shared_cache(spec: Spec) -> None:
     from botocore.exceptions import BotoCoreError, ClientError
 
     st = spec.storage
-    if credentials.aws_keys(st) is None:
-        import boto3
-
-        if boto3.Session().get_credentials() is None:
-            raise s3.S3Error(f"storage.shared_cache is on but no S3 credentials were found for bucket {st.bucket!r} "
-                             "(set storage.credentials_block or AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY)")
+    require_keys(st)
     client = s3.client(st)
     if st.create_bucket:  # the first step reads the cache before the upload step would create the bucket
         s3.ensure_bucket(client, st, create=True)

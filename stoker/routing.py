@@ -30,8 +30,9 @@ class Route:
     workers: list[str]  # the pool's online workers when checked
 
 
-def check_route(deployment: str) -> Route:
-    """The deployment exists, and its work pool is not paused and has an online worker; else one line naming it."""
+def check_route(deployment: str, what: str = "routing.heavy") -> Route:
+    """The deployment exists, and its work pool is not paused and has an online worker; else one line naming it
+    (``what`` names who asks: a routed step, a watch, the webhook). Prefect would leave the run Scheduled."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.objects import WorkerStatus
     from prefect.exceptions import ObjectNotFound
@@ -40,20 +41,20 @@ def check_route(deployment: str) -> Route:
         try:
             dep = client.read_deployment_by_name(deployment)
         except ObjectNotFound:
-            raise RoutingError(f"routing.heavy: deployment {deployment!r} is not registered on {client.api_url} "
-                               "(prefect deploy --all registers heavy_steps/gpu)") from None
+            raise RoutingError(f"{what}: deployment {deployment!r} is not registered on {client.api_url} "
+                               "(prefect deploy --all registers prefect.yaml's deployments)") from None
         pool = dep.work_pool_name
         if not pool:
-            raise RoutingError(f"routing.heavy: deployment {deployment!r} has no work pool")
+            raise RoutingError(f"{what}: deployment {deployment!r} has no work pool")
         try:
             wp = client.read_work_pool(pool)
         except ObjectNotFound:
-            raise RoutingError(f"routing.heavy: work pool {pool!r} of {deployment!r} does not exist") from None
+            raise RoutingError(f"{what}: work pool {pool!r} of {deployment!r} does not exist") from None
         if wp.is_paused:
-            raise RoutingError(f"routing.heavy: work pool {pool!r} of {deployment!r} is paused")
+            raise RoutingError(f"{what}: work pool {pool!r} of {deployment!r} is paused")
         online = [w.name for w in client.read_workers_for_work_pool(pool) if w.status == WorkerStatus.ONLINE]
     if not online:
-        raise RoutingError(f"routing.heavy: work pool {pool!r} of {deployment!r} has no online worker; start one "
+        raise RoutingError(f"{what}: work pool {pool!r} of {deployment!r} has no online worker; start one "
                            f"(prefect worker start --pool {pool} --type {wp.type})")
     return Route(deployment, str(dep.id), pool, online)
 

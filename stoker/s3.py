@@ -70,6 +70,10 @@ class S3Error(StepError):
     """Bad credentials, no permission, no bucket, or a request S3 refuses: retrying cannot help."""
 
 
+class NoSuchBucket(S3Error):
+    """The endpoint answered, the keys were accepted, and the bucket does not exist (it may be created)."""
+
+
 @dataclass(frozen=True)
 class UploadedObject:
     key: str
@@ -155,7 +159,7 @@ def ensure_bucket(s3, storage: Storage, create: bool) -> None:
     except BotoCoreError as err:
         raise failure(err, f"bucket {storage.bucket!r}", storage) from None
     if not create:
-        raise S3Error(f"bucket {storage.bucket!r} does not exist at {_where(storage)}")
+        raise NoSuchBucket(f"bucket {storage.bucket!r} does not exist at {_where(storage)}")
     kwargs = {} if storage.region == "us-east-1" else {
         "CreateBucketConfiguration": {"LocationConstraint": storage.region}}
     try:

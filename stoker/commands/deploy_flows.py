@@ -18,9 +18,11 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..errors import StokerError
+from .deploy_checks import check_scheduled_workers, check_stack_specs
 
 PLATFORM_FILE = Path("deployments/platform.yaml")
 PREFECT_FILE = Path("prefect.yaml")
+SPECS_DIR = Path("deployments/specs")  # the webhook receiver's specs (`stoker webhook serve --specs`)
 
 
 class DeployFlowsError(StokerError):
@@ -193,11 +195,16 @@ def apply_automation(path: Path) -> str:
     return f"automation {created.name}: applied ({created.id})"
 
 
-def apply(platform_file: Path = PLATFORM_FILE, prefect_file: Path = PREFECT_FILE, log=print) -> list[str]:
+def apply(platform_file: Path = PLATFORM_FILE, prefect_file: Path = PREFECT_FILE, log=print,
+          specs_dir: Path | None = SPECS_DIR) -> list[str]:
     """Pools and limits, `prefect deploy --all`, automations; returns the deployments' names."""
     cfg = load_platform(platform_file)
     names = deployment_names(prefect_file)
+    checked = check_stack_specs(prefect_file, specs_dir)
+    log(f"specs of this stack: {checked} checked, no shared port or deployment name")
     apply_platform(cfg, log)
+    for line in check_scheduled_workers(prefect_file):
+        log(line)
     before = written_stamps(names)
     prefect_deploy_all(prefect_file)
     check_written(names, before)
@@ -207,7 +214,7 @@ def apply(platform_file: Path = PLATFORM_FILE, prefect_file: Path = PREFECT_FILE
 
 
 def _handler(args) -> int:
-    names = apply(args.platform, args.prefect_file)
+    names = apply(args.platform, args.prefect_file, specs_dir=args.specs)
     print(f"applied {len(names)} deployment(s) of {args.prefect_file}: {', '.join(names)}")
     return 0
 
@@ -217,4 +224,6 @@ def register(sub) -> None:
                                             "deployments/platform.yaml, then `prefect deploy --all` (PREFECT_API_URL)")
     p.add_argument("--platform", type=Path, default=PLATFORM_FILE, help="pools, limits, automations")
     p.add_argument("--prefect-file", type=Path, default=PREFECT_FILE, help="the deployments (Prefect's prefect.yaml)")
+    p.add_argument("--specs", type=Path, default=SPECS_DIR, help="the webhook's specs folder, checked with the "
+                                                                 "watched specs for shared ports and names")
     p.set_defaults(fn=_handler)

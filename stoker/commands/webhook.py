@@ -9,7 +9,11 @@ from pathlib import Path
 
 def _serve(args) -> int:
     from ..webhook.app import ReceiverConfig, resolve_secret, serve
+    from .deploy_checks import check_stack_specs
+    from .deploy_flows import PREFECT_FILE
 
+    # The receiver's specs deploy next to the watched ones: a shared port fails now, not after a build.
+    check_stack_specs(PREFECT_FILE if PREFECT_FILE.exists() else None, args.specs)
     cfg = ReceiverConfig(secret=resolve_secret(args.secret_block), specs_dir=args.specs, deployment=args.deployment,
                          max_body_bytes=args.max_body, window_s=args.window, rate_per_s=args.rate, burst=args.burst)
     print(f"webhook: POST http://{args.host}:{args.port}/hooks/build → {cfg.deployment} (specs {cfg.specs_dir})")

@@ -127,3 +127,13 @@ def record(key: str, value) -> None:
     data = json.loads(path.read_text()) if path.exists() else {}
     data[key] = value
     path.write_text(json.dumps(data, indent=1, sort_keys=True))
+
+
+def wait_online(api, pool: str, timeout_s: float = 120) -> None:
+    """Until a worker of ``pool`` heartbeats as ONLINE (a started worker registers on its first poll)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if any(w["status"] == "ONLINE" for w in api_get(api, f"/work_pools/{pool}/workers/filter", {})):
+            return
+        time.sleep(1)
+    raise AssertionError(f"no worker of {pool} came online in {timeout_s:g} s")

@@ -30,6 +30,7 @@ from operate_helpers import (  # noqa: F401
     record,
     run_py,
     wait_final,
+    wait_online,
 )
 
 from stoker.stack.services import free_port, port_open
@@ -158,10 +159,10 @@ def _watch_code(watches: list[dict]) -> str:
 
 def test_watcher_starts_exactly_one_run_per_new_commit(prefect_api, local_stack, tmp_path):
     from stoker.stack.hub_mirror import publish_model
+    from stoker.stack.prefect_stack import ensure_worker
 
-    api, _state = prefect_api
-    # An idle pool (no worker): the started runs stay scheduled, so they can be counted exactly.
-    pool = f"idle-{uuid.uuid4().hex[:6]}"
+    api, state = prefect_api
+    pool = f"held-{uuid.uuid4().hex[:6]}"
     done = apply_deployments(tmp_path, api, pool)
     assert done.returncode == 0, done.stderr[-3000:]
     dep = deployment_id(api, "build_and_deploy", pool)
@@ -176,6 +177,19 @@ def test_watcher_starts_exactly_one_run_per_new_commit(prefect_api, local_stack,
     spec["model"]["repo_id"] = repo_id
     watches = [{"spec": spec, "deployment": f"build_and_deploy/{pool}"}]
     env = prefect_env(api)
+
+    # No worker on the pool: the tick refuses in one line instead of leaving a run Scheduled forever.
+    r = run_py(_watch_code(watches), env)
+    assert r.returncode != 0
+    assert (f"watch watched: work pool {pool!r} of 'build_and_deploy/{pool}' has no online worker; start one "
+            f"(prefect worker start --pool {pool} --type process)") in r.stdout + r.stderr
+    assert flow_runs(api, dep) == []
+
+    # A worker that takes nothing (the pool's concurrency limit is 0): the started runs stay Scheduled, so they
+    # can be counted exactly.
+    ensure_worker(state, api, pool, cwd=ROOT)
+    _set_pool_limit(api, pool, 0)
+    wait_online(api, pool)
 
     # Two watchers race on the same sha.
     procs = [subprocess.Popen([sys.executable, "-c", _watch_code(watches)], cwd=ROOT, env=env,
@@ -200,3 +214,15 @@ def test_watcher_starts_exactly_one_run_per_new_commit(prefect_api, local_stack,
         assert (row["sha"], row["action"]) == (sha2, expected)
     runs = flow_runs(api, dep)
     assert sorted(r["parameters"]["spec"]["model"]["revision"] for r in runs) == sorted([sha1, sha2])
+
+
+def _set_pool_limit(api, pool: str, limit: int) -> None:
+    import base64
+
+    req = urllib.request.Request(f"{api.url}/work_pools/{pool}", method="PATCH",
+                                 data=json.dumps({"concurrency_limit": limit}).encode(),
+                                 headers={"Authorization": "Basic " + base64.b64encode(api.auth.encode()).decode(),
+                                          "Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        assert resp.status == 204
+

@@ -19,7 +19,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from operate_helpers import ROOT, api_get, make_spec, prefect_api, prefect_env  # noqa: F401
+from operate_helpers import ROOT, api_get, make_spec, prefect_api, prefect_env, wait_online  # noqa: F401
 
 from stoker import docker_engine
 
@@ -55,17 +55,8 @@ def fleet(prefect_api, local_stack, triton_image, tmp_path_factory):
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
     ensure_worker(state, api, "stoker-gpu", cwd=ROOT, type_="docker")
-    _wait_online(api, "stoker-gpu")
+    wait_online(api, "stoker-gpu")
     return api, env, tmp_path_factory.mktemp("routing")
-
-
-def _wait_online(api, pool: str, timeout_s: float = 90) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if any(w["status"] == "ONLINE" for w in api_get(api, f"/work_pools/{pool}/workers/filter", {})):
-            return
-        time.sleep(1)
-    raise AssertionError(f"no worker of {pool} came online")
 
 
 def _spec(local_stack, name: str, heavy: str, fmt: str = "fp8") -> dict:

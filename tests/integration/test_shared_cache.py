@@ -255,7 +255,7 @@ def test_prune_refuses_without_a_rule(storage, tmp_path, monkeypatch, capsys):
 
 
 def test_preflight_fails_in_one_line_without_credentials(storage, monkeypatch, tmp_path):
-    from stoker.preflight import check_shared_cache
+    from stoker.preflight import check_shared_cache, check_storage
     from stoker.spec import parse_spec
 
     for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
@@ -266,8 +266,13 @@ def test_preflight_fails_in_one_line_without_credentials(storage, monkeypatch, t
     spec = parse_spec({"model": {"repo_id": "org/model"}, "storage": storage.model_dump(mode="json")})
     with pytest.raises(s3.S3Error) as exc:
         check_shared_cache(spec)
-    assert str(exc.value).startswith("storage.shared_cache is on but no S3 credentials were found for bucket")
+    assert f"bucket {storage.bucket!r} at {storage.endpoint_url}: no S3 credentials here" in str(exc.value)
     assert "\n" not in str(exc.value)
+    # create_bucket forgives a missing bucket, never missing keys (issue 22: the preflight logged "ok" and the
+    # upload failed after the heavy steps with "Unable to locate credentials").
+    creating = spec.model_copy(update={"storage": spec.storage.model_copy(update={"create_bucket": True})})
+    with pytest.raises(s3.S3Error, match="no S3 credentials here"):
+        check_storage(creating)
     for k, v in TEST_CREDENTIALS.items():
         monkeypatch.setenv(k, v)
     check_shared_cache(spec)  # with keys: the cache prefix is listed, written and cleaned

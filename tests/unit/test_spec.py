@@ -87,7 +87,7 @@ def test_shipped_specs_validate():
 
     root = Path(__file__).resolve().parents[2]
     full = load_spec(root / "deployments" / "specs" / "example-full.yaml")
-    assert full.quantization.format == "int4_awq" and full.deploy.ports.http == 8100
+    assert full.quantization.format == "int4_awq" and full.deploy.ports.http == 8110
     import yaml
 
     demo = parse_spec(yaml.safe_load(DEMO_SPEC.read_text()), "demo")
