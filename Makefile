@@ -40,8 +40,9 @@ test-unit: venv
 down:
 	$(VENV)/bin/stoker down
 
-# The self-hosted Prefect stack (PostgreSQL 15 from Debian, basic auth, process worker) + deploy-flows.
-stack: venv
+# The self-hosted Prefect stack (PostgreSQL 15 from Debian, basic auth, workers), the local Hub mirror and S3 the
+# deployed flows read, the S3 credentials block, then deploy-flows.
+stack: setup
 	bash infra/prefect/stack.sh
 
 stack-down:

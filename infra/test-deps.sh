@@ -6,6 +6,11 @@ missing=()
 [ -x /usr/lib/postgresql/15/bin/initdb ] || missing+=(postgresql-15)
 command -v chromium >/dev/null || missing+=(chromium)
 [ -x /usr/bin/chromedriver ] || missing+=(chromium-driver)
+# The example CI job (deployments/ci/trigger-build.yml) signs with openssl and builds its body with jq; the
+# Operate walk-through test runs it verbatim.
+command -v jq >/dev/null || missing+=(jq)
+command -v openssl >/dev/null || missing+=(openssl)
+command -v curl >/dev/null || missing+=(curl)
 [ ${#missing[@]} -eq 0 ] && exit 0
 [ "$(id -u)" = 0 ] || { echo "test-deps.sh: need root to apt-get install ${missing[*]}" >&2; exit 1; }
 echo "test-deps.sh: installing ${missing[*]} (apt)" >&2
