@@ -55,12 +55,12 @@ def _sections(stdout: str) -> dict[str, tuple[float, str]]:
     return {parts[i]: (float(parts[i + 1]), parts[i + 2]) for i in range(1, len(parts) - 2, 3)}
 
 
-def test_operate_section_runs_verbatim(tmp_path, triton_image):
+def test_operate_section_runs_verbatim(tmp_path, tmp_path_factory, triton_image):
     busy = [p for p in DEFAULT_PORTS if not port_free(p)]
     assert not busy, f"the Operate section's default ports must be free here; in use: {busy}"
     lines = operate_block()
     assert lines[0].startswith("make stack") and lines[1].startswith("source ")
-    home = tmp_path / "stoker-home"
+    home = tmp_path_factory.mktemp("op")  # short: the proxy's admin socket path must fit AF_UNIX's 108 bytes
     out = tmp_path / "out"
     out.mkdir()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_API", "AWS_", "STOKER_WEBHOOK"))}

@@ -67,13 +67,14 @@ def _watch_runs(api, dep: str) -> list[dict]:
     return flow_runs(api, dep)
 
 
-def test_the_schedule_starts_one_build_per_new_commit(server, local_stack, triton_image, tmp_path):
+def test_the_schedule_starts_one_build_per_new_commit(server, local_stack, triton_image, tmp_path,
+                                                      tmp_path_factory):
     from stoker.stack.hub_mirror import publish_model
     from stoker.stack.prefect_stack import ensure_worker
 
     db, api, state = server
     pool = f"sched-{uuid.uuid4().hex[:6]}"
-    home = tmp_path / "worker-home"
+    home = tmp_path_factory.mktemp("wh")  # short: the proxy's admin socket path must fit AF_UNIX's 108 bytes
     ensure_worker(state, api, pool, cwd=ROOT, env={**local_stack["aws_env"], "STOKER_HOME": str(home / "stoker"),
                                                    "HF_HOME": str(home / "hf")})
     repo_id = f"stoker/sched-{uuid.uuid4().hex[:6]}"
