@@ -1,11 +1,16 @@
 """The receiver: an ASGI app (Starlette, already installed with Prefect) that starts flow runs.
 
 Checks run cheapest first: size (413), rate (429), signature (401), JSON and
-schema (400), replay window (401), idempotency (a repeat answers the first run),
-then the spec named in the trigger is loaded, its revision set, and the
-deployment run through ``run_deployment`` with Prefect's own idempotency key, so
-receivers on several hosts still start one run per key. Answers 202 with the
-flow run id. The secret is only ever compared, never logged or echoed.
+schema (400), replay window (401), idempotency (a key seen with the same trigger
+— spec, repo, revision — answers the first run whatever the timestamp, so a CI
+re-run gets its build back; with another trigger, 409 naming that run), then the
+spec named in the trigger is loaded (400), the stack must hold its credentials
+block (400) and the deployment's pool an online worker (503), its revision set,
+and the deployment run through ``run_deployment`` with Prefect's own idempotency
+key, so receivers on several hosts, or a restarted one, still start one run per
+key: a run Prefect found instead of creating is checked against the trigger by
+its ``stoker-trigger:`` tag. Answers 202 with the flow run id. The secret is
+only ever compared, never logged or echoed.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import logging
 import os
 import re
 import time
+import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -82,23 +88,84 @@ def resolve_secret(secret_block: str | None) -> bytes:
     return value.encode() if isinstance(value, str) else bytes(value)
 
 
-# Starts the run; returns (flow run id, flow run name). Injected so the app is testable without Prefect.
-StartRun = Callable[[str, dict, str], Awaitable[tuple[str, str]]]
+TRIGGER_TAG = "stoker-trigger:"
 
 
-async def prefect_start(deployment: str, parameters: dict, idempotency_key: str) -> tuple[str, str]:
+def trigger_identity(trigger: Trigger) -> str:
+    """What a repeated key must match to be the same trigger: spec, repo and revision (not the timestamp)."""
+    canonical = json.dumps([trigger.spec, trigger.repo, trigger.revision], separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class Started:
+    """A flow run for an idempotency key: created by this call, or found (and then whose trigger it was)."""
+
+    run_id: str
+    run_name: str
+    created: bool
+    identity: str | None  # from the run's stoker-trigger tag; None when the run has none
+
+
+class Refused(StokerError):
+    """The stack cannot run this trigger now (a missing credentials block, no worker): an HTTP status + one line."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+# Starts (or finds) the run for an idempotency key. Injected so the app is testable without Prefect.
+StartRun = Callable[[str, dict, str, str], Awaitable[Started]]
+# Raises Refused when the stack lacks what the spec's run needs. Injected for the same reason.
+CheckRun = Callable[[object, str], Awaitable[None]]
+
+
+async def prefect_start(deployment: str, parameters: dict, idempotency_key: str, identity: str) -> Started:
     from prefect.deployments.flow_runs import arun_deployment
 
+    # A name of our own tells a run this call created from one Prefect found under the key (as the watcher does).
+    name = f"webhook-{uuid.uuid4().hex[:10]}"
     run = await arun_deployment(deployment, parameters=parameters, timeout=0, idempotency_key=idempotency_key,
-                                as_subflow=False, tags=["stoker", "webhook"])
-    return str(run.id), run.name
+                                flow_run_name=name, as_subflow=False,
+                                tags=["stoker", "webhook", f"{TRIGGER_TAG}{identity}"])
+    found = next((t[len(TRIGGER_TAG):] for t in run.tags or [] if t.startswith(TRIGGER_TAG)), None)
+    return Started(str(run.id), run.name, run.name == name, found)
+
+
+async def prefect_check(spec, deployment: str) -> None:
+    """The spec's credentials block exists on this Prefect API, and the deployment's pool has an online worker."""
+    import anyio
+
+    from ..credentials import CredentialsError, aws_keys
+    from ..routing import RoutingError, check_route
+
+    def check() -> None:  # Prefect's sync clients: off the event loop
+        try:
+            aws_keys(spec.storage)
+        except CredentialsError as err:
+            raise Refused(400, str(err)) from None
+        try:
+            check_route(deployment, what="webhook")
+        except RoutingError as err:
+            raise Refused(503, str(err)) from None
+
+    await anyio.to_thread.run_sync(check)
 
 
 def _error(status: int, message: str, **headers: str) -> JSONResponse:
     return JSONResponse({"error": message}, status_code=status, headers=headers or None)
 
 
-def create_app(cfg: ReceiverConfig, start_run: StartRun = prefect_start,
+def _repeat(key: str, trigger: Trigger, identity: str, first_identity: str | None, run_id: str) -> JSONResponse:
+    """A key seen before: the first run when the trigger is the same, else 409 naming that run."""
+    if first_identity is not None and first_identity != identity:
+        return _error(409, f"idempotency key {key!r} already started flow run {run_id} for another trigger "
+                           f"(this one: spec {trigger.spec!r} repo {trigger.repo!r} revision {trigger.revision!r})")
+    return JSONResponse({"flow_run_id": run_id, "duplicate": True}, status_code=202)
+
+
+def create_app(cfg: ReceiverConfig, start_run: StartRun = prefect_start, check_run: CheckRun = prefect_check,
                clock: Callable[[], float] = time.time) -> Starlette:
     bucket = signing.TokenBucket(cfg.rate_per_s, cfg.burst)
     # Twice the window: a key must outlive every body that could still pass the window check.
@@ -134,13 +201,12 @@ def create_app(cfg: ReceiverConfig, start_run: StartRun = prefect_start,
             return _error(400, f"invalid trigger: {where}")
         if not signing.within_window(trigger.timestamp, t_received, cfg.window_s):
             return _error(401, f"timestamp outside the {cfg.window_s:g} s window (replayed or clock skew)")
-        digest = hashlib.sha256(body).hexdigest()
-        key = trigger.idempotency_key or digest
+        identity = trigger_identity(trigger)
+        # Without a key only a byte-identical resend is a repeat; with one, the same trigger is, whatever its time.
+        key = trigger.idempotency_key or hashlib.sha256(body).hexdigest()
         hit = seen.get(key, t_received)
         if hit is not None:
-            if hit[0] != digest:
-                return _error(400, "idempotency key already used for a different trigger")
-            return JSONResponse({"flow_run_id": hit[1], "duplicate": True}, status_code=202)
+            return _repeat(key, trigger, identity, hit[0], hit[1])
         spec_path = Path(cfg.specs_dir) / f"{trigger.spec}.yaml"
         from ..spec import load_spec
 
@@ -152,15 +218,22 @@ def create_app(cfg: ReceiverConfig, start_run: StartRun = prefect_start,
             return _error(400, f"repo {trigger.repo!r} is not the repo of spec {trigger.spec!r}")
         spec = spec.model_copy(update={"model": spec.model.model_copy(update={"revision": trigger.revision})})
         try:
-            run_id, run_name = await start_run(cfg.deployment, {"spec": spec.model_dump(mode="json")},
-                                               f"webhook:{key}")
+            await check_run(spec, cfg.deployment)
+            started = await start_run(cfg.deployment, {"spec": spec.model_dump(mode="json")}, f"webhook:{key}",
+                                      identity)
+        except Refused as err:
+            log.warning("webhook: refused spec %s: %s", trigger.spec, err)
+            return _error(err.status, f"spec {trigger.spec!r}: {err}")
         except Exception as err:  # noqa: BLE001 - Prefect unreachable or the deployment missing
             first = (str(err).strip().splitlines() or [type(err).__name__])[0]
             log.error("webhook: could not start %s: %s", cfg.deployment, first)
             return _error(503, f"could not start {cfg.deployment}: {first}")
-        seen.put(key, digest, run_id, t_received)
-        log.info("webhook: spec %s revision %s → flow run %s (%s)", trigger.spec, trigger.revision, run_name, run_id)
-        return JSONResponse({"flow_run_id": run_id, "flow_run_name": run_name, "duplicate": False,
+        seen.put(key, started.identity or identity, started.run_id, t_received)
+        if not started.created:  # Prefect had a run under this key: another receiver's, or ours before a restart
+            return _repeat(key, trigger, identity, started.identity, started.run_id)
+        log.info("webhook: spec %s revision %s → flow run %s (%s)", trigger.spec, trigger.revision, started.run_name,
+                 started.run_id)
+        return JSONResponse({"flow_run_id": started.run_id, "flow_run_name": started.run_name, "duplicate": False,
                              "accept_s": round(clock() - t_received, 4)}, status_code=202)
 
     async def health(_request: Request) -> JSONResponse:

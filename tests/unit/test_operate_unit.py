@@ -11,7 +11,7 @@ from stoker.report import markdown
 from stoker.rollout import version_key
 from stoker.triton_metrics import parse, summarize
 from stoker.webhook import signing
-from stoker.webhook.app import ReceiverConfig, create_app
+from stoker.webhook.app import ReceiverConfig, Refused, Started, create_app
 
 
 def test_sign_matches_github_format_and_verify_is_strict():
@@ -89,18 +89,36 @@ def test_report_shows_rollback_and_metrics():
     assert "strategy `reload`, live version 3" in text and "| ensemble | 3 | 0 |" in text
 
 
+def _prefect_table():
+    """Prefect's idempotency: the first run created under a key is returned for every later start with it."""
+    started, table = [], {}
+
+    async def start(deployment, params, key, identity):
+        if key in table:
+            first = table[key]
+            return Started(first.run_id, first.run_name, False, first.identity)
+        started.append((deployment, params, key))
+        table[key] = Started(f"run-{len(started)}", "name", True, identity)
+        return table[key]
+
+    return start, started
+
+
+async def _ok(_spec, _deployment):
+    return None
+
+
+def _receiver(tmp_path, start, check=_ok, clock=lambda: 1000.0, **cfg):
+    (tmp_path / "tiny.yaml").write_text("model: {repo_id: o/m}\nstorage: {bucket: b-b-b}\n")
+    cfg = ReceiverConfig(secret=b"k", specs_dir=tmp_path, **{"max_body_bytes": 300, "window_s": 60,
+                                                             "rate_per_s": 0.01, "burst": 6, **cfg})
+    return TestClient(create_app(cfg, start_run=start, check_run=check, clock=clock))
+
+
 @pytest.fixture
 def app(tmp_path):
-    (tmp_path / "tiny.yaml").write_text("model: {repo_id: o/m}\nstorage: {bucket: b-b-b}\n")
-    started = []
-
-    async def start(deployment, params, key):
-        started.append((deployment, params, key))
-        return f"run-{len(started)}", "name"
-
-    clock = {"t": 1000.0}
-    cfg = ReceiverConfig(secret=b"k", specs_dir=tmp_path, max_body_bytes=300, window_s=60, rate_per_s=0.01, burst=6)
-    return TestClient(create_app(cfg, start_run=start, clock=lambda: clock["t"])), started
+    start, started = _prefect_table()
+    return _receiver(tmp_path, start), started
 
 
 def _signed(payload, now=1000.0, secret=b"k"):
@@ -123,3 +141,50 @@ def test_receiver_answers(app):
     # burst 6: five signed requests above took a token each (413 is refused before the bucket), one is left
     assert [client.post("/hooks/build", content=b"{}").status_code for _ in range(2)] == [401, 429]
     assert len(started) == 1
+
+
+def test_a_ci_rerun_with_the_same_key_gets_its_first_run_back(tmp_path):
+    start, started = _prefect_table()
+    clock = {"t": 1000.0}
+    client = _receiver(tmp_path, start, clock=lambda: clock["t"], burst=50)
+    trigger = {"spec": "tiny", "revision": "v2", "repo": "o/m", "idempotency_key": "ci-7"}
+    first = client.post("/hooks/build", **_signed(trigger, now=1000))
+    assert first.status_code == 202 and first.json()["duplicate"] is False
+    # The re-run signs a later timestamp: another body, the same trigger.
+    clock["t"] = 1030.0
+    rerun = client.post("/hooks/build", **_signed(trigger, now=1030))
+    assert rerun.status_code == 202 and rerun.json() == {"flow_run_id": "run-1", "duplicate": True}
+    other = client.post("/hooks/build", **_signed({**trigger, "revision": "v3"}, now=1030))
+    assert other.status_code == 409
+    assert other.json()["error"].startswith("idempotency key 'ci-7' already started flow run run-1 for another trigger")
+    # A restarted receiver (its memory gone) finds the run through Prefect's key, and tells the two apart the same way.
+    again = _receiver(tmp_path, start, clock=lambda: clock["t"], burst=50)
+    assert again.post("/hooks/build", **_signed(trigger, now=1030)).json() == {"flow_run_id": "run-1",
+                                                                                "duplicate": True}
+    assert again.post("/hooks/build", **_signed({**trigger, "revision": "v3"}, now=1030)).status_code == 409
+    # Without a key only a byte-identical resend is a repeat: a new timestamp is a new run.
+    bare = {"spec": "tiny", "revision": "v9"}
+    a = client.post("/hooks/build", **_signed(bare, now=1030)).json()
+    assert client.post("/hooks/build", **_signed(bare, now=1030)).json() == {"flow_run_id": a["flow_run_id"],
+                                                                           "duplicate": True}
+    assert client.post("/hooks/build", **_signed(bare, now=1031)).json()["flow_run_id"] != a["flow_run_id"]
+    assert len(started) == 3
+
+
+def test_the_stack_lacking_what_the_run_needs_is_refused_before_the_run(tmp_path):
+    start, started = _prefect_table()
+
+    async def no_block(_spec, _deployment):
+        raise Refused(400, "storage.credentials_block 's3-prod' (bucket 'b-b-b'): no Prefect AwsCredentials block")
+
+    async def no_worker(_spec, deployment):
+        raise Refused(503, f"webhook: work pool 'p' of {deployment!r} has no online worker; start one (…)")
+
+    trigger = {"spec": "tiny", "revision": "v2", "idempotency_key": "k1"}
+    r = _receiver(tmp_path, start, check=no_block).post("/hooks/build", **_signed(trigger))
+    assert r.status_code == 400 and r.json()["error"].startswith("spec 'tiny': storage.credentials_block 's3-prod'")
+    r = _receiver(tmp_path, start, check=no_worker).post("/hooks/build", **_signed(trigger))
+    assert r.status_code == 503 and "has no online worker" in r.json()["error"]
+    assert started == []
+    # Refused is not remembered: the same key goes through once the stack has what it needs.
+    assert _receiver(tmp_path, start).post("/hooks/build", **_signed(trigger)).status_code == 202
