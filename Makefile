@@ -30,9 +30,10 @@ image: venv docker
 demo: setup
 	$(VENV)/bin/stoker demo
 
+# --durations=25: the slowest tests are visible in every run.
 test: setup
 	bash infra/test-deps.sh
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=25
 
 test-unit: venv
 	$(PY) -m pytest -q tests/unit

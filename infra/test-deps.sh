@@ -8,6 +8,8 @@ command -v chromium >/dev/null || missing+=(chromium)
 [ -x /usr/bin/chromedriver ] || missing+=(chromium-driver)
 # The example CI job (deployments/ci/trigger-build.yml) signs with openssl and builds its body with jq; the
 # Operate walk-through test runs it verbatim.
+# iproute2: the private-dockerd test gives its daemon a bridge of its own (`ip link`), and fault tests use `tc`.
+command -v ip >/dev/null || missing+=(iproute2)
 command -v jq >/dev/null || missing+=(jq)
 command -v openssl >/dev/null || missing+=(openssl)
 command -v curl >/dev/null || missing+=(curl)

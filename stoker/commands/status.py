@@ -50,17 +50,26 @@ def describe(client, name: str) -> dict:
             "openai": service.status if service is not None else "none", "backends": backends}
 
 
+def deployment_names(client) -> list[str]:
+    """Every deployment stoker started on this daemon (its containers carry stoker's managed label)."""
+    from .. import docker_engine as engine
+
+    return sorted({c.labels.get(engine.LABEL_DEPLOYMENT, "") for c in engine.containers(client)} - {""})
+
+
+def require_known(client, name: str) -> None:
+    names = deployment_names(client)
+    if name not in names:
+        raise UnknownDeployment(f"unknown deployment {name!r} (deployments here: {', '.join(names) or 'none'})")
+
+
 def status(name: str | None) -> list[dict]:
     from .. import docker_engine as engine
 
     client = engine.connect(None)
-    names = sorted({c.labels.get(engine.LABEL_DEPLOYMENT, "") for c in engine.containers(client)} - {""})
     if name is not None:
-        if name not in names:
-            known = ", ".join(names) or "none"
-            raise UnknownDeployment(f"unknown deployment {name!r} (deployments here: {known})")
-        names = [name]
-    return [describe(client, n) for n in names]
+        require_known(client, name)
+    return [describe(client, n) for n in ([name] if name is not None else deployment_names(client))]
 
 
 def _handler(args) -> int:

@@ -147,10 +147,3 @@ def test_in_process_mode_maps_container_paths_to_the_mounts(tmp_path):
                             lambda _l: None)
     with pytest.raises(ContainerStepTimeout):
         LocalExecutor().run(ContainerStep(name="t", image="any", argv=["sleep", "30"], timeout_s=1), lambda _l: None)
-
-
-@pytest.mark.gpu
-@pytest.mark.skip(reason="needs an NVIDIA GPU and the nvcr.io TensorRT-LLM image (not reachable here): "
-                         "run `stoker render` output on a GPU host instead")
-def test_engine_build_and_serve_on_a_gpu():
-    """On a GPU host: quantize + trtllm-build + serve a spec from deployments/specs and stream one request."""

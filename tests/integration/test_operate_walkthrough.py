@@ -117,9 +117,10 @@ def test_operate_section_runs_verbatim(tmp_path, tmp_path_factory, triton_image)
     finally:
         from stoker.docker_engine import connect, remove_deployment
 
+        # The workers first, so that no build still running can deploy after the removal.
+        stop_all(home / "prefect-stack")
         for name in ("tiny-watched", "tiny-int4"):
             remove_deployment(connect(), name, lambda _m: None)
-        stop_all(home / "prefect-stack")
         stop_all(home / "stack")
         deadline = time.monotonic() + 30
         while not port_free(8787) and time.monotonic() < deadline:
