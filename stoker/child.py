@@ -10,8 +10,12 @@ from __future__ import annotations
 
 import json
 import os
+import queue
+import signal
 import subprocess
 import sys
+import threading
+import time
 from collections import deque
 from typing import Callable
 
@@ -52,11 +56,27 @@ def _run(module: str, args: list[str], progress: ChildProgress, timeout_s: float
     tail: deque[str] = deque(maxlen=20)
     child_env = {**CHILD_ENV_DEFAULTS, **os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     held: str | None = None  # a line that may be the result: logged only once another line follows
-    with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          env=child_env, cwd=os.getcwd(), preexec_fn=(lambda: os.nice(nice)) if nice else None) as proc:
+    deadline = time.monotonic() + timeout_s
+    # Its own session: at the deadline the whole group goes (a worker's own children, e.g. a compiler, too).
+    with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=child_env,
+                          cwd=os.getcwd(), start_new_session=True,
+                          preexec_fn=(lambda: os.nice(nice)) if nice else None) as proc:
         assert proc.stdout is not None
+        # Lines are read on a thread, so that a child that is silent (hung, or sleeping) cannot hold the
+        # deadline hostage: the old loop read to EOF before it waited, and a 2 s timeout returned after 40 s.
+        lines: queue.Queue[str | None] = queue.Queue()
+        reader = threading.Thread(target=_pump, args=(proc.stdout, lines), name=f"child-{module}", daemon=True)
+        reader.start()
         try:
-            for line in proc.stdout:
+            while True:
+                try:
+                    line = lines.get(timeout=max(0.0, min(1.0, deadline - time.monotonic())))
+                except queue.Empty:
+                    if time.monotonic() >= deadline:
+                        raise subprocess.TimeoutExpired(argv, timeout_s) from None
+                    continue
+                if line is None:  # EOF
+                    break
                 line = line.rstrip()
                 if not line or progress.feed(line):
                     continue
@@ -66,13 +86,14 @@ def _run(module: str, args: list[str], progress: ChildProgress, timeout_s: float
                 held = line if line.startswith("{") else None
                 if held is None:
                     log(line)
-            rc = proc.wait(timeout=timeout_s)
+            rc = proc.wait(timeout=max(0.1, deadline - time.monotonic()))
             progress.close(ok=rc == 0)
         except subprocess.TimeoutExpired:
-            proc.kill()
-            raise ChildProcessFailed(f"{module} timed out after {timeout_s:.0f}s") from None
+            _kill_group(proc)
+            last = f"; its last line: {tail[-1]}" if tail else "; it printed nothing"
+            raise ChildProcessFailed(f"{module} timed out after {timeout_s:g} s and was killed{last}") from None
         except BaseException:
-            proc.kill()
+            _kill_group(proc)
             raise
     result = _result(held) if rc == 0 else None
     if held is not None and result is None:
@@ -81,6 +102,28 @@ def _run(module: str, args: list[str], progress: ChildProgress, timeout_s: float
         last = next((line for line in reversed(tail) if line.strip()), f"exit status {rc}")
         raise ChildProcessFailed(f"{module} failed (exit {rc}): {last}")
     return result
+
+
+def _pump(stream, lines: queue.Queue) -> None:
+    try:
+        for line in stream:
+            lines.put(line)
+    except (OSError, ValueError):  # the pipe closed under us when the child was killed
+        pass
+    finally:
+        lines.put(None)
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    """SIGKILL the child's process group, then reap it (it may already be gone)."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        proc.kill()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        pass
 
 
 def _result(line: str | None) -> dict | None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -53,3 +54,30 @@ def records_to_json(records: list[FileRecord]) -> list[dict]:
 
 def records_from_json(items: list[dict]) -> list[FileRecord]:
     return [FileRecord(**i) for i in items]
+
+
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+
+
+def unsafe_record(files: list[FileRecord], dirs: list[str]) -> str | None:
+    """Why a file set read from elsewhere (a shared-cache record.json) may not be written under a folder, or None.
+
+    Every path must be relative, '/'-separated, normalized (no '', '.', '..' part), without NUL or backslash, and
+    name one file once; each sha256 64 lowercase hex (it names an S3 key); each size a non-negative int. Checked
+    before anything is written: a planted ``../../x`` or ``/etc/x`` must not land outside the entry.
+    """
+    seen: set[str] = set()
+    for path in [*(f.path for f in files), *dirs]:
+        if not isinstance(path, str) or not path or "\0" in path or "\\" in path or path.startswith("/"):
+            return f"unsafe path {path!r}"
+        if any(part in ("", ".", "..") for part in path.split("/")):
+            return f"unsafe path {path!r}"
+    for f in files:
+        if f.path in seen:
+            return f"path {f.path!r} named twice"
+        seen.add(f.path)
+        if not isinstance(f.sha256, str) or not _SHA256.match(f.sha256):
+            return f"{f.path!r}: sha256 {str(f.sha256)[:80]!r} is not 64 hex digits"
+        if not isinstance(f.bytes, int) or isinstance(f.bytes, bool) or f.bytes < 0:
+            return f"{f.path!r}: size {f.bytes!r} is not a byte count"
+    return None

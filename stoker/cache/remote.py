@@ -23,7 +23,7 @@ from typing import Callable
 from boto3.s3.transfer import TransferConfig
 from botocore.exceptions import BotoCoreError, ClientError
 
-from ..digest import FileRecord, file_sha256, records_digest, records_from_json, records_to_json
+from ..digest import FileRecord, file_sha256, records_digest, records_from_json, records_to_json, unsafe_record
 from ..progress import Progress
 from ..s3 import S3Error, failure
 from ..spec import Storage
@@ -37,7 +37,8 @@ _MISSING = ("404", "NoSuchKey", "NotFound")
 
 
 class CorruptEntry(S3Error):
-    """A downloaded file does not match the marker's sha256: the entry is not used."""
+    """A downloaded file does not match the marker's sha256, or the marker names a path outside its entry: the
+    entry is not used."""
 
 
 @dataclass(frozen=True)
@@ -165,10 +166,17 @@ def download(s3, storage: Storage, entry: RemoteEntry, out: Path, log: Callable[
 
     Raises CorruptEntry on a mismatch, S3Unreachable / S3Error when S3 fails."""
     base = entry_prefix(storage, entry.step, entry.key)
+    # The record comes from S3, writable by every worker: check every path before the first byte is written.
+    bad = unsafe_record(entry.files, entry.empty_dirs)
+    if bad is not None:
+        raise CorruptEntry(f"cache entry {where(storage, entry.step, entry.key)}: record.json refused: {bad}")
+    root = out.resolve()
 
     def one(f: FileRecord) -> None:
         dest = out / f.path
         dest.parent.mkdir(parents=True, exist_ok=True)
+        if not dest.parent.resolve().is_relative_to(root):  # belt and braces: no link may lead out
+            raise CorruptEntry(f"cache entry {where(storage, entry.step, entry.key)}: {f.path} leads outside it")
         s3.download_file(storage.bucket, f"{base}/{BLOBS}/{f.sha256}", str(dest), Config=_TRANSFER,
                          Callback=bar.advance)
         if file_sha256(dest) != f.sha256:

@@ -180,6 +180,37 @@ def test_a_marker_whose_blobs_are_gone_is_not_trusted(storage, tmp_path):
     assert how == "built" and len(calls) == 1  # built again; the marker that exists stays (If-None-Match)
 
 
+@pytest.mark.parametrize("planted", ["../../../escaped.txt", "/tmp/stoker-escaped-{tag}.txt"])
+def test_a_planted_record_cannot_write_outside_its_entry(storage, tmp_path, planted):
+    """A record.json put in S3 by anyone with write access names a path outside the entry: refused in one line
+    naming the key, nothing written anywhere, and the step built here instead."""
+    import hashlib
+
+    client = s3.client(storage)
+    planted = planted.format(tag=uuid.uuid4().hex[:8])
+    payload = b"owned\n"
+    sha = hashlib.sha256(payload).hexdigest()
+    files = [{"path": planted, "sha256": sha, "bytes": len(payload)}]
+    digest = remote.records_digest(remote.records_from_json(files))
+    base = remote.entry_prefix(storage, "build", "k-evil")
+    client.put_object(Bucket=storage.bucket, Key=f"{base}/{remote.BLOBS}/{sha}", Body=payload)
+    client.put_object(Bucket=storage.bucket, Key=f"{base}/{remote.RECORD}", Body=json.dumps(
+        {"step": "build", "key": "k-evil", "digest": digest, "files": files, "empty_dirs": [], "detail": {}}).encode())
+    assert remote.lookup(client, storage, "build", "k-evil") is not None  # complete, as far as S3 can tell
+
+    calls: list = []
+    lines: list[str] = []
+    home = tmp_path / "home"
+    entry, how = SharedStore(StepStore(home / "cache"), storage).get("build", "k-evil", _produce(calls), lines.append)
+    assert how == "built" and len(calls) == 1 and (entry.output_dir / "model.safetensors").exists()
+    refused = [line for line in lines if "record.json refused" in line]
+    assert refused == [f"build: cache entry {remote.where(storage, 'build', 'k-evil')}: record.json refused: "
+                       f"unsafe path {planted!r}; building it here"]
+    target = Path(planted) if planted.startswith("/") else (home / "cache" / "build" / "x" / "out" / planted)
+    assert not target.exists() and not (tmp_path / "escaped.txt").exists()
+    assert [p for p in tmp_path.rglob("escaped*")] == []
+
+
 def test_the_remote_sweep_removes_markerless_litter_and_stale_multipart_uploads(storage, tmp_path):
     client = s3.client(storage)
     base = remote.entry_prefix(storage, "build", "k-litter")
