@@ -7,7 +7,7 @@ PY     := $(VENV)/bin/python
 IMAGE  ?= stoker/triton-cpu:2.51.0-cpu
 export STOKER_HOME ?= $(HOME)/.stoker
 
-.PHONY: setup venv docker image demo test test-unit down clean stack stack-down deploy-flows
+.PHONY: setup venv docker image demo test test-unit test-fast down clean stack stack-down deploy-flows
 
 setup: venv docker image
 
@@ -37,6 +37,12 @@ test: setup
 
 test-unit: venv
 	$(PY) -m pytest -q tests/unit
+
+# The fast tier: every test without a service marker, about a minute; what a developer runs on every edit.
+# tests/tiers.py keeps it honest: a fast test that starts a service or a container, or requests a service
+# fixture, errors naming itself.
+test-fast: venv
+	$(PY) -m pytest -q -m "not (docker or triton or s3 or hub or prefect or slow)"
 
 down:
 	$(VENV)/bin/stoker down

@@ -18,6 +18,7 @@ from prefect.artifacts import create_link_artifact, create_markdown_artifact, cr
 
 from stoker import targets
 from stoker.errors import one_line
+from stoker.exclusive import deploy_lock, exclusive
 from stoker.manifest import build_manifest, write_atomic, write_local
 from stoker.report import benchmark_rows, markdown
 from stoker.run import RunContext, StepResult
@@ -98,8 +99,11 @@ def run_steps(spec: Spec, ctx: RunContext, steps: Steps) -> None:
             built = target.build(steps, spec, fetched, ctx)
     packaged = target.package(steps, spec, fetched, built, ctx)
     uploaded = steps.run("upload", upload_repository, spec, packaged, ctx)
-    benchmarked = target.deploy(steps, spec, ctx, built, packaged, uploaded)  # evaluated before it is promoted
-    steps.run("promote", promote_run, spec, benchmarked, ctx)  # its summary becomes the baseline
+    # One run at a time serves a deployment, whoever started it (schedule, webhook, UI): two at once would each
+    # reconcile away the other's staged candidate. Heavy steps above overlap freely; the second waits here.
+    with exclusive(deploy_lock(spec.deploy.name), print, f"another run is deploying {spec.deploy.name!r}"):
+        benchmarked = target.deploy(steps, spec, ctx, built, packaged, uploaded)  # evaluated before promoted
+        steps.run("promote", promote_run, spec, benchmarked, ctx)  # its summary becomes the baseline
 
 
 def publish_run(spec: Spec, ctx: RunContext, manifest: dict, s3_ok: bool) -> None:

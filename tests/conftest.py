@@ -29,6 +29,21 @@ def pytest_sessionfinish(session, exitstatus):
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
+def pytest_collection_modifyitems(config, items):
+    from tiers import check_collection
+
+    check_collection(items)
+
+
+@pytest.fixture(autouse=True)
+def _tier_guard(request, monkeypatch):
+    """A test without a service marker that starts a service or a container errors (tests/tiers.py)."""
+    from tiers import guard, is_fast
+
+    if is_fast(request.node):
+        guard(request.node, monkeypatch)
+
+
 @pytest.fixture(autouse=True)
 def _isolated_homes(tmp_path, monkeypatch):
     """Fresh STOKER_HOME and HF caches per test, so no test sees another's cache."""

@@ -96,7 +96,17 @@ def rollback_to(name: str, run_id: str | None, log=print) -> dict:
 
 
 def _handler(args) -> int:
-    done = rollback_to(args.name, args.to or args.run_id)
+    import contextlib
+    import os
+
+    from ..exclusive import deploy_lock, exclusive
+
+    # With a Prefect API (the stack's, or the demo's) a rollback waits for a run deploying the same name; without
+    # one, Prefect would start a throwaway API for this process alone, which no other run would see.
+    held = (exclusive(deploy_lock(args.name), print, f"a run is deploying {args.name!r}")
+            if os.environ.get("PREFECT_API_URL") else contextlib.nullcontext())
+    with held:
+        done = rollback_to(args.name, args.to or args.run_id)
     print(f"serving run {done['run_id']} (digest {done['digest'][:12]}) at {done['endpoint']['http']} "
           f"via {done['live']['container']}")
     return 0

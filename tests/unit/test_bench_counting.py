@@ -72,7 +72,13 @@ def test_the_table_says_chunks_in_every_header_that_is_not_tokens():
 
 
 def test_bench_refuses_without_a_tokenizer_before_sending_anything(tmp_path, capsys, monkeypatch):
-    # Port 9 (discard) on loopback: whatever the Docker daemon says, no stoker deployment serves it.
+    # No daemon to ask which deployment serves the port (a fast test reaches no service: tests/tiers.py).
+    from stoker import docker_engine
+
+    def no_daemon(*_a, **_kw):
+        raise docker_engine.DockerUnavailable("no Docker daemon here")
+
+    monkeypatch.setattr(docker_engine, "connect", no_daemon)
     monkeypatch.setenv("STOKER_HOME", str(tmp_path / "home"))
     code = main(["bench", "--url", "127.0.0.1:9", "--out", str(tmp_path / "o"), "--quiet"])
     err = capsys.readouterr().err.strip()
