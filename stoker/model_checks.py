@@ -8,7 +8,7 @@ fails at export ("Weight shape 192 … not divisible for block size 128").
 
 from __future__ import annotations
 
-from .gpu import matrix
+from .gpu import decoders, matrix
 from .gpu.facts import ModelFacts
 
 # Formats that quantize weights in blocks along each linear's input dimension (stoker's ModelOpt
@@ -26,10 +26,8 @@ REFERENCE_FORMATS = ("fp8", "int4_awq", "int8_sq", "w4a8_awq")
 # quantized weights, Phi-3 int4_awq for fused qkv/gate_up; Mistral shares Llama's tensor names); any other
 # would be a guess.
 REFERENCE_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM", "Phi3ForCausalLM")
-# The engine target exports every format (none included) with ModelOpt's export_tensorrt_llm_checkpoint,
-# decoder_type = config.json model_type; its decoder-only branches are these. Measured on an H100: llama
-# exports; qwen2 and mistral are refused ("deploy with the pytorch backend") after the whole calibration.
-ENGINE_MODEL_TYPES = ("llama", "gemma", "qwen", "mpt", "dbrx")
+# The engine target exports every format (none included) with ModelOpt's export_tensorrt_llm_checkpoint, under
+# the decoder type TensorRT-LLM's own quantization example gives the architecture (stoker/gpu/decoders.py).
 
 
 def linear_inputs(facts: ModelFacts) -> dict[str, int]:
@@ -75,9 +73,8 @@ def architecture_refusal(target: str, facts: ModelFacts) -> tuple[str, str] | No
         # "?": config.json names none; not ours to guess
         return ("target reference", f"architecture {arch} is not served by the reference runtime "
                                     f"({', '.join(REFERENCE_ARCHITECTURES)}); use target: pytorch on a GPU host")
-    if target == "tensorrt" and facts.model_type != "?" and facts.model_type not in ENGINE_MODEL_TYPES:
-        return ("target tensorrt", f"architecture {arch} (model_type {facts.model_type}) cannot be exported to a "
-                                   "TensorRT-LLM checkpoint by ModelOpt's legacy export; use target: pytorch")
+    if target == "tensorrt" and arch != "?" and decoders.decoder_type(arch) is None:
+        return ("target tensorrt", decoders.refusal(arch))
     return None
 
 

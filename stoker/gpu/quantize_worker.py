@@ -128,7 +128,14 @@ def main(argv: list[str] | None = None) -> int:
         if a.trtllm_out:
             from modelopt.torch.export import export_tensorrt_llm_checkpoint
 
-            export_tensorrt_llm_checkpoint(model, decoder_type=model.config.model_type, dtype=dtype,
+            from stoker.gpu.decoders import decoder_type, refusal
+
+            arch = type(model).__name__
+            decoder = decoder_type(arch)
+            if decoder is None:  # plan refuses this first; a worker run by hand says it before a confusing trace
+                raise CheckpointError(refusal(arch))
+            summary["decoder_type"] = decoder
+            export_tensorrt_llm_checkpoint(model, decoder_type=decoder, dtype=dtype,
                                            export_dir=a.trtllm_out, inference_tensor_parallel=a.tp,
                                            inference_pipeline_parallel=a.pp)
             summary["trtllm_checkpoint"] = check_trtllm_checkpoint(a.trtllm_out, a.format, a.kv_cache_dtype,

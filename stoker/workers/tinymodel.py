@@ -2,7 +2,7 @@
 
 Run as a child process (it imports torch and transformers):
 
-    python -m stoker.workers.tinymodel --out DIR --seed 0 [--architecture llama|qwen2|mistral|phi3]
+    python -m stoker.workers.tinymodel --out DIR --seed 0 [--architecture llama|qwen2|mistral|phi3|gemma]
 
 Llama is the demo model; the others exist so tests can serve architectures nobody on the project
 wrote, each with what makes it differ from Llama switched on (Qwen2's q/k/v biases, Mistral's
@@ -94,7 +94,7 @@ def _add_legacy_config_keys(config_path: Path) -> None:
     config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 
-ARCHITECTURES = ("llama", "qwen2", "mistral", "phi3")
+ARCHITECTURES = ("llama", "qwen2", "mistral", "phi3", "gemma")
 
 
 def _config(architecture: str):
@@ -122,6 +122,8 @@ def _config(architecture: str):
         return transformers.MistralConfig(**common, sliding_window=16)
     if architecture == "phi3":
         return transformers.Phi3Config(**common)
+    if architecture == "gemma":  # the engine path's decoder check (benchmarks/gpu_engine_architectures.sh) only
+        return transformers.GemmaConfig(**common, head_dim=HIDDEN_SIZE // NUM_HEADS)
     raise TinyModelError(f"unknown architecture {architecture!r}; known: {', '.join(ARCHITECTURES)}")
 
 

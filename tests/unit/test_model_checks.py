@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from stoker import model_checks
-from stoker.gpu import rules
+from stoker.gpu import decoders, rules
 from stoker.gpu.facts import from_config
 from stoker.gpu.rules import PlanRefused
 from stoker.spec import parse_spec
@@ -99,12 +99,28 @@ def test_reference_serves_llama_variants_through_transformers(over):
 
 
 @pytest.mark.parametrize("fmt", ["none", "fp8", "int4_awq"])
-@pytest.mark.parametrize("arch,model_type", [("Qwen2ForCausalLM", "qwen2"), ("MistralForCausalLM", "mistral")])
-def test_engine_target_refuses_what_modelopt_cannot_export(arch, model_type, fmt):
-    text = refused(spec("tensorrt", fmt), facts(architectures=[arch], model_type=model_type))
-    assert text == (f"target tensorrt: architecture {arch} (model_type {model_type}) cannot be exported to a "
-                    "TensorRT-LLM checkpoint by ModelOpt's legacy export; use target: pytorch")
-    model_checks.enforce(spec("pytorch", fmt), facts(architectures=[arch], model_type=model_type))
+@pytest.mark.parametrize("arch,model_type,decoder", [("LlamaForCausalLM", "llama", "llama"),
+                                                     ("Qwen2ForCausalLM", "qwen2", "qwen"),
+                                                     ("MistralForCausalLM", "mistral", "llama"),
+                                                     ("MixtralForCausalLM", "mixtral", "llama"),
+                                                     ("GemmaForCausalLM", "gemma", "gemma")])
+def test_engine_target_takes_what_modelopt_exports_under_tensorrt_llms_decoder_names(arch, model_type, decoder, fmt):
+    assert decoders.decoder_type(arch) == decoder
+    model_checks.enforce(spec("tensorrt", fmt), facts(architectures=[arch], model_type=model_type))
+
+
+@pytest.mark.parametrize("arch,model_type", [("Phi3ForCausalLM", "phi3"), ("Gemma2ForCausalLM", "gemma2"),
+                                             ("Qwen3ForCausalLM", "qwen3"), ("GPTNeoXForCausalLM", "gpt_neox")])
+def test_engine_target_refuses_what_the_exporter_cannot_take_in_one_line(arch, model_type):
+    text = refused(spec("tensorrt", "fp8"), facts(architectures=[arch], model_type=model_type))
+    if arch.startswith("Phi3"):
+        assert text == ("target tensorrt: architecture Phi3ForCausalLM cannot be exported to a TensorRT-LLM "
+                        "checkpoint: ModelOpt 0.47's legacy exporter refuses Phi-3 under every decoder name; use "
+                        "target: pytorch (the unified HF checkpoint)")
+    else:
+        assert text == (f"target tensorrt: architecture {arch} has no decoder in ModelOpt's legacy TensorRT-LLM "
+                        f"export ({decoders.MAPPED}); use target: pytorch")
+    model_checks.enforce(spec("pytorch", "fp8"), facts(architectures=[arch], model_type=model_type))
 
 
 def test_tensor_parallelism_must_split_or_replicate_kv_heads():
