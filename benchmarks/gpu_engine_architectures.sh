@@ -12,7 +12,7 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 nvidia-smi --query-gpu=name,memory.total,compute_cap --format=csv,noheader | sed 's/^/gpu: /' | tee $OUT/engine_architectures.log
 python3 -m pip install --quiet --no-index --no-deps --no-build-isolation build/gpu-wheels/* 2>&1 | tail -3
 python3 -c "import torch, transformers, modelopt; print('versions: torch', torch.__version__, 'transformers', transformers.__version__, 'modelopt', modelopt.__version__, 'cuda', torch.cuda.is_available())" | tee -a $OUT/engine_architectures.log
-for arch in llama qwen2 mistral gemma phi3; do
+for arch in ${ARCHS:-llama qwen2 mistral gemma phi3}; do
   for fmt in fp8 int4_awq; do
     d=/tmp/eng-$arch-$fmt
     python3 -W ignore -m stoker.gpu.quantize_worker --model build/tiny-$arch --format $fmt --kv-cache-dtype none \

@@ -115,8 +115,8 @@ def test_engine_target_refuses_what_the_exporter_cannot_take_in_one_line(arch, m
     text = refused(spec("tensorrt", "fp8"), facts(architectures=[arch], model_type=model_type))
     if arch.startswith("Phi3"):
         assert text == ("target tensorrt: architecture Phi3ForCausalLM cannot be exported to a TensorRT-LLM "
-                        "checkpoint: ModelOpt 0.47's legacy exporter refuses Phi-3 under every decoder name; use "
-                        "target: pytorch (the unified HF checkpoint)")
+                        "checkpoint: ModelOpt 0.47's legacy exporter refuses Phi-3 as phi3/phi and writes a malformed "
+                        "one as llama/gpt; use target: pytorch (the unified HF checkpoint)")
     else:
         assert text == (f"target tensorrt: architecture {arch} has no decoder in ModelOpt's legacy TensorRT-LLM "
                         f"export ({decoders.MAPPED}); use target: pytorch")
