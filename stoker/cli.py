@@ -87,21 +87,14 @@ def _demo(args) -> int:
 
 
 def _down(args) -> int:
-    if args.name is None:
-        from .demo import down
+    if args.name is not None:
+        from .commands.down import handler
 
-        for line in down():
-            print(line)
-        return 0
-    from .commands.status import require_known
-    from .docker_engine import connect, remove_deployment
+        return handler(args)
+    from .demo import down  # no name: what `stoker demo` started, and only that
 
-    client = connect(None)
-    require_known(client, args.name)  # an unknown name: one line listing the known ones, nothing touched
-    removed = remove_deployment(client, args.name, lambda _m: None)
-    for c in removed:
-        print(f"removed container {c}")
-    print(f"deployment {args.name}: removed ({len(removed)} container(s)); its artifacts in S3 and its runs stay")
+    for line in down():
+        print(line)
     return 0
 
 
@@ -127,8 +120,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(fn=_run)
     s = sub.add_parser("demo", help="the CPU reference demo on embedded defaults (local Hub mirror, S3, Docker)")
     s.set_defaults(fn=_demo)
-    s = sub.add_parser("down", help="NAME: remove that deployment's containers (proxy, backends, OpenAI service); "
-                                    "no NAME: stop what `stoker demo` started (only that)")
+    s = sub.add_parser("down", help="NAME: remove that deployment stoker started on this host (proxy, backends, "
+                                    "OpenAI service, proxy state), nothing else; no NAME: stop what `stoker demo` "
+                                    "started (only that)")
     s.add_argument("name", nargs="?", default=None, help="a deployment stoker started (`stoker status` lists them)")
     s.set_defaults(fn=_down)
     s = sub.add_parser("image", help="build the CPU Triton image and the HAProxy image if missing or out of date")

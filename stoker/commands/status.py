@@ -8,6 +8,9 @@ from datetime import datetime
 from ..errors import StokerError
 
 
+NONE_HERE = "no stoker deployments on this host"
+
+
 class UnknownDeployment(StokerError):
     """No container of that deployment exists."""
 
@@ -57,10 +60,15 @@ def deployment_names(client) -> list[str]:
     return sorted({c.labels.get(engine.LABEL_DEPLOYMENT, "") for c in engine.containers(client)} - {""})
 
 
+def unknown_message(name: str, known: list[str]) -> str:
+    """The one line for a name no stoker container carries; it lists the known ones so the next try is right."""
+    return f"unknown deployment {name!r} (deployments here: {', '.join(known) or 'none'})"
+
+
 def require_known(client, name: str) -> None:
     names = deployment_names(client)
     if name not in names:
-        raise UnknownDeployment(f"unknown deployment {name!r} (deployments here: {', '.join(names) or 'none'})")
+        raise UnknownDeployment(unknown_message(name, names))
 
 
 def status(name: str | None) -> list[dict]:
@@ -75,7 +83,7 @@ def status(name: str | None) -> list[dict]:
 def _handler(args) -> int:
     found = status(args.name)
     if not found:
-        print("no stoker deployments on this Docker daemon")
+        print(NONE_HERE)
     for d in found:
         ep = d["endpoint"]
         print(f"{d['name']}: {ep['http'] + ' (gRPC ' + ep['grpc'] + ')' if ep else 'no stable endpoint'}, "
@@ -88,6 +96,7 @@ def _handler(args) -> int:
 
 
 def register(sub) -> None:
-    p = sub.add_parser("status", help="stable endpoint, live backend, health and uptime of each deployment")
+    p = sub.add_parser("status", help="stable endpoint, live backend, health and uptime of each deployment stoker "
+                                      "started on this host")
     p.add_argument("name", nargs="?", default=None, help="one deployment (default: all)")
     p.set_defaults(fn=_handler)

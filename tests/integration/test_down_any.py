@@ -1,11 +1,15 @@
-"""`stoker down NAME` removes one deployment stoker started — its proxy, backends and OpenAI service — and nothing
-else: not another deployment, not a container stoker did not label. An unknown name is one line naming the known."""
+"""`stoker down NAME` removes one deployment stoker started — its proxy, backends, OpenAI service and proxy state
+folder — and nothing else: not another deployment, not a container stoker did not label, not a folder a label
+points at that is not shaped like a proxy state folder. An unknown name is one line naming the known ones, and
+`stoker status` without a name lists what is left."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -21,52 +25,75 @@ from stoker.docker_engine import (
     ROLE_OPENAI,
     ROLE_PROXY,
 )
+from stoker.serving.haproxy import MOUNT
 
 pytestmark = [pytest.mark.docker]
-ROOT = __import__("pathlib").Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[2]
+ROLES = (ROLE_PROXY, ROLE_BACKEND, ROLE_OPENAI)
+# sh, not plain `sleep` as PID 1: PID 1 ignores SIGTERM, so each `docker stop` would wait out its 10 s deadline.
+SLEEP = ["/bin/sh", "-c", "trap 'exit 0' TERM; sleep 600 & wait"]
 
 
 def _stoker(*args: str) -> subprocess.CompletedProcess:
+    # STOKER_HOME comes from tests/conftest.py's _isolated_homes (os.environ, inherited here).
     return subprocess.run([sys.executable, "-m", "stoker.cli", *args], cwd=ROOT, capture_output=True, text=True,
                           timeout=180)
 
 
-def test_down_removes_only_the_named_deployment(triton_image):
+def _folder(path: Path) -> Path:
+    path.mkdir(parents=True)
+    (path / "haproxy.cfg").write_text("# stand-in for the proxy's state\n")
+    return path
+
+
+def test_down_removes_only_the_named_deployment(triton_image, tmp_path):
     import docker
 
     client = docker.from_env()
     tag = uuid.uuid4().hex[:6]
     one, two = f"down-a-{tag}", f"down-b-{tag}"
+    home = Path(os.environ["STOKER_HOME"])
+    # The state folders stoker keeps: this home's for each deployment, and one's as a worker with its own home.
+    own = {dep: _folder(home / "proxy" / dep) for dep in (one, two)}
+    worker = _folder(tmp_path / "worker-home" / "proxy" / one)
+    decoy = _folder(tmp_path / "decoy")  # mounted into one's backend: a label/mount is not licence to delete
     started = []
 
-    def sleeper(name: str, labels: dict) -> None:
-        started.append(client.containers.run(triton_image, ["600"], entrypoint=["sleep"], detach=True, name=name,
-                                             labels=labels))
+    def sleeper(name: str, labels: dict, mount: Path | None = None) -> None:
+        volumes = {str(mount): {"bind": MOUNT, "mode": "rw"}} if mount else None
+        started.append(client.containers.run(triton_image, SLEEP[1:], entrypoint=SLEEP[:1], detach=True, name=name,
+                                             labels=labels, volumes=volumes))
 
     try:
         for dep in (one, two):
-            for role in (ROLE_PROXY, ROLE_BACKEND, ROLE_OPENAI):
+            for role in ROLES:
                 # The labels stoker's own containers carry (docker_engine), on a container that only sleeps.
+                mount = {ROLE_PROXY: worker, ROLE_BACKEND: decoy}.get(role) if dep == one else None
                 sleeper(f"stoker-{dep}-{role}", {LABEL_MANAGED: "true", LABEL_DEPLOYMENT: dep, LABEL_ROLE: role,
                                                  LABEL_PORTS: "29001,29002,29003", LABEL_SLOT: "blue",
-                                                 LABEL_DIGEST: "0" * 64, LABEL_RUN: "run-x"})
+                                                 LABEL_DIGEST: "0" * 64, LABEL_RUN: "run-x"}, mount)
         sleeper(f"not-stoker-{tag}", {LABEL_DEPLOYMENT: one})  # names the deployment, but stoker did not start it
 
         r = _stoker("down", one)
         assert r.returncode == 0, r.stderr
-        assert sorted(r.stdout.splitlines()[:-1]) == sorted(f"removed container stoker-{one}-{role}"
-                                                            for role in (ROLE_PROXY, ROLE_BACKEND, ROLE_OPENAI))
+        *lines, last = r.stdout.splitlines()
+        assert sorted(lines) == sorted(f"removed container stoker-{one}-{role}" for role in ROLES)
+        assert last.startswith(f"deployment {one}: removed 3 container(s) and its state folders ")
         left = {c.name for c in client.containers.list(all=True)}
         assert not any(n.startswith(f"stoker-{one}-") for n in left)
-        assert {f"stoker-{two}-{role}" for role in (ROLE_PROXY, ROLE_BACKEND, ROLE_OPENAI)} | {f"not-stoker-{tag}"} <= left
+        assert {f"stoker-{two}-{role}" for role in ROLES} | {f"not-stoker-{tag}"} <= left
+        assert not own[one].exists() and not worker.exists()
+        assert own[two].is_dir() and (decoy / "haproxy.cfg").exists()
 
         r = _stoker("down", f"nope-{tag}")
-        assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1
+        assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1 and r.stdout == ""
         assert r.stderr.startswith(f"stoker: error: unknown deployment 'nope-{tag}' (deployments here: ")
         assert two in r.stderr and one not in r.stderr
 
         listing = _stoker("status")
-        assert listing.returncode == 0 and f"{two}:" in listing.stdout and f"{one}:" not in listing.stdout
+        assert listing.returncode == 0, listing.stderr
+        assert f"{two}:" in listing.stdout and f"{one}:" not in listing.stdout
+        assert "no stoker deployments" not in listing.stdout
     finally:
         for c in started:
             try:
