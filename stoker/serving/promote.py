@@ -146,12 +146,29 @@ def observe_proxy(client: docker.DockerClient, target: Target) -> tuple[topology
                               listen=listen, openai=haproxy.OPENAI_BACKEND in states), c
 
 
+def render_config(target: Target, slots: dict[str, Ports | None], live: str | None) -> str:
+    return haproxy.render(haproxy.ProxyLayout(listen=target.listen, slots=slots, live=live,
+                                              openai=openai_service.socket_path() if target.openai_image else None))
+
+
 def write_config(target: Target, slots: dict[str, Ports | None], live: str | None) -> None:
     """The proxy's file mirrors its runtime state, so a restarted proxy routes where the running one did."""
     target.state_dir.mkdir(parents=True, exist_ok=True)
-    text = haproxy.render(haproxy.ProxyLayout(listen=target.listen, slots=slots, live=live,
-                                              openai=openai_service.socket_path() if target.openai_image else None))
-    write_atomic(target.state_dir / haproxy.CONFIG_NAME, text)
+    write_atomic(target.state_dir / haproxy.CONFIG_NAME, render_config(target, slots, live))
+
+
+def sync_config(target: Target, slots: dict[str, Ports | None], live: str | None, log: Log) -> bool:
+    """Make the config file say what the running proxy does (the runtime is the truth while it runs): a process
+    cut between a runtime change and the file's rewrite left them apart, and a restart would route by the file.
+    True when the file had to be rewritten."""
+    path = target.state_dir / haproxy.CONFIG_NAME
+    expected = render_config(target, slots, live)
+    if path.exists() and path.read_text() == expected:
+        return False
+    log(f"reconcile {target.name}: the proxy's config file disagreed with its running state; rewritten")
+    target.state_dir.mkdir(parents=True, exist_ok=True)
+    write_atomic(path, expected)
+    return True
 
 
 def reconcile(client: docker.DockerClient, target: Target, log: Log) -> topology.Backend | None:
@@ -189,6 +206,8 @@ def reconcile(client: docker.DockerClient, target: Target, log: Log) -> topology
             if not live or slot != live.slot:
                 rt.maint(slot)
         write_config(target, slots, live.slot if live else None)
+    else:
+        sync_config(target, slots, live.slot if live else None, log)
     if live is not None:
         c = by_name.get(live.container)
         if c is not None and not (c.attrs.get("HostConfig") or {}).get("RestartPolicy", {}).get("Name"):
@@ -327,9 +346,12 @@ def switch(client: docker.DockerClient, target: Target, to: BackendRef, old: Bac
     """New requests go to ``to``; ``old`` drains and stays warm. Returns the seconds the switch took."""
     t0 = time.perf_counter()
     rt = runtime_for(target, proxy_container(client, target.name))
-    rt.switch(to.slot, to.p, drain=old.slot if old else None)
+    # The file first: a crash between the two leaves a file that routes to the proven candidate, and reconcile
+    # makes file and runtime agree again (sync_config). Runtime first could leave a file routing to a backend
+    # that reconcile later removes: the next proxy restart would route to a dead port.
     slots = {to.slot: to.p, **({old.slot: old.p} if old else {})}
     write_config(target, slots, to.slot)
+    rt.switch(to.slot, to.p, drain=old.slot if old else None)
     took = time.perf_counter() - t0
     if target.openai_image:
         openai_service.follow(client, target.state_dir, to.container, log)
@@ -385,8 +407,10 @@ def watch(client: docker.DockerClient, live: BackendRef, window_s: float, max_er
         time.sleep(interval_s)
 
 
-def retire(client: docker.DockerClient, target: Target, old: BackendRef, drain_timeout_s: float, log: Log) -> float:
-    """Wait until the proxy has no request open to ``old`` (or the deadline), then remove it."""
+def retire(client: docker.DockerClient, target: Target, old: BackendRef, drain_timeout_s: float, log: Log,
+           live: BackendRef | None = None) -> float:
+    """Wait until the proxy has no request open to ``old`` (or the deadline), then remove it; the config file then
+    names ``live`` alone, as the runtime does."""
     t0 = time.monotonic()
     rt = runtime_for(target, proxy_container(client, target.name))
     open_ = -1
@@ -400,6 +424,8 @@ def retire(client: docker.DockerClient, target: Target, old: BackendRef, drain_t
         time.sleep(0.2)
     if open_ > 0:
         log(f"{old.container} still had {open_} open request(s) after {drain_timeout_s:g} s; retiring it anyway")
+    if live is not None:
+        write_config(target, {live.slot: live.p}, live.slot)
     try:
         rt.maint(old.slot)
     except haproxy.ProxyApiError:
@@ -423,7 +449,7 @@ def switch_back(client: docker.DockerClient, target: Target, failed: BackendRef,
             runtime_for(target, proxy_container(client, target.name)).maint(failed.slot)
         return "nothing served before: the endpoint now answers 503"
     switch(client, target, old, failed, log)
-    retire(client, target, failed, min(drain_timeout_s, 10.0), log)
+    retire(client, target, failed, min(drain_timeout_s, 10.0), log, live=old)
     return f"traffic is back on {old.container} (digest {old.digest[:12]})"
 
 
@@ -460,5 +486,5 @@ def go_live(client: docker.DockerClient, target: Target, staged: dict, watch_s: 
         back = switch_back(client, target, cand, old, drain_timeout_s, log)
         raise PromotionFailed(f"{watched.cause}; {back}")
     if old is not None:
-        out["retire_s"] = round(retire(client, target, old, drain_timeout_s, log), 2)
+        out["retire_s"] = round(retire(client, target, old, drain_timeout_s, log, live=cand), 2)
     return out

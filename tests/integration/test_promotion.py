@@ -392,3 +392,40 @@ def test_proxy_ports_held_by_a_foreign_process_are_refused_naming_the_owner(clie
     msg = str(err.value)
     assert f"port {target.listen.grpc} (deploy.ports.grpc) is in use by pid {os.getpid()}" in msg
     assert engine.containers(client, target.name) == []  # nothing started
+
+
+# ------------------------------------------------------------------ a switch cut midway (issue 25)
+
+
+def _restart_proxy(client, target) -> None:
+    promote.proxy_container(client, target.name).restart(timeout=5)
+    promote.wait_proxy(client, target)
+
+
+@pytest.mark.parametrize("cut", ["runtime switched, file not rewritten", "file rewritten, runtime not switched"])
+def test_a_switch_cut_midway_leaves_file_and_runtime_agreeing_after_reconcile(client, target, build, cut):
+    """The process dies between the two halves of a switch (each cut is reproduced by doing exactly its first
+    half); the next run's reconcile makes the config file say what the running proxy does, so a proxy restart
+    routes where traffic went, never to a backend reconcile removed."""
+    deploy(client, target, build("a"))
+    log = Lines()
+    staged = promote.prepare(client, target, build("b"), 1.0, log)
+    cand, old = promote.BackendRef.from_dict(staged["candidate"]), promote.BackendRef.from_dict(staged["previous"])
+    if cut.startswith("runtime"):  # what the runtime-first order of earlier versions could leave
+        promote.runtime_for(target, promote.proxy_container(client, target.name)).switch(cand.slot, cand.p,
+                                                                                          drain=old.slot)
+        expect = "b"
+    else:  # today's order: the file first
+        promote.write_config(target, {cand.slot: cand.p, old.slot: old.p}, cand.slot)
+        expect = "a"
+    assert serving_tag(target) == expect  # the running proxy decides while it runs
+    again = Lines()
+    live = promote.reconcile(client, target, again)
+    assert any("config file disagreed with its running state; rewritten" in line for line in again), again
+    assert live is not None and live.digest == (cand.digest if expect == "b" else old.digest)
+    _restart_proxy(client, target)
+    assert_one_live(client, target, expect)
+    # Consistent now: a further reconcile has nothing to rewrite.
+    quiet = Lines()
+    promote.reconcile(client, target, quiet)
+    assert not any("disagreed" in line for line in quiet), quiet
