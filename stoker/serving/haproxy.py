@@ -40,6 +40,19 @@ OPENAI_PATH = "/v1/"
 OPENAI_DOWN = ('{"error": {"message": "the OpenAI API of this deployment is not running (HTTP %d from the proxy)", '
                '"type": "server_error", "param": null, "code": "backend_unavailable"}}')
 
+# Only inference is public. Through the stable address a client may ask health, server and model metadata (and
+# config), readiness and inference (infer, generate, generate_stream; gRPC ModelInfer/ModelStreamInfer), and
+# /metrics on the metrics port. Model control, the repository index, statistics, logging, trace and shared memory
+# answer 403 (HTTP, KServe's error shape) or PERMISSION_DENIED (gRPC): stoker's own reload path talks to its
+# backend's port, never through here.
+PUBLIC_HTTP_EXACT = ("/v2", "/v2/health/live", "/v2/health/ready")
+PUBLIC_HTTP_MODEL = r"^/v2/models/[^/]+(/versions/[^/]+)?(/ready|/config|/infer|/generate|/generate_stream)?$"
+GRPC_SERVICE = "/inference.GRPCInferenceService/"
+PUBLIC_GRPC = ("ServerLive", "ServerReady", "ModelReady", "ServerMetadata", "ModelMetadata", "ModelConfig",
+               "ModelInfer", "ModelStreamInfer")
+REFUSED_HTTP = '{"error": "this route is not served at the public endpoint (stoker serves inference, health, metadata)"}'
+REFUSED_GRPC = "this method is not served at the public endpoint (stoker serves inference, health, metadata)"
+
 
 class ProxyApiError(Exception):
     """The proxy's runtime API is unreachable or refused a command."""
@@ -84,9 +97,9 @@ def render(layout: ProxyLayout, mount: str = MOUNT) -> str:
         "",
     ]
     for section, attr, proto in SECTIONS:
-        lines += [f"frontend {section}", f"    bind :{getattr(layout.listen, attr)}{proto}"]
+        lines += [f"frontend {section}", f"    bind :{getattr(layout.listen, attr)}{proto}", *_public_only(section, bool(layout.openai))]
         if section == "http" and layout.openai:
-            lines += [f"    acl openai path_beg {OPENAI_PATH}", f"    use_backend {OPENAI_BACKEND} if openai"]
+            lines += [f"    use_backend {OPENAI_BACKEND} if openai"]
         lines += [f"    default_backend {section}", ""]
         lines.append(f"backend {section}")
         for slot in SLOTS:
@@ -101,6 +114,24 @@ def render(layout: ProxyLayout, mount: str = MOUNT) -> str:
                          + _quoted(OPENAI_DOWN % status))
         lines += [f"    server {OPENAI_BACKEND} {layout.openai}", ""]
     return "\n".join(lines)
+
+
+def _public_only(section: str, openai: bool) -> list[str]:
+    """The frontend lines that refuse every route but the public ones (see PUBLIC_*; /v1/ with an OpenAI service)."""
+    if section == "http":
+        return [f"    acl public path {' '.join(PUBLIC_HTTP_EXACT)}",
+                f"    acl public path_reg {PUBLIC_HTTP_MODEL}",
+                *([f"    acl openai path_beg {OPENAI_PATH}"] if openai else []),
+                f"    http-request return status 403 content-type application/json string {_quoted(REFUSED_HTTP)} "
+                f"if !public{' !openai' if openai else ''}"]
+    if section == "grpc":
+        # A trailers-only gRPC answer: HTTP 200, grpc-status 7 (PERMISSION_DENIED); HAProxy sends no content-type
+        # for a reply without a body, and gRPC clients read the status (tests/integration/test_promotion.py).
+        return [f"    acl public path {' '.join(GRPC_SERVICE + m for m in PUBLIC_GRPC)}",
+                "    http-request return status 200 hdr grpc-status 7 "
+                f"hdr grpc-message {_quoted(REFUSED_GRPC.replace(' ', '%%20'))} if !public"]  # log-format: %% is %
+    return ["    http-request return status 403 content-type text/plain string \"only /metrics is served here\" "
+            "if !{ path /metrics }"]
 
 
 # ---------------------------------------------------------------- runtime API

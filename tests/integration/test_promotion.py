@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 import uuid
 from pathlib import Path
@@ -429,3 +430,50 @@ def test_a_switch_cut_midway_leaves_file_and_runtime_agreeing_after_reconcile(cl
     quiet = Lines()
     promote.reconcile(client, target, quiet)
     assert not any("disagreed" in line for line in quiet), quiet
+
+
+# ------------------------------------------------------------------ only inference is public (issue 25)
+
+ADMIN_HTTP = [("POST", "/v2/repository/index"), ("POST", "/v2/repository/models/ensemble/unload"),
+              ("POST", "/v2/repository/models/ensemble/load"), ("GET", "/v2/logging"), ("GET", "/v2/trace/setting"),
+              ("GET", "/v2/models/ensemble/stats"), ("GET", "/v2/systemsharedmemory/status"),
+              ("GET", "/v2/cudasharedmemory/status"), ("GET", "/v2/models/ensemble/trace/setting")]
+
+
+def _http(url: str, method: str = "GET", body: bytes | None = None) -> tuple[int, bytes]:
+    req = urllib.request.Request(url, data=body if body is not None else (b"{}" if method == "POST" else None),
+                                 method=method, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read()
+
+
+def test_only_inference_health_and_metadata_are_public_at_the_stable_address(client, target, build):
+    import grpc
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import InferenceServerException
+
+    deploy(client, target, build("a"))
+    http, metrics = target.endpoint["http"], target.endpoint["metrics"].removesuffix("/metrics")
+    for method, path in ADMIN_HTTP:
+        code, body = _http(f"{http}{path}", method)
+        assert code == 403, (path, code, body[:200])
+        assert json.loads(body)["error"].startswith("this route is not served at the public endpoint"), path
+    for path in ("/v2", "/v2/health/live", "/v2/health/ready", "/v2/models/ensemble", "/v2/models/ensemble/ready",
+                 "/v2/models/ensemble/config"):
+        assert _http(f"{http}{path}")[0] == 200, path
+    assert serving_tag(target) == "a"  # generate_stream streams through
+    assert _http(f"{metrics}/metrics")[0] == 200 and _http(f"{metrics}/v2/models/ensemble/stats")[0] == 403
+
+    g = grpcclient.InferenceServerClient(target.endpoint["grpc"])
+    assert g.is_server_live() and g.is_model_ready("ensemble") and g.get_model_metadata("ensemble")
+    for call in (g.get_model_repository_index, lambda: g.unload_model("ensemble"), g.get_log_settings,
+                 lambda: g.get_inference_statistics("ensemble"), g.get_system_shared_memory_status):
+        with pytest.raises(InferenceServerException) as exc:
+            call()
+        assert exc.value.status() == str(grpc.StatusCode.PERMISSION_DENIED), exc.value
+    g.close()
+    # The refused unload never reached Triton: the model still serves.
+    assert serving_tag(target) == "a"

@@ -1,0 +1,40 @@
+"""Which routes the stable address serves (stoker/serving/haproxy.py): inference, health, metadata; nothing else.
+The proxy itself is tested in tests/integration/test_promotion.py; here, the rendered rules."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from stoker.serving import haproxy
+from stoker.serving.ports import Ports
+
+LAYOUT = haproxy.ProxyLayout(Ports(8000, 8001, 8002), {"blue": Ports(20000, 20001, 20002)}, "blue")
+
+
+def _public(path: str) -> bool:
+    return path in haproxy.PUBLIC_HTTP_EXACT or re.match(haproxy.PUBLIC_HTTP_MODEL, path) is not None
+
+
+@pytest.mark.parametrize("path", ["/v2", "/v2/health/ready", "/v2/models/ensemble", "/v2/models/ensemble/ready",
+                                  "/v2/models/ensemble/generate_stream", "/v2/models/ensemble/versions/1/infer",
+                                  "/v2/models/tensorrt_llm/config"])
+def test_inference_health_and_metadata_are_public(path):
+    assert _public(path)
+
+
+@pytest.mark.parametrize("path", ["/v2/repository/index", "/v2/repository/models/ensemble/unload", "/v2/logging",
+                                  "/v2/trace/setting", "/v2/models/ensemble/stats", "/v2/models/ensemble/trace/setting",
+                                  "/v2/systemsharedmemory/status", "/v2/cudasharedmemory/region/x/register",
+                                  "/v2/models/ensemble/generate_stream/../../repository/index", "/", "/metrics"])
+def test_control_and_everything_else_is_not(path):
+    assert not _public(path)
+
+
+def test_every_frontend_refuses_what_is_not_public():
+    cfg = haproxy.render(LAYOUT)
+    assert cfg.count("http-request return") == 3  # http, grpc, metrics
+    grpc = cfg[cfg.index("frontend grpc"):cfg.index("backend grpc")]
+    assert "hdr grpc-status 7" in grpc and "/inference.GRPCInferenceService/ModelStreamInfer" in grpc
+    assert "RepositoryModelUnload" not in grpc and "ModelStatistics" not in grpc
