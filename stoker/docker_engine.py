@@ -38,6 +38,7 @@ LABEL_SLOT = "ai.stoker.slot"
 LABEL_RUN = "ai.stoker.run_id"
 # With host networking Docker does not know a container's ports: they are read back from here.
 LABEL_PORTS = "ai.stoker.ports"
+LABEL_ADDRESS = "ai.stoker.listen"  # the proxy's bind address (the stable endpoint's)
 ROLE_BACKEND, ROLE_PROXY, ROLE_OPENAI = "backend", "proxy", "openai"
 LOG_TAIL_LINES = 20
 STOP_TIMEOUT_S = 10
@@ -86,10 +87,16 @@ class BackendSpec:
             raise ValueError(f"deployment name {self.name!r} must match {_NAME_RE.pattern}")
 
 
+# Backends and candidates run with host networking: they listen on loopback only, whatever the stable address,
+# so that nothing but the proxy (and stoker's own checks on this host) reaches an unproven or drained backend.
+BACKEND_ADDRESS = "127.0.0.1"
+
+
 def triton_args(repository_uri: str, ports: Ports, extra_args: Iterable[str] = ()) -> list[str]:
     """Arguments appended to the image's ``tritonserver`` entrypoint."""
-    return [f"--model-repository={repository_uri}", f"--http-port={ports.http}", f"--grpc-port={ports.grpc}",
-            f"--metrics-port={ports.metrics}", *extra_args]
+    return [f"--model-repository={repository_uri}", f"--http-address={BACKEND_ADDRESS}", f"--http-port={ports.http}",
+            f"--grpc-address={BACKEND_ADDRESS}", f"--grpc-port={ports.grpc}",
+            f"--metrics-address={BACKEND_ADDRESS}", f"--metrics-port={ports.metrics}", *extra_args]
 
 
 def connect(docker_host: str | None = None, timeout_s: int = 120) -> docker.DockerClient:
@@ -155,10 +162,10 @@ def start_backend(client: docker.DockerClient, spec: BackendSpec, slot: str, por
 
 
 def start_proxy(client: docker.DockerClient, deployment: str, image: str, listen: Ports, state_dir: Path,
-                mount: str, config: str) -> Container:
+                mount: str, config: str, address: str = BACKEND_ADDRESS) -> Container:
     """Run the deployment's proxy: restarted by Docker (also after a daemon restart) unless stoker stops it."""
     labels = {LABEL_MANAGED: "true", LABEL_DEPLOYMENT: deployment, LABEL_ROLE: ROLE_PROXY,
-              LABEL_PORTS: listen.label()}
+              LABEL_PORTS: listen.label(), LABEL_ADDRESS: address}
     return _run(client, image, ["-db", "-f", f"{mount}/{config}"], name=proxy_name(deployment), labels=labels,
                 entrypoint=["haproxy"], volumes={str(state_dir): {"bind": mount, "mode": "rw"}},
                 restart_policy={"Name": "unless-stopped"})

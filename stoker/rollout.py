@@ -85,7 +85,7 @@ def version_key(src_key: str, src_root: str, dst_root: str, version: int) -> str
 def target_for(spec: Spec) -> promote.Target:
     d = spec.deploy
     return promote.Target(name=d.name, listen=Ports(d.ports.http, d.ports.grpc, d.ports.metrics),
-                          proxy_image=d.proxy_image, state_dir=stoker_home() / "proxy" / d.name,
+                          proxy_image=d.proxy_image, state_dir=stoker_home() / "proxy" / d.name, address=d.listen,
                           # The OpenAI service runs on the CPU image's Python; GPU images are not built here.
                           openai_image=d.image if d.openai and spec.target == "reference" else "")
 

@@ -209,6 +209,42 @@ class Deploy(_Section):
     # (stoker.gpu.openai_frontend), on the metrics role's port.
     openai: bool = Field(True, description="serve /v1/models, /v1/completions and /v1/chat/completions: on the stable "
                          "HTTP port (target reference), or Triton's OpenAI frontend (target tensorrt)")
+    # Where the stable endpoint binds. Loopback unless the spec says otherwise, and an address other machines can
+    # reach is refused without keys unless the spec says that too, in as many words (Redis's protected mode).
+    # Backends, candidates and the OpenAI service listen on loopback whatever this is.
+    listen: str = Field("127.0.0.1", description="the stable endpoint's bind address: 127.0.0.1 (default), 0.0.0.0, "
+                        "or one of this host's addresses")
+    allow_unauthenticated: bool = Field(False, description="true: serve on a non-loopback deploy.listen with no API "
+                                        "key (anyone who reaches the address can use the model)")
+
+    @model_serializer(mode="wrap")
+    def _omit_listen_defaults(self, handler):
+        # Left at their defaults, the listen fields stay out of dumps: manifests and the spec digest read as before.
+        out = handler(self)
+        if isinstance(out, dict):
+            for name in ("listen", "allow_unauthenticated"):
+                if getattr(self, name) == type(self).model_fields[name].default:
+                    out.pop(name, None)
+        return out
+
+    @field_validator("listen")
+    @classmethod
+    def _listen(cls, v: str) -> str:
+        import ipaddress
+
+        try:
+            return str(ipaddress.ip_address(v))
+        except ValueError:
+            raise ValueError(f"{v!r} is not an IP address (127.0.0.1, 0.0.0.0 or one of this host's)") from None
+
+    @model_validator(mode="after")
+    def _protected(self) -> Deploy:
+        import ipaddress
+
+        if not ipaddress.ip_address(self.listen).is_loopback and not self.allow_unauthenticated:
+            raise ValueError(f"listen {self.listen} lets other machines reach the endpoint and stoker has no API key "
+                             "for it yet: keep 127.0.0.1, or set deploy.allow_unauthenticated: true to serve it open")
+        return self
 
     @field_validator("name")
     @classmethod

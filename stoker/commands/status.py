@@ -46,7 +46,12 @@ def describe(client, name: str) -> dict:
                          "uptime": _uptime(engine.started_at(c)) if c is not None and b.running else "-"})
     live = next((b for b in backends if b["live"]), None)
     service = openai_service.container(client, name)
-    return {"name": name, "endpoint": target.endpoint if listen else None,
+    # What listens where: the proxy on its deploy.listen address (older proxies: every interface), every
+    # backend on loopback (it runs with host networking).
+    address = proxy_c.labels.get(engine.LABEL_ADDRESS, "0.0.0.0") if proxy_c is not None else None
+    for b in backends:
+        b["listen"] = engine.BACKEND_ADDRESS
+    return {"name": name, "endpoint": target.endpoint if listen else None, "listen": address,
             "proxy": ("running" if view.running else "down") if view.exists else "missing",
             "proxy_uptime": _uptime(engine.started_at(proxy_c)) if proxy_c is not None and view.running else "-",
             "live_digest": live["digest"] if live else None, "run_id": live["run_id"] if live else None,
@@ -86,11 +91,14 @@ def _handler(args) -> int:
         print(NONE_HERE)
     for d in found:
         ep = d["endpoint"]
-        print(f"{d['name']}: {ep['http'] + ' (gRPC ' + ep['grpc'] + ')' if ep else 'no stable endpoint'}, "
+        where = f" listening on {d['listen']}" + (" (every interface)" if d["listen"] == "0.0.0.0" else "") \
+            if d.get("listen") else ""
+        print(f"{d['name']}: {ep['http'] + ' (gRPC ' + ep['grpc'] + ')' if ep else 'no stable endpoint'}{where}, "
               f"proxy {d['proxy']} (up {d['proxy_uptime']}), live digest {(d['live_digest'] or 'none')[:12]}, "
               f"run {d['run_id'] or '-'}, OpenAI API {d['openai']}")
         for b in d["backends"]:
-            print(f"  {'*' if b['live'] else ' '} {b['container']:<28} slot {b['slot'] or '-':<5} ports {b['ports']:<17} "
+            print(f"  {'*' if b['live'] else ' '} {b['container']:<28} slot {b['slot'] or '-':<5} "
+                  f"{b['listen']} ports {b['ports']:<17} "
                   f"digest {b['digest'][:12]:<12} {b['state']:<8} {b['health']:<9} up {b['uptime']}")
     return 0
 

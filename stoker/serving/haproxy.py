@@ -66,6 +66,7 @@ class ProxyLayout:
     slots: Mapping[str, Ports | None]
     live: str | None
     openai: str | None = None  # the OpenAI service's unix socket (as the proxy sees it); None: no /v1/ route
+    address: str = "127.0.0.1"  # where the frontends bind (deploy.listen)
 
 
 def _quoted(text: str) -> str:
@@ -97,7 +98,8 @@ def render(layout: ProxyLayout, mount: str = MOUNT) -> str:
         "",
     ]
     for section, attr, proto in SECTIONS:
-        lines += [f"frontend {section}", f"    bind :{getattr(layout.listen, attr)}{proto}", *_public_only(section, bool(layout.openai))]
+        lines += [f"frontend {section}", f"    bind {_bind(layout.address)}:{getattr(layout.listen, attr)}{proto}",
+                  *_public_only(section, bool(layout.openai))]
         if section == "http" and layout.openai:
             lines += [f"    use_backend {OPENAI_BACKEND} if openai"]
         lines += [f"    default_backend {section}", ""]
@@ -114,6 +116,13 @@ def render(layout: ProxyLayout, mount: str = MOUNT) -> str:
                          + _quoted(OPENAI_DOWN % status))
         lines += [f"    server {OPENAI_BACKEND} {layout.openai}", ""]
     return "\n".join(lines)
+
+
+def _bind(address: str) -> str:
+    """HAProxy's spelling: "" for every IPv4 interface, brackets around an IPv6 address."""
+    if address == "0.0.0.0":
+        return ""
+    return f"[{address}]" if ":" in address else address
 
 
 def _public_only(section: str, openai: bool) -> list[str]:

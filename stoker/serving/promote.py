@@ -46,13 +46,15 @@ class Target:
     proxy_image: str
     state_dir: Path
     openai_image: str = ""
+    address: str = engine.BACKEND_ADDRESS  # where the stable endpoint binds (deploy.listen); loopback by default
 
     @property
     def endpoint(self) -> dict:
-        out = {"http": f"http://127.0.0.1:{self.listen.http}", "grpc": f"127.0.0.1:{self.listen.grpc}",
-               "metrics": f"http://127.0.0.1:{self.listen.metrics}/metrics"}
+        host = "127.0.0.1" if self.address in ("0.0.0.0", "::", "127.0.0.1") else self.address
+        out = {"http": f"http://{host}:{self.listen.http}", "grpc": f"{host}:{self.listen.grpc}",
+               "metrics": f"http://{host}:{self.listen.metrics}/metrics"}
         if self.openai_image:
-            out["openai"] = f"http://127.0.0.1:{self.listen.http}/v1"
+            out["openai"] = f"http://{host}:{self.listen.http}/v1"
         return out
 
 
@@ -135,20 +137,23 @@ def observe_proxy(client: docker.DockerClient, target: Target) -> tuple[topology
         listen = Ports.parse(c.labels[engine.LABEL_PORTS])
     except (KeyError, ValueError):
         pass
+    # A proxy started before deploy.listen existed bound every interface, and says nothing.
+    address = c.labels.get(engine.LABEL_ADDRESS, "0.0.0.0")
     if c.status != "running":
-        return topology.ProxyView(exists=True, running=False, listen=listen), c
+        return topology.ProxyView(exists=True, running=False, listen=listen, address=address), c
     try:
         states = runtime_for(target, c).servers()
     except haproxy.ProxyApiError:
-        return topology.ProxyView(exists=True, running=False, listen=listen), c
+        return topology.ProxyView(exists=True, running=False, listen=listen, address=address), c
     http = {slot: st.port for slot, st in states.get("http", {}).items()}
     return topology.ProxyView(exists=True, running=True, live=haproxy.live_slot(states), http_ports=http,
-                              listen=listen, openai=haproxy.OPENAI_BACKEND in states), c
+                              listen=listen, openai=haproxy.OPENAI_BACKEND in states, address=address), c
 
 
 def render_config(target: Target, slots: dict[str, Ports | None], live: str | None) -> str:
     return haproxy.render(haproxy.ProxyLayout(listen=target.listen, slots=slots, live=live,
-                                              openai=openai_service.socket_path() if target.openai_image else None))
+                                              openai=openai_service.socket_path() if target.openai_image else None,
+                                              address=target.address))
 
 
 def write_config(target: Target, slots: dict[str, Ports | None], live: str | None) -> None:
@@ -175,7 +180,8 @@ def reconcile(client: docker.DockerClient, target: Target, log: Log) -> topology
     """Repair the deployment to one consistent state; returns the live backend (None: nothing serves)."""
     backends = observe_backends(client, target.name)
     view, proxy_c = observe_proxy(client, target)
-    repair = topology.plan_repair(backends, view, target.listen, openai=bool(target.openai_image))
+    repair = topology.plan_repair(backends, view, target.listen, openai=bool(target.openai_image),
+                                  address=target.address)
     for action in repair.actions():
         log(f"reconcile {target.name}: {action}")
     by_name = {c.name: c for c in engine.containers(client, target.name, role=engine.ROLE_BACKEND)}
@@ -254,10 +260,10 @@ def check_listen_ports(client: docker.DockerClient, target: Target) -> None:
 
 def start_proxy(client: docker.DockerClient, target: Target, log: Log):
     engine.require_image(client, target.proxy_image, "stoker image")
-    log(f"starting proxy {engine.proxy_name(target.name)} ({target.proxy_image}) on ports "
+    log(f"starting proxy {engine.proxy_name(target.name)} ({target.proxy_image}) on {target.address}, ports "
         f"http={target.listen.http} grpc={target.listen.grpc} metrics={target.listen.metrics}")
     return engine.start_proxy(client, target.name, target.proxy_image, target.listen, target.state_dir,
-                              haproxy.MOUNT, haproxy.CONFIG_NAME)
+                              haproxy.MOUNT, haproxy.CONFIG_NAME, address=target.address)
 
 
 def wait_proxy(client: docker.DockerClient, target: Target, timeout_s: float = PROXY_START_TIMEOUT_S) -> None:

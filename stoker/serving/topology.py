@@ -37,6 +37,7 @@ class ProxyView:
     http_ports: dict[str, int] = field(default_factory=dict)
     listen: Ports | None = None
     openai: bool | None = None  # whether the running proxy routes /v1/ to the OpenAI service (None: unknown)
+    address: str | None = None  # the address it binds (None: unknown)
 
 
 @dataclass(frozen=True)
@@ -61,7 +62,8 @@ def other_slot(slot: str | None) -> str:
     return "green" if slot == "blue" else "blue"
 
 
-def plan_repair(backends: list[Backend], proxy: ProxyView, listen: Ports, openai: bool | None = None) -> Repair:
+def plan_repair(backends: list[Backend], proxy: ProxyView, listen: Ports, openai: bool | None = None,
+                address: str | None = None) -> Repair:
     """The one consistent state to reach from what runs. Pure.
 
     The live backend is the one the proxy routes to while its container runs, even if a health
@@ -79,6 +81,8 @@ def plan_repair(backends: list[Backend], proxy: ProxyView, listen: Ports, openai
         action = "create"
     elif proxy.listen is not None and proxy.listen != listen:
         action = "recreate"  # the spec's ports changed
+    elif address is not None and proxy.address is not None and proxy.address != address:
+        action = "recreate"  # deploy.listen changed (or an older proxy bound every interface)
     elif openai is not None and proxy.running and proxy.openai is not None and proxy.openai != openai:
         action = "recreate"  # the OpenAI route came (or went) with this version of stoker or the spec
     elif not proxy.running:

@@ -477,3 +477,41 @@ def test_only_inference_health_and_metadata_are_public_at_the_stable_address(cli
     g.close()
     # The refused unload never reached Triton: the model still serves.
     assert serving_tag(target) == "a"
+
+
+# ------------------------------------------------------------------ listen where meant (issue 25)
+
+
+def _host_address() -> str:
+    """An IPv4 address of this host that is not loopback (the bridge's will do): what another machine dials."""
+    out = subprocess.run(["ip", "-4", "-o", "addr", "show", "scope", "global"], capture_output=True, text=True,
+                         check=True).stdout
+    return out.split()[3].split("/")[0]
+
+
+def _answers(address: str, port: int) -> bool:
+    try:
+        with socket.create_connection((address, port), timeout=2):
+            return True
+    except OSError:
+        return False
+
+
+def test_backends_listen_on_loopback_and_the_endpoint_where_the_spec_says(client, target, build):
+    import dataclasses
+
+    outside = _host_address()
+    _, done = deploy(client, target, build("a"))
+    backend = done["live"]
+    for port in backend["ports"]:  # http, grpc, metrics
+        assert _answers("127.0.0.1", port) and not _answers(outside, port), port
+    assert _answers("127.0.0.1", target.listen.http) and not _answers(outside, target.listen.http)
+
+    # deploy.listen 0.0.0.0 (allowed by the spec in as many words): the proxy is recreated on every interface; the
+    # backend it routes to still answers on loopback only.
+    opened = dataclasses.replace(target, address="0.0.0.0")
+    log = Lines()
+    live = promote.reconcile(client, opened, log)
+    assert any("recreate" in line for line in log), log
+    assert _answers(outside, opened.listen.http) and not _answers(outside, live.ports.http)
+    assert serving_tag(opened) == "a"

@@ -75,7 +75,11 @@ def test_port_owner_names_a_real_listener():
 
 def test_rendered_config_routes_only_the_live_slot_and_speaks_h2_for_grpc():
     cfg = haproxy.render(haproxy.ProxyLayout(LISTEN, {"blue": Ports(20000, 20001, 20002), "green": None}, "blue"))
-    assert "bind :8000\n" in cfg and "bind :8001 proto h2\n" in cfg and "bind :8002\n" in cfg
+    # Loopback unless deploy.listen says otherwise.
+    assert "bind 127.0.0.1:8000\n" in cfg and "bind 127.0.0.1:8001 proto h2\n" in cfg and "bind 127.0.0.1:8002\n" in cfg
+    open_ = haproxy.render(haproxy.ProxyLayout(LISTEN, {}, None, address="0.0.0.0"))
+    assert "bind :8000\n" in open_ and "bind :8001 proto h2\n" in open_
+    assert "bind [::1]:8000\n" in haproxy.render(haproxy.ProxyLayout(LISTEN, {}, None, address="::1"))
     assert "server blue 127.0.0.1:20001 proto h2\n" in cfg
     assert "server green 127.0.0.1:1 proto h2 disabled" in cfg
     assert cfg.count(" disabled") == 3 and "${" not in cfg
@@ -177,7 +181,8 @@ def test_wave_one_containers_are_replaced_and_next_slot_alternates():
 
 def test_triton_args_exact():
     assert triton_args("s3://h:1/b/p", Ports(1, 2, 3), ["--x"]) == [
-        "--model-repository=s3://h:1/b/p", "--http-port=1", "--grpc-port=2", "--metrics-port=3", "--x"]
+        "--model-repository=s3://h:1/b/p", "--http-address=127.0.0.1", "--http-port=1", "--grpc-address=127.0.0.1",
+        "--grpc-port=2", "--metrics-address=127.0.0.1", "--metrics-port=3", "--x"]
     assert Ports.parse(Ports(1, 2, 3).label()) == Ports(1, 2, 3)
 
 

@@ -16,7 +16,7 @@ def test_proxy_routes_v1_to_the_service_socket_and_everything_else_to_triton():
     cfg = haproxy.render(haproxy.ProxyLayout(LISTEN, {"blue": Ports(20000, 20001, 20002)}, "blue",
                                              openai_service.socket_path()))
     http = cfg[cfg.index("frontend http"):cfg.index("\nbackend http") + 1]
-    assert http == ("frontend http\n    bind :8000\n"
+    assert http == ("frontend http\n    bind 127.0.0.1:8000\n"
                     f"    acl public path {' '.join(haproxy.PUBLIC_HTTP_EXACT)}\n"
                     f"    acl public path_reg {haproxy.PUBLIC_HTTP_MODEL}\n"
                     "    acl openai path_beg /v1/\n"

@@ -92,3 +92,19 @@ def test_shipped_specs_validate():
 
     demo = parse_spec(yaml.safe_load(DEMO_SPEC.read_text()), "demo")
     assert demo.quantization.format == "fp8" and demo.storage.create_bucket
+
+
+def test_the_stable_endpoint_listens_on_loopback_unless_the_spec_says_otherwise_in_as_many_words():
+    base = {"model": {"repo_id": "org/model"}, "storage": {"bucket": "bkt"}}
+    assert parse_spec(base).deploy.listen == "127.0.0.1"
+    assert "listen" not in parse_spec(base).model_dump()["deploy"]  # defaults stay out of manifests and digests
+    with pytest.raises(SpecError) as exc:
+        parse_spec({**base, "deploy": {"listen": "0.0.0.0"}})
+    assert str(exc.value) == ("spec: deploy: listen 0.0.0.0 lets other machines reach the endpoint and stoker has no "
+                              "API key for it yet: keep 127.0.0.1, or set deploy.allow_unauthenticated: true to "
+                              "serve it open")
+    with pytest.raises(SpecError, match="'eth0' is not an IP address"):
+        parse_spec({**base, "deploy": {"listen": "eth0"}})
+    assert parse_spec({**base, "deploy": {"listen": "::1"}}).deploy.listen == "::1"  # loopback: no key needed
+    opened = parse_spec({**base, "deploy": {"listen": "0.0.0.0", "allow_unauthenticated": True}})
+    assert opened.model_dump()["deploy"]["listen"] == "0.0.0.0"
