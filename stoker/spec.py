@@ -41,6 +41,16 @@ def _repo_id(v: str) -> str:
 RepoId = Annotated[str, AfterValidator(_repo_id)]  # a Hub repo id, model or dataset
 
 
+def _without_defaults(section: BaseModel, out: object, names: tuple[str, ...]) -> object:
+    """``out`` (a section's dump) without the named fields that are at their defaults: fields added later stay out
+    of dumps until set, so manifests and spec digests of earlier runs still compare equal."""
+    if isinstance(out, dict):
+        for name in names:
+            if getattr(section, name) == type(section).model_fields[name].default:
+                out.pop(name, None)
+    return out
+
+
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -121,12 +131,7 @@ class Storage(_Section):
     @model_serializer(mode="wrap")
     def _omit_cache_defaults(self, handler):
         # Left at their defaults, the cache fields stay out of dumps: manifests and the spec digest read as before.
-        out = handler(self)
-        if isinstance(out, dict):
-            for name in ("shared_cache", "cache_lease_s"):
-                if getattr(self, name) == type(self).model_fields[name].default:
-                    out.pop(name, None)
-        return out
+        return _without_defaults(self, handler(self), ("shared_cache", "cache_lease_s"))
 
     @field_validator("bucket")
     @classmethod
@@ -220,12 +225,7 @@ class Deploy(_Section):
     @model_serializer(mode="wrap")
     def _omit_listen_defaults(self, handler):
         # Left at their defaults, the listen fields stay out of dumps: manifests and the spec digest read as before.
-        out = handler(self)
-        if isinstance(out, dict):
-            for name in ("listen", "allow_unauthenticated"):
-                if getattr(self, name) == type(self).model_fields[name].default:
-                    out.pop(name, None)
-        return out
+        return _without_defaults(self, handler(self), ("listen", "allow_unauthenticated"))
 
     @field_validator("listen")
     @classmethod
