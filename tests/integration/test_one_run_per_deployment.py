@@ -35,8 +35,11 @@ def test_two_runs_of_one_deployment_serve_one_after_the_other(prefect_api, local
     spec = make_spec(local_stack, name)
     spec["evaluation"] = {"enabled": False}  # the lock is what is under test, not the gates
     procs = []
+    home = tmp_path_factory.mktemp("r")  # one worker's home, as a schedule and a webhook run on one worker
     for i in range(2):
-        home = tmp_path_factory.mktemp(f"r{i}")  # short: the proxy's admin socket path must fit AF_UNIX
+        # Two different builds (another max_batch_size: another repository digest), so the one that deploys
+        # last has something of its own to serve.
+        spec = {**spec, "triton": {**spec.get("triton", {}), "max_batch_size": 8 if i == 0 else 4}}
         env = {**prefect_env(api), **local_stack["aws_env"], "STOKER_HOME": str(home), "HF_HOME": str(home / "hf")}
         procs.append(subprocess.Popen([sys.executable, "-c", RUN, json.dumps(spec)], cwd=ROOT, env=env,
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
