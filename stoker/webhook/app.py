@@ -1,16 +1,19 @@
 """The receiver: an ASGI app (Starlette, already installed with Prefect) that starts flow runs.
 
 Checks run cheapest first: size (413), rate (429), signature (401), JSON and
-schema (400), replay window (401), idempotency (a key seen with the same trigger
-— spec, repo, revision — answers the first run whatever the timestamp, so a CI
-re-run gets its build back; with another trigger, 409 naming that run), then the
-spec named in the trigger is loaded (400), the stack must hold its credentials
-block (400) and the deployment's pool an online worker (503), its revision set,
-and the deployment run through ``run_deployment`` with Prefect's own idempotency
-key, so receivers on several hosts, or a restarted one, still start one run per
-key: a run Prefect found instead of creating is checked against the trigger by
-its ``stoker-trigger:`` tag. Answers 202 with the flow run id. The secret is
-only ever compared, never logged or echoed.
+schema (400), replay window (401), idempotency against the keys this receiver
+has seen (a key with the same trigger — spec, repo, revision — answers the first
+run, 202 ``{"flow_run_id", "duplicate": true}``, whatever the timestamp, so a CI
+re-run gets its build back; with another trigger, 409 naming that run; without a
+key the key is the body's sha256, so only a byte-identical resend is a repeat),
+then the spec named in the trigger is loaded (400), the stack must hold its
+credentials block (400) and the deployment's pool an online worker (503), its
+revision set, and the deployment run through ``run_deployment`` with Prefect's
+own idempotency key ``webhook:<key>``, so receivers on several hosts, or a
+restarted one, still start one run per key: a run Prefect found instead of
+creating is checked against the trigger by its ``stoker-trigger:`` tag, with the
+same two answers. A new run answers 202 with its id and ``"duplicate": false``.
+The secret is only ever compared, never logged or echoed.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import re
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -105,6 +108,7 @@ class Started:
     run_name: str
     created: bool
     identity: str | None  # from the run's stoker-trigger tag; None when the run has none
+    revision: str | None = None  # the revision the run builds, to name it in a 409
 
 
 class Refused(StokerError):
@@ -129,8 +133,10 @@ async def prefect_start(deployment: str, parameters: dict, idempotency_key: str,
     run = await arun_deployment(deployment, parameters=parameters, timeout=0, idempotency_key=idempotency_key,
                                 flow_run_name=name, as_subflow=False,
                                 tags=["stoker", "webhook", f"{TRIGGER_TAG}{identity}"])
+    # Read back from the run, not taken from the request: a found run is another request's.
     found = next((t[len(TRIGGER_TAG):] for t in run.tags or [] if t.startswith(TRIGGER_TAG)), None)
-    return Started(str(run.id), run.name, run.name == name, found)
+    revision = (((run.parameters or {}).get("spec") or {}).get("model") or {}).get("revision")
+    return Started(str(run.id), run.name, run.name == name, found, revision)
 
 
 async def prefect_check(spec, deployment: str) -> None:
@@ -157,12 +163,15 @@ def _error(status: int, message: str, **headers: str) -> JSONResponse:
     return JSONResponse({"error": message}, status_code=status, headers=headers or None)
 
 
-def _repeat(key: str, trigger: Trigger, identity: str, first_identity: str | None, run_id: str) -> JSONResponse:
+def _repeat(key: str, trigger: Trigger, identity: str, first: Started) -> JSONResponse:
     """A key seen before: the first run when the trigger is the same, else 409 naming that run."""
-    if first_identity is not None and first_identity != identity:
-        return _error(409, f"idempotency key {key!r} already started flow run {run_id} for another trigger "
-                           f"(this one: spec {trigger.spec!r} repo {trigger.repo!r} revision {trigger.revision!r})")
-    return JSONResponse({"flow_run_id": run_id, "duplicate": True}, status_code=202)
+    # A run without the tag (started before receivers tagged runs) cannot be told apart: the key decides.
+    if first.identity is not None and first.identity != identity:
+        built = f" (revision {first.revision!r})" if first.revision else ""
+        return _error(409, f"idempotency key {key!r} already started flow run {first.run_id}{built} for another "
+                           f"trigger; this request: spec {trigger.spec!r} repo {trigger.repo!r} "
+                           f"revision {trigger.revision!r}")
+    return JSONResponse({"flow_run_id": first.run_id, "duplicate": True}, status_code=202)
 
 
 def create_app(cfg: ReceiverConfig, start_run: StartRun = prefect_start, check_run: CheckRun = prefect_check,
@@ -206,7 +215,7 @@ def create_app(cfg: ReceiverConfig, start_run: StartRun = prefect_start, check_r
         key = trigger.idempotency_key or hashlib.sha256(body).hexdigest()
         hit = seen.get(key, t_received)
         if hit is not None:
-            return _repeat(key, trigger, identity, hit[0], hit[1])
+            return _repeat(key, trigger, identity, hit)
         spec_path = Path(cfg.specs_dir) / f"{trigger.spec}.yaml"
         from ..spec import load_spec
 
@@ -228,9 +237,11 @@ def create_app(cfg: ReceiverConfig, start_run: StartRun = prefect_start, check_r
             first = (str(err).strip().splitlines() or [type(err).__name__])[0]
             log.error("webhook: could not start %s: %s", cfg.deployment, first)
             return _error(503, f"could not start {cfg.deployment}: {first}")
-        seen.put(key, started.identity or identity, started.run_id, t_received)
+        if started.created:  # this trigger's run, whatever the starter could read back from it
+            started = replace(started, identity=identity, revision=trigger.revision)
+        seen.put(key, started, t_received)
         if not started.created:  # Prefect had a run under this key: another receiver's, or ours before a restart
-            return _repeat(key, trigger, identity, started.identity, started.run_id)
+            return _repeat(key, trigger, identity, started)
         log.info("webhook: spec %s revision %s → flow run %s (%s)", trigger.spec, trigger.revision, started.run_name,
                  started.run_id)
         return JSONResponse({"flow_run_id": started.run_id, "flow_run_name": started.run_name, "duplicate": False,

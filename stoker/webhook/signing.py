@@ -56,15 +56,15 @@ class TokenBucket:
 
 @dataclass
 class SeenKeys:
-    """Idempotency keys seen within the replay window: key → (body digest, flow run id, expiry)."""
+    """Idempotency keys seen within a time to live: key → (what the caller recorded for it, expiry)."""
 
     ttl_s: float
-    _seen: dict[str, tuple[str, str, float]] = field(default_factory=dict)
+    _seen: dict[str, tuple[object, float]] = field(default_factory=dict)
 
-    def get(self, key: str, now: float) -> tuple[str, str] | None:
-        self._seen = {k: v for k, v in self._seen.items() if v[2] > now}
+    def get(self, key: str, now: float) -> object | None:
+        self._seen = {k: v for k, v in self._seen.items() if v[1] > now}
         hit = self._seen.get(key)
-        return (hit[0], hit[1]) if hit else None
+        return hit[0] if hit else None
 
-    def put(self, key: str, body_digest: str, run_id: str, now: float) -> None:
-        self._seen[key] = (body_digest, run_id, now + self.ttl_s)
+    def put(self, key: str, value: object, now: float) -> None:
+        self._seen[key] = (value, now + self.ttl_s)
