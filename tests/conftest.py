@@ -2,10 +2,26 @@
 
 from __future__ import annotations
 
+import collections
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
+
+# One Prefect home per test process (each xdist worker is one), set before anything imports Prefect: the temporary
+# API that in-process flows start keeps its SQLite database there, and two processes must not share one.
+_OWN_PREFECT_HOME = None if os.environ.get("STOKER_TEST_KEEP_PREFECT_HOME") else tempfile.mkdtemp(
+    prefix="stoker-test-prefect-")
+if _OWN_PREFECT_HOME:
+    os.environ["PREFECT_HOME"] = _OWN_PREFECT_HOME
+
+
+def pytest_unconfigure(config):
+    if _OWN_PREFECT_HOME:
+        shutil.rmtree(_OWN_PREFECT_HOME, ignore_errors=True)
+
 
 # Skips CI accepts, each with its reason (one per line: NODE-ID-PREFIX  # reason). Any other skip fails a run with
 # $CI set: a test that cannot run here is either made to run (set-up installs what it needs) or deleted.
@@ -29,10 +45,30 @@ def pytest_sessionfinish(session, exitstatus):
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
+# The longest files of a parallel run (`make test`, 2 cores), longest first, from a --durations=0 log.
+LONGEST_FILES = ("test_promotion.py", "test_schedule_fires.py", "test_operate_rollouts.py",
+                 "test_operate_walkthrough.py", "test_routing.py", "test_flow.py", "test_quantize.py", "test_architectures_served.py",
+                 "test_bad_input.py", "test_build_matrix.py", "test_demo_ui.py", "test_matrix_concurrent.py",
+                 "test_operate_triggers.py")
+
+
 def pytest_collection_modifyitems(config, items):
-    from tiers import check_collection
+    from tiers import check_collection, is_fast
 
     check_collection(items)
+    # Files with a slow test first, each file kept whole and in order: the parallel run (`make test`, one file per
+    # process at a time) starts its longest files early instead of leaving one of them for last on an idle machine.
+    # Longest first: the files measured longest (LONGEST_FILES), then files with a slow test, then by how many
+    # tests need services. A wrong guess costs minutes at the end of the run, never a result.
+    def file_of(item):
+        return item.nodeid.split("::", 1)[0]
+
+    slow_files = {file_of(item) for item in items if item.get_closest_marker("slow")}
+    heavy = collections.Counter(file_of(item) for item in items if not is_fast(item))
+    measured = {f"tests/integration/{name}": n for n, name in enumerate(LONGEST_FILES)}
+    rank = {id(item): (measured.get(file_of(item), len(measured)), file_of(item) not in slow_files,
+                       -heavy[file_of(item)], i) for i, item in enumerate(items)}
+    items.sort(key=lambda item: rank[id(item)])
 
 
 @pytest.fixture(autouse=True)

@@ -17,7 +17,10 @@ itself, through the proxy's gRPC port.
 
 from __future__ import annotations
 
+import hashlib
+import os
 import socket
+import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -146,12 +149,31 @@ def _public_only(section: str, openai: bool) -> list[str]:
 # ---------------------------------------------------------------- runtime API
 
 
+# sun_path holds 108 bytes: a STOKER_HOME deep in a tree (a CI workspace, pytest's tmp) makes the socket's path
+# longer than connect() accepts, so a long one is reached through a short link to its folder.
+_SUN_PATH_MAX = 100
+
+
+def _connectable(sock_path: Path) -> str:
+    path = str(sock_path)
+    if len(path.encode()) <= _SUN_PATH_MAX:
+        return path
+    folder = str(Path(path).parent.resolve())
+    link = Path(tempfile.gettempdir()) / f"stoker-sock-{hashlib.sha256(folder.encode()).hexdigest()[:16]}"
+    if not (link.is_symlink() and os.readlink(link) == folder):
+        tmp = link.with_name(f"{link.name}.{os.getpid()}.tmp")
+        tmp.unlink(missing_ok=True)
+        tmp.symlink_to(folder)
+        os.replace(tmp, link)  # atomic: a concurrent caller sees the old link or the new one
+    return str(link / Path(path).name)
+
+
 def command(sock_path: Path, cmd: str, timeout_s: float = 5.0) -> str:
     """Send one line (commands separated by ';') to the admin socket; returns the answer."""
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
             s.settimeout(timeout_s)
-            s.connect(str(sock_path))
+            s.connect(_connectable(sock_path))
             s.sendall(cmd.encode() + b"\n")
             chunks = []
             while chunk := s.recv(65536):

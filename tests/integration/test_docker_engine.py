@@ -143,6 +143,16 @@ def test_ensure_daemon_leaves_a_running_daemon_alone(client, tmp_path):
         ensure_daemon("tcp://127.0.0.1:1", tmp_path, start=True)
 
 
+def _shared_containerd(namespace: str) -> list[str]:
+    """The main daemon's containerd, under a namespace of the private daemon's own: a second containerd starting
+    beside the first can outlast dockerd's fixed wait for it on a loaded machine (tests run in parallel)."""
+    for sock in ("/run/containerd/containerd.sock", "/var/run/docker/containerd/containerd.sock"):
+        if Path(sock).is_socket():
+            return [f"--containerd={sock}", f"--containerd-namespace={namespace}",
+                    f"--containerd-plugins-namespace={namespace}-plugins"]
+    return []
+
+
 def test_ensure_daemon_starts_and_stops_only_its_own_daemon(
     client, tmp_path, monkeypatch
 ):
@@ -163,6 +173,7 @@ def test_ensure_daemon_starts_and_stops_only_its_own_daemon(
                 f"--bridge={bridge}",
                 "--iptables=false",
                 "--ip-masq=false",
+                *_shared_containerd(bridge),
             ]
         ),
     )
