@@ -25,7 +25,8 @@ from .errors import (
 )
 from .load import Arrival, Level, LoadPool, LoadSettings, Sent, drive_level
 from .metrics import LevelSummary, RequestRecord, summarize
-from .transport import Protocol_, TransportSpec, open_transport
+from .transport import Protocol_, TransportSpec
+from .transports import open_transport
 from .workload import Prompt
 
 __all__ = [

@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from .metrics import ClientLoad, RequestRecord, percentile
-from .transport import Transport, TransportSpec, open_transport
+from .transport import Transport, TransportSpec
+from .transports import open_transport
 from .workload import Prompt
 
 Arrival = Literal["poisson", "constant"]

@@ -3,7 +3,8 @@
 Three transports implement it: gRPC `stream_infer` (grpc_transport), HTTP `generate_stream` SSE
 (http_transport) and OpenAI's streamed `/v1/completions` (openai_transport). All time every response on
 time.perf_counter, which is CLOCK_MONOTONIC on Linux and so comparable across the load generator's processes. A `TransportSpec` is the picklable recipe a
-worker process rebuilds its transport from, after the main process has run the preflight.
+worker process rebuilds its transport from, after the main process has run the preflight. The implementations
+import this module, so the choice among them lives in stoker.bench.transports.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
-from .errors import InvalidBenchmarkConfig, ModelUnavailable
+from .errors import ModelUnavailable
 
 TEXT_INPUT = "text_input"
 MAX_TOKENS = "max_tokens"
@@ -83,22 +84,6 @@ class Transport(Protocol):
         ...
 
     async def close(self) -> None: ...
-
-
-def open_transport(spec: TransportSpec) -> Transport:
-    if spec.protocol == "grpc":
-        from .grpc_transport import GrpcTransport
-
-        return GrpcTransport(spec)
-    if spec.protocol == "http":
-        from .http_transport import HttpTransport
-
-        return HttpTransport(spec)
-    if spec.protocol == "openai":
-        from .openai_transport import OpenAiTransport
-
-        return OpenAiTransport(spec)
-    raise InvalidBenchmarkConfig(f"unknown protocol {spec.protocol!r}: use grpc, http or openai")
 
 
 def one_line(text: object) -> str:

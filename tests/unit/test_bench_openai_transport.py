@@ -9,7 +9,8 @@ import json
 import pytest
 
 from stoker.bench.openai_transport import base_url, read_stream, request_body, take_body
-from stoker.bench.transport import Exchange, TransportSpec, open_transport
+from stoker.bench.transport import Exchange, TransportSpec
+from stoker.bench.transports import open_transport
 
 
 def _chunk(text: str, finish: str | None = None) -> bytes:
