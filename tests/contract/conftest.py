@@ -56,17 +56,40 @@ def llmapi_layout() -> dict:
     return json.loads((UPSTREAM / "llmapi_layout.json").read_text())
 
 
-def gpu_specs() -> list[Path]:
+GPU_TARGETS = ("tensorrt", "pytorch")
+
+
+def gpu_specs(*targets: str) -> list[Path]:
+    """The example specs whose target is one of `targets` (default: every GPU target)."""
     import yaml
 
-    return sorted(p for p in SPECS.glob("*.yaml") if yaml.safe_load(p.read_text()).get("target") in ("tensorrt", "pytorch"))
+    targets = targets or GPU_TARGETS
+    return sorted(p for p in SPECS.glob("*.yaml") if yaml.safe_load(p.read_text()).get("target") in targets)
 
 
-@pytest.fixture(params=gpu_specs(), ids=lambda p: p.stem)
+def pytest_configure(config):
+    config.addinivalue_line("markers", "targets(*names): the GPU targets a `rendered` contract test applies to")
+
+
+def pytest_generate_tests(metafunc):
+    """`rendered` is parametrized only over the specs a test applies to (@pytest.mark.targets), so no case passes
+    without checking anything."""
+    if "rendered" in metafunc.fixturenames:
+        marker = metafunc.definition.get_closest_marker("targets")
+        targets = marker.args if marker else GPU_TARGETS
+        assert set(targets) <= set(GPU_TARGETS), targets
+        specs = gpu_specs(*targets)
+        assert specs, f"no example spec has target {targets}: {metafunc.definition.nodeid} would check nothing"
+        metafunc.parametrize("rendered", specs, indirect=True, ids=[p.stem for p in specs])
+
+
+@pytest.fixture
 def rendered(request, tmp_path, monkeypatch) -> dict:
     """`stoker render` of one example spec: commands.json + the repository folder."""
     from stoker.commands.render import render
 
     monkeypatch.setenv("HF_TOKEN", "hf_contract_placeholder")  # the Llama 3 repos are gated
     doc = render(request.param, tmp_path / "out")
+    marker = request.node.get_closest_marker("targets")
+    assert doc["target"] in (marker.args if marker else GPU_TARGETS), (doc["target"], request.param.name)
     return {"doc": doc, "repo": tmp_path / "out" / "model_repository", "spec": request.param}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import yaml
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
@@ -33,9 +34,8 @@ def test_no_placeholder_in_any_config(rendered):
             text_format.Parse(path.read_text(), mc.ModelConfig())  # a valid ModelConfig
 
 
+@pytest.mark.targets("tensorrt")
 def test_engine_repository_matches_inflight_batcher_llm(rendered, ibl):
-    if rendered["doc"]["target"] != "tensorrt":
-        return
     repo = rendered["repo"]
     assert sorted(p.name for p in repo.iterdir()) == ["ensemble", "postprocessing", "preprocessing", "tensorrt_llm"]
     trt = _load(repo, "tensorrt_llm")
@@ -80,14 +80,13 @@ def test_engine_repository_matches_inflight_batcher_llm(rendered, ibl):
     assert [s.model_name for s in ens.ensemble_scheduling.step] == ibl["ensemble"]["ensemble_steps"]
 
 
+@pytest.mark.targets("tensorrt")
 def test_every_eos_id_stops_the_engine(rendered):
     """Llama 3 Instruct: config.json eos 128009, generation_config [128001, 128009], tokenizer <|eot_id|> = 128009.
 
     TensorRT-LLM takes one end_id (the tokenizer's, as its LLM API does); 128001 must travel as a stop word:
     preprocessing's default STOP_WORDS_IDS → the ensemble → tensorrt_llm's stop_words_list.
     """
-    if rendered["doc"]["target"] != "tensorrt":
-        return
     import json
 
     repo = rendered["repo"]
@@ -102,9 +101,8 @@ def test_every_eos_id_stops_the_engine(rendered):
     assert steps["tensorrt_llm"].input_map["stop_words_list"] == wire
 
 
+@pytest.mark.targets("pytorch")
 def test_llmapi_stops_on_every_eos_id(rendered):
-    if rendered["doc"]["target"] != "pytorch":
-        return
     import json
 
     repo = rendered["repo"]
@@ -114,9 +112,8 @@ def test_llmapi_stops_on_every_eos_id(rendered):
     assert "stop_token_ids" in shim and "get_sampling_params_from_request" in shim
 
 
+@pytest.mark.targets("pytorch")
 def test_llmapi_repository_matches_upstream(rendered, llmapi_layout):
-    if rendered["doc"]["target"] != "pytorch":
-        return
     repo = rendered["repo"]
     up = llmapi_layout["config_pbtxt"]
     cfg = _load(repo, "tensorrt_llm")
@@ -156,9 +153,8 @@ def _check_scores_wiring(ens: mc.ModelConfig, model: mc.ModelConfig, ibl: dict) 
             assert gen.output_map[name] == name
 
 
+@pytest.mark.targets("tensorrt")
 def test_engine_ensemble_requests_and_returns_log_probs(rendered, ibl):
-    if rendered["doc"]["target"] != "tensorrt":
-        return
     repo = rendered["repo"]
     ens = _load(repo, "ensemble")
     _check_scores_wiring(ens, _load(repo, "tensorrt_llm"), ibl)
