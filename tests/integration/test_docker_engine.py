@@ -157,8 +157,8 @@ def test_ensure_daemon_starts_and_stops_only_its_own_daemon(
     client, tmp_path, monkeypatch
 ):
     """A second, private dockerd (own socket, roots and bridge) next to the main one."""
-    if shutil.which("ip") is None:
-        pytest.skip("needs iproute2 to give the private daemon its own bridge")
+    # A missing prerequisite fails (infra/test-deps.sh installs it): a skip would pass CI without checking anything.
+    assert shutil.which("ip") is not None, "needs iproute2 to give the private daemon its own bridge"
     # Its own bridge: a dockerd started with --bridge=none deletes the shared docker0.
     bridge = f"stk{uuid.uuid4().hex[:8]}"
     subprocess.run(["ip", "link", "add", "name", bridge, "type", "bridge"], check=True)
