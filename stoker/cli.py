@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from .errors import StokerError
+from .launch import print_summary, run_flow
 
 
 def _plan(args) -> int:
@@ -29,53 +30,6 @@ def _run(args) -> int:
     manifest, _ = run_flow(spec)
     print_summary(manifest)
     return 0
-
-
-def run_flow(spec, before=None) -> tuple[dict, str | None]:
-    """Run build_and_deploy on whatever Prefect API is configured (ephemeral when none); returns the manifest and
-    the flow run's id. ``before(flow)`` runs once the flow is imported, before it starts."""
-    from .stack.prefect_ephemeral import stop_ephemeral_api, telemetry_off
-
-    telemetry_off()  # before the flow's import starts anything of Prefect's
-    from flows.build_and_deploy import build_and_deploy
-
-    from .run import RunContext
-
-    try:
-        if before is not None:
-            before(build_and_deploy)
-        state = build_and_deploy(spec, home=str(RunContext.new().home), return_state=True)
-        return state.result(), state.state_details.flow_run_id and str(state.state_details.flow_run_id)
-    finally:
-        stop_ephemeral_api()  # before our summary, so 'manifest: <path>' really is the last line
-
-
-def print_summary(manifest: dict, ui: str | None = None) -> None:
-    from .report import level_label
-    from .run import RunContext
-
-    ctx = RunContext(run_id=manifest["run_id"], home=RunContext.new().home)
-    for name, st in manifest["steps"].items():
-        print(f"  {name:<10} {st['status']:<9} {'cache hit' if st['cache_hit'] else 'ran':<9} {st['duration_s']:8.2f} s")
-    for lv in manifest["benchmark"]["levels"]:
-        ttft, itl = lv["ttft_ms"]["p50"], lv["itl_ms"]["p50"]
-        print(f"  {level_label(lv)}: {lv['output_tokens_per_s']:.1f} output tok/s, "
-              f"TTFT p50 {_ms(ttft)}, ITL p50 {_ms(itl)}, errors {lv['errors']}/{lv['requests']}")
-    ep = manifest["endpoint"]
-    if ep:
-        body = json.dumps({"text_input": "The quick brown fox", "max_tokens": 16, "stream": True})
-        print(f"endpoint: {ep['http']} (gRPC {ep['grpc']})")
-        print(f"try it:   curl -sN -X POST {ep['http']}/v2/models/ensemble/generate_stream -d '{body}'")
-        if ep.get("openai"):
-            print(f"OpenAI:   {ep['openai']} (model \"{manifest['spec']['deploy']['name']}\")")
-    if ui:
-        print(f"Prefect:  {ui} (the run, its logs and artifacts; `stoker down` stops the server)")
-    print(f"report: {ctx.run_dir / 'report.md'}")
-    print(f"manifest: {ctx.run_dir / 'manifest.json'}")
-
-
-def _ms(v) -> str:
-    return "n/a" if v is None else f"{v:.2f} ms"
 
 
 def _demo(args) -> int:

@@ -74,7 +74,7 @@ def start_stack(log=print) -> tuple[str, str]:
 
 def run_demo(log=print) -> tuple[dict, str | None]:
     """Run the demo; returns its manifest and the URL of its flow run in the Prefect UI (None: no UI to show)."""
-    from .cli import run_flow
+    from .launch import run_flow
     from .stack import demo_prefect
 
     hub, s3_url = start_stack(log)

@@ -15,6 +15,10 @@ class SpecError(StokerError):
     """The pipeline spec is invalid (names the offending field)."""
 
 
+class PlanRefused(SpecError):
+    """A spec that cannot work as written on its target; the message names the field and the fix."""
+
+
 class TransientError(StokerError):
     """A failure that may succeed on retry (network blips, busy servers)."""
 

@@ -8,6 +8,7 @@ fails at export ("Weight shape 192 … not divisible for block size 128").
 
 from __future__ import annotations
 
+from .errors import PlanRefused
 from .gpu import decoders, matrix
 from .gpu.facts import ModelFacts
 
@@ -99,8 +100,6 @@ def refusals(spec, facts: ModelFacts | None, gpu_sm: int | None = None) -> list[
 
 def enforce(spec, facts: ModelFacts | None) -> None:
     """Raise PlanRefused (one line) on the first model-level refusal."""
-    from .gpu.rules import PlanRefused
-
     found = refusals(spec, facts)
     if found:
         field, message = found[0]

@@ -13,17 +13,13 @@ from pathlib import Path
 from typing import Literal
 
 from .. import model_checks
-from ..errors import SpecError
+from ..errors import PlanRefused
 from . import matrix, openai_frontend
 from .facts import ModelFacts
 
 GIB = 1 << 30
 # CUDA context, cuBLAS/NCCL workspaces and TensorRT's own buffers: a flat per-GPU reserve.
 RUNTIME_RESERVE_BYTES = int(1.5 * GIB)
-
-
-class PlanRefused(SpecError):
-    """A GPU spec that cannot work as written; the message names the field and the fix."""
 
 
 @dataclass(frozen=True)
