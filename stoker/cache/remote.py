@@ -28,6 +28,7 @@ from ..progress import Progress
 from ..s3 import S3Error, failure
 from ..spec import Storage
 from ..store import Entry
+from .sweep import remote_litter, stale_upload
 
 RECORD = "record.json"
 BLOBS = "blobs"
@@ -231,3 +232,34 @@ def delete(s3, storage: Storage, listed: Listed) -> None:
                               Delete={"Objects": [{"Key": k} for k in rest[i:i + 1000]], "Quiet": True})
     except (ClientError, BotoCoreError) as err:
         raise failure(err, f"deleting {where(storage, listed.step, listed.key)}", storage) from None
+
+
+def sweep_remote(s3, storage, ttl_s: float, log: Callable[[str], None], dry_run: bool = False,
+                 now: float | None = None) -> tuple[int, int]:
+    """Remove marker-less key folders and multipart uploads older than the lease ttl: (folders, uploads)."""
+    now = time.time() if now is None else now
+    listed = listing(s3, storage)
+    folders = [f for f in listed if remote_litter(f.has_marker, f.newest, now, ttl_s)]
+    leased = {entry_prefix(storage, f.step, f.key) + "/": f.lease_modified for f in listed}
+    root = cache_root(storage)
+    uploads = []
+    try:
+        for page in s3.get_paginator("list_multipart_uploads").paginate(Bucket=storage.bucket, Prefix=root):
+            for u in page.get("Uploads", []):
+                folder = root + "/".join(u["Key"][len(root):].split("/")[:2]) + "/"
+                if stale_upload(u["Initiated"].timestamp(), leased.get(folder), now, ttl_s):
+                    uploads.append(u)
+        for f in folders:
+            log(f"cache sweep: {'would remove' if dry_run else 'removing'} unfinished "
+                f"{where(storage, f.step, f.key)} ({len(f.objects)} objects, no marker)")
+            if not dry_run:
+                for i in range(0, len(f.objects), 1000):
+                    s3.delete_objects(Bucket=storage.bucket, Delete={
+                        "Objects": [{"Key": k} for k in f.objects[i:i + 1000]], "Quiet": True})
+        for u in uploads:
+            log(f"cache sweep: {'would abort' if dry_run else 'aborting'} multipart upload of {u['Key']}")
+            if not dry_run:
+                s3.abort_multipart_upload(Bucket=storage.bucket, Key=u["Key"], UploadId=u["UploadId"])
+    except (BotoCoreError, ClientError) as err:
+        raise failure(err, f"cache sweep of s3://{storage.bucket}/{cache_root(storage)}", storage) from None
+    return len(folders), len(uploads)

@@ -5,7 +5,8 @@ the folder. It is removed once it is older than a threshold and its owner is kno
 a folder whose owner we cannot check (another host sharing STOKER_HOME, or one written before owners were
 recorded) waits for the long threshold, and one whose pid still runs is left alone unless it is a week old (pids
 are reused). Remote: blobs under a key with no marker whose newest object (the lease included: a live holder
-renews it) is older than the lease ttl, and multipart uploads started longer ago than that.
+renews it) is older than the lease ttl, and multipart uploads started longer ago than that. The decisions are here;
+the S3 walk that acts on them is remote.sweep_remote (this module stays below the store, which imports it).
 """
 
 from __future__ import annotations
@@ -84,39 +85,3 @@ def stale_upload(initiated_s: float, lease_modified_s: float | None, now: float,
     longer than the ttl, and moto reports every upload as started in 2010."""
     live_lease = lease_modified_s is not None and now - lease_modified_s <= ttl_s
     return now - initiated_s > ttl_s and not live_lease
-
-
-def sweep_remote(s3, storage, ttl_s: float, log: Callable[[str], None], dry_run: bool = False,
-                 now: float | None = None) -> tuple[int, int]:
-    """Remove marker-less key folders and multipart uploads older than the lease ttl: (folders, uploads)."""
-    from botocore.exceptions import BotoCoreError, ClientError
-
-    from ..s3 import failure
-    from . import remote
-
-    now = time.time() if now is None else now
-    listed = remote.listing(s3, storage)
-    folders = [f for f in listed if remote_litter(f.has_marker, f.newest, now, ttl_s)]
-    leased = {remote.entry_prefix(storage, f.step, f.key) + "/": f.lease_modified for f in listed}
-    root = remote.cache_root(storage)
-    uploads = []
-    try:
-        for page in s3.get_paginator("list_multipart_uploads").paginate(Bucket=storage.bucket, Prefix=root):
-            for u in page.get("Uploads", []):
-                folder = root + "/".join(u["Key"][len(root):].split("/")[:2]) + "/"
-                if stale_upload(u["Initiated"].timestamp(), leased.get(folder), now, ttl_s):
-                    uploads.append(u)
-        for f in folders:
-            log(f"cache sweep: {'would remove' if dry_run else 'removing'} unfinished "
-                f"{remote.where(storage, f.step, f.key)} ({len(f.objects)} objects, no marker)")
-            if not dry_run:
-                for i in range(0, len(f.objects), 1000):
-                    s3.delete_objects(Bucket=storage.bucket, Delete={
-                        "Objects": [{"Key": k} for k in f.objects[i:i + 1000]], "Quiet": True})
-        for u in uploads:
-            log(f"cache sweep: {'would abort' if dry_run else 'aborting'} multipart upload of {u['Key']}")
-            if not dry_run:
-                s3.abort_multipart_upload(Bucket=storage.bucket, Key=u["Key"], UploadId=u["UploadId"])
-    except (BotoCoreError, ClientError) as err:
-        raise failure(err, f"cache sweep of s3://{storage.bucket}/{remote.cache_root(storage)}", storage) from None
-    return len(folders), len(uploads)

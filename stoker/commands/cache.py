@@ -161,7 +161,7 @@ def prune_cmd(args) -> int:
     for p in swept:
         print(f"{'would remove' if args.dry_run else 'removed'} leftover {p}")
     if client is not None:
-        sweep.sweep_remote(client, storage, storage.cache_lease_s, print, dry_run=args.dry_run)
+        remote.sweep_remote(client, storage, storage.cache_lease_s, print, dry_run=args.dry_run)
     print(f"{removed} entries {'to remove' if args.dry_run else 'removed'}, {kept} served kept"
           + (" (dry run: nothing removed)" if args.dry_run else ""))
     return 0

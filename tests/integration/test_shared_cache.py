@@ -220,10 +220,10 @@ def test_the_remote_sweep_removes_markerless_litter_and_stale_multipart_uploads(
     upload_id = client.create_multipart_upload(Bucket=storage.bucket, Key=f"{base}/blobs/big")["UploadId"]
     SharedStore(StepStore(tmp_path / "a"), storage).get("build", "k-done", _produce([]), print)
     lines: list[str] = []
-    assert sweep.sweep_remote(client, storage, TTL_S, lines.append) == (0, 0)  # a live builder's: left alone
+    assert remote.sweep_remote(client, storage, TTL_S, lines.append) == (0, 0)  # a live builder's: left alone
     later = time.time() + TTL_S + 5
-    assert sweep.sweep_remote(client, storage, TTL_S, lines.append, dry_run=True, now=later) == (1, 1)
-    assert sweep.sweep_remote(client, storage, TTL_S, lines.append, now=later) == (1, 1)
+    assert remote.sweep_remote(client, storage, TTL_S, lines.append, dry_run=True, now=later) == (1, 1)
+    assert remote.sweep_remote(client, storage, TTL_S, lines.append, now=later) == (1, 1)
     assert [f.key for f in remote.listing(client, storage)] == ["k-done"]
     uploads = client.list_multipart_uploads(Bucket=storage.bucket, Prefix=base).get("Uploads", [])
     assert upload_id not in [u["UploadId"] for u in uploads]
