@@ -1,4 +1,4 @@
-"""The README's Operate section, run verbatim on a fresh STOKER_HOME, as a new user would, in order.
+"""The Operate section of docs/triggers.md, run verbatim on a fresh STOKER_HOME, as a new user would, in order.
 
 `make stack` (PostgreSQL-backed Prefect server, workers, Hub mirror, S3, credentials block, deploy-flows), the
 client.env `source` line, a watcher tick that builds and serves, the webhook receiver and the example CI job —
@@ -28,7 +28,7 @@ DEFAULT_PORTS = (4200, 18090, 19000, 8100, 8101, 8102, 8110, 8111, 8112, 8787)
 
 
 def operate_block() -> list[str]:
-    section = (ROOT / "README.md").read_text().split("\n## Operate\n", 1)[1]
+    section = (ROOT / "docs" / "triggers.md").read_text().split("\n## Operate\n", 1)[1]
     block = section.split("```bash\n", 1)[1].split("```", 1)[0]
     return [line for line in block.splitlines() if line.strip()]
 
@@ -75,7 +75,7 @@ def test_operate_section_runs_verbatim(tmp_path, tmp_path_factory, triton_image)
         at = _sections(done.stdout)
 
         def section(command: str) -> tuple[float, str]:
-            """When the README line starting with ``command`` ran, and what it printed."""
+            """When the documented line starting with ``command`` ran, and what it printed."""
             i = next(i for i, line in enumerate(lines) if line.split("#", 1)[0].strip().startswith(command))
             return at[str(i)]
 

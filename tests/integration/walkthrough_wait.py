@@ -1,7 +1,7 @@
 """Wait, as a user watching the UI would, for the build of deployment NAME to finish; print it as JSON.
 
-Used between the README's Operate commands by test_operate_walkthrough.py (reads PREFECT_API_URL and its auth
-from the environment the README's `source` line set). Exit 1 unless the run completed.
+Used between the Operate commands of docs/triggers.md by test_operate_walkthrough.py (reads PREFECT_API_URL and
+its auth from the environment the section's `source` line set). Exit 1 unless the run completed.
 """
 
 from __future__ import annotations
