@@ -116,7 +116,8 @@ def test_a_killed_holders_lease_is_taken_over_after_its_ttl(storage, tmp_path):
     killed_at = time.monotonic()
     rb = waiter.result()
     assert rb["came_from"] == "built"
-    assert time.monotonic() - killed_at < TTL_S + 8
+    # A deadline against hangs, not a speed claim: 10x the expected ~3 s (the 2 s TTL, a poll, the 0.5 s build).
+    assert time.monotonic() - killed_at < 30
     assert len(holder.counter.read_text().splitlines()) == 2
     stale = [line for line in waiter.lines if "stale lease" in line]
     assert len(stale) == 1 and "stopped renewing" in stale[0] and "taking it over" in stale[0], waiter.lines
