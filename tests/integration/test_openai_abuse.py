@@ -211,7 +211,9 @@ def stack(tmp_path_factory):
 
 def test_a_thousand_bad_requests_change_nothing(stack):
     base = stack["base"]
+    t0 = time.monotonic()
     text, streamed, use = _answer(base)
+    before_s = time.monotonic() - t0
     assert text and text == streamed
     # Warm-up: every code path once and then some, so allocator arenas, caches and gRPC buffers are at
     # their working size before the first reading.
@@ -231,9 +233,13 @@ def test_a_thousand_bad_requests_change_nothing(stack):
     answer_s = time.monotonic() - t0
     service_after = _rss_kib(stack["service"].pid)
     triton_after = _tree_rss_kib(stack["triton"].pid)
-    print(f"\n{ROUNDS} bad requests in {took_s:.1f} s {sent}; valid answer in {answer_s:.2f} s; RSS KiB: "
+    print(f"\n{ROUNDS} bad requests in {took_s:.1f} s {sent}; valid answer in {answer_s:.2f} s "
+          f"(before: {before_s:.2f} s); RSS KiB: "
           f"service {service_before} -> {service_after}, triton tree {triton_before} -> {triton_after}")
-    assert answer_s < 3.0
+    # A deadline, not a speed claim: 10x the same answer before the abuse (and never under the old 3 s). One
+    # generation left running (~2,000 tokens) would queue it for far longer: 80x the 24 tokens of _answer.
+    # The service's latency is measured by benchmarks/openai_overhead.py.
+    assert answer_s < max(3.0, 10 * before_s), (answer_s, before_s)
 
     assert stack["service"].poll() is None
     log = stack["log"].read_text()

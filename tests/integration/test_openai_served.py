@@ -285,6 +285,9 @@ def test_client_leaving_mid_stream(plain):
     """A client that disconnects mid-stream cancels its generation; the next request is answered at once."""
     body = {"model": MODEL, "prompt": "Tell me everything", "max_tokens": 1500, "temperature": 0,
             "stream": True}
+    t0 = time.monotonic()
+    plain["client"].completions.create(model=MODEL, prompt="hi", max_tokens=2, temperature=0)
+    before_s = time.monotonic() - t0
     with httpx.Client(base_url=plain["base"], timeout=30) as h, h.stream("POST", "/completions", json=body) as r:
         assert r.status_code == 200
         for line in r.iter_lines():
@@ -292,9 +295,11 @@ def test_client_leaving_mid_stream(plain):
                 break
     t0 = time.monotonic()
     out = plain["client"].completions.create(model=MODEL, prompt="hi", max_tokens=2, temperature=0)
+    answer_s = time.monotonic() - t0
     # One model instance generates one request at a time: had the abandoned 1500-token request kept
-    # generating, this one would queue behind it for seconds.
-    assert time.monotonic() - t0 < 3.0 and out.usage.completion_tokens >= 1
+    # generating, this one would queue behind it, hundreds of times the 2-token answer. A deadline, not a speed
+    # claim: 10x the same request before (never under the old 3 s); benchmarks/openai_overhead.py measures it.
+    assert answer_s < max(3.0, 10 * before_s) and out.usage.completion_tokens >= 1, (answer_s, before_s)
 
 
 def test_backend_unavailable_is_503(plain):
