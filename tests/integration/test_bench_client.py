@@ -182,7 +182,9 @@ def test_scripted_timing_is_measured(triton_grpc_url: str) -> None:
         # Throughput is consistent with the schedule: each request takes about 50 + 19*10 = 240 ms.
         ideal_request_s = FIRST_TOKEN_S + (max_tokens - 1) * INTERVAL_S
         assert level.requests_per_s <= level.concurrency / ideal_request_s * 1.05
-        assert level.requests_per_s >= level.concurrency / ideal_request_s * 0.5
+        # Not slower than 10x the schedule: a deadline against hangs; the client's own ceiling is measured by
+        # benchmarks/client_ceiling.py.
+        assert level.requests_per_s >= level.concurrency / ideal_request_s * 0.1
         assert level.output_tokens_per_s == pytest.approx(level.requests_per_s * max_tokens)
     for record in result.records:
         assert len(record.chunk_times_s) == max_tokens  # every response timestamped

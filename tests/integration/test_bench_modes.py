@@ -89,8 +89,9 @@ def test_concurrency_over_workers_and_duration_mode(triton) -> None:
                       PROMPTS)
     records = timed.records
     first = min(r.start_s for r in records)
-    # ~35 ms a request, two at a time: about 34 in 0.6 s; none starts after the deadline
-    assert 10 <= len(records) <= 40 and timed.levels[0].errors == 0
+    # ~35 ms a request, two at a time: about 34 in 0.6 s (at most 40); none starts after the deadline. The lower
+    # bound is behaviour, not speed (a slot keeps sending until the deadline): 10x below the expected 34.
+    assert 3 <= len(records) <= 40 and timed.levels[0].errors == 0
     assert all(r.start_s - first < 0.6 + 0.01 for r in records)
 
 

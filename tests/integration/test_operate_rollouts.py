@@ -99,6 +99,8 @@ def test_manifests_record_the_stable_endpoint_and_the_backend(two_runs):
     assert m_b["rollout"]["strategy"] == "replace"
     assert m_b["rollout"]["previous"]["digest"] == m_a["steps"]["upload"]["digest"]
     sw = m_b["rollout"]["switch"]
+    # switch_s < 1.0: a deadline against hangs (>= 20x the 7-51 ms measured), not a speed claim:
+    # benchmarks/operate.py measures the switch under load.
     assert sw["switched"] and sw["switch_s"] < 1.0 and sw["watch_failures"] == 0 and "retire_s" in sw
     # Step order: the benchmark ran on the candidate before the switch.
     assert list(m_b["steps"]).index("benchmark") < list(m_b["steps"]).index("switch")

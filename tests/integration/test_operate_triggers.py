@@ -117,6 +117,8 @@ def test_signed_webhook_runs_build_and_deploy_on_the_worker(prefect_api, receive
     end = datetime.fromisoformat(run["end_time"].replace("Z", "+00:00")).timestamp()
     record("webhook", {"accept_s": answer["accept_s"], "post_to_running_s": round(latency, 2),
                        "post_to_completed_s": round(end - t0, 2), "worker_poll_s": 2})
+    # A deadline against hangs, not a speed claim: the worker polls every 2 s, so the run starts within seconds
+    # (well over 10x below 120 s); trigger → serving is measured by benchmarks/triggers.py.
     assert 0 < latency < 120
     runs = flow_runs(api, run["deployment_id"])
     assert [r["id"] for r in runs] == [run_id]

@@ -244,6 +244,7 @@ def test_replace_under_streaming_load_keeps_the_address_and_drops_nothing(client
         time.sleep(1.5)
     assert load.failures == [], load.failures[:5]
     assert load.ok["grpc"] > 5 and load.ok["http"] > 5 and load.tags == {"A", "B"}
+    # switch_s < 1.0: a deadline against hangs (>= 20x the 7-51 ms measured); benchmarks/operate.py measures it.
     assert done["switched"] and done["switch_s"] < 1.0 and "retire_s" in done
     assert_one_live(client, target, "B")
 
@@ -273,7 +274,8 @@ def test_candidate_that_never_becomes_ready(client, target, build):
     t0 = time.monotonic()
     with pytest.raises(engine.NotReady) as err:
         promote.prepare(client, target, build("H", mode="hang", ready_timeout_s=6), 1.0, Lines())
-    assert time.monotonic() - t0 < 40
+    # A deadline against hangs: 10x the expected ~7 s (the 6 s ready timeout and a 1 s settle window).
+    assert time.monotonic() - t0 < 70
     assert "not ready after 6 s" in str(err.value).splitlines()[0]
     assert_one_live(client, target, "A")
 

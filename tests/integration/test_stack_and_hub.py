@@ -84,7 +84,7 @@ def test_service_that_never_listens_times_out_and_is_stopped(state_dir: Path) ->
     started = time.monotonic()
     with pytest.raises(services.ServiceTimeout):
         services.start_service("mute", argv, port, state_dir, timeout_s=1.5)
-    assert time.monotonic() - started < 20
+    assert time.monotonic() - started < 20  # a deadline against hangs: > 10x the 1.5 s timeout
     assert not (state_dir / "run" / "mute.json").exists()
 
 
@@ -216,7 +216,8 @@ def mirror(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mirror]:
 def test_mirror_reuse(mirror: Mirror) -> None:
     assert hub_mirror.ensure_mirror(mirror.state) == mirror.endpoint
     print(f"\nolah mirror start: {mirror.start_s:.2f} s")
-    assert mirror.start_s < 30
+    # A deadline against hangs (start_service's own limit), not a speed claim: olah starts in a few seconds.
+    assert mirror.start_s < 60
 
 
 @pytest.mark.hub
