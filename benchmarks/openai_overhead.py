@@ -8,6 +8,12 @@ first flips every round), one at a time, through the same HTTP client: Triton's
 streamed ``/v1/completions`` (token ids to tensorrt_llm, detokenized in the service). Both produce the same
 tokens. No proxy in either path (HAProxy's own cost: benchmarks/results/operate.json).
 
+Then, side by side in the same run (``--after-disconnect`` rounds): a short answer (2 tokens, not streamed) on its
+own, and the same answer right after a client left a 1,500-token stream at its first chunk. The ratio of their
+p50s is the speed claim behind tests/integration/test_openai_served.py::test_client_leaving_mid_stream (a left
+stream is cancelled, so the next answer does not queue behind it); the tests keep only a deadline of 10x.
+Not run yet (added with those tests' deadlines).
+
     python benchmarks/openai_overhead.py --out benchmarks/results/openai_overhead.json
 """
 
@@ -49,6 +55,24 @@ def _events(client: httpx.Client, url: str, body: dict, text_of) -> tuple[float,
     return arrivals[0] - t0, [b - a for a, b in zip(arrivals, arrivals[1:])], "".join(text)
 
 
+def _short_answer(client: httpx.Client, base: str) -> float:
+    """Seconds for one 2-token greedy completion, not streamed."""
+    t0 = time.perf_counter()
+    r = client.post(f"{base}/completions", json={"model": "tiny", "prompt": "hi", "max_tokens": 2, "temperature": 0})
+    r.raise_for_status()
+    return time.perf_counter() - t0
+
+
+def _leave_a_long_stream(client: httpx.Client, base: str) -> None:
+    """Ask for 1,500 tokens streamed, read the first chunk, hang up."""
+    body = {"model": "tiny", "prompt": "Tell me everything", "max_tokens": 1500, "temperature": 0, "stream": True}
+    with client.stream("POST", f"{base}/completions", json=body) as r:
+        r.raise_for_status()
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                break
+
+
 def _p(values: list[float], q: float) -> float:
     values = sorted(values)
     return values[min(len(values) - 1, int(q * len(values)))] * 1000
@@ -57,6 +81,7 @@ def _p(values: list[float], q: float) -> float:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--requests", type=int, default=200, help="per route")
+    p.add_argument("--after-disconnect", type=int, default=20, help="rounds of the disconnect comparison")
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "openai_overhead.json")
     args = p.parse_args()
 
@@ -92,6 +117,16 @@ def main() -> int:
                             first, between, _ = _events(client, url, body, text_of)
                             ttft[name].append(first)
                             gaps[name] += between
+                    alone, after = [], []
+                    for i in range(args.after_disconnect):
+                        # Side by side, the order flipping every round; a fresh client per left stream.
+                        for kind in ("alone", "after")[:: 1 if i % 2 == 0 else -1]:
+                            if kind == "after":
+                                with httpx.Client(timeout=60) as leaver:
+                                    _leave_a_long_stream(leaver, base)
+                                after.append(_short_answer(client, base))
+                            else:
+                                alone.append(_short_answer(client, base))
     same = routes["generate_stream"][3] == routes["openai_completions"][3]
     result = {
         "what": "streamed greedy request, one at a time, no proxy: Triton generate_stream (ensemble) vs the OpenAI "
@@ -108,6 +143,11 @@ def main() -> int:
     g, o = result["routes"]["generate_stream"], result["routes"]["openai_completions"]
     result["openai_minus_generate_stream_ms"] = {"ttft_p50": round(o["ttft_ms_p50"] - g["ttft_ms_p50"], 3),
                                                  "itl_p50": round(o["itl_ms_p50"] - g["itl_ms_p50"], 3)}
+    if alone:
+        result["after_disconnect"] = {
+            "what": "2-token completion alone vs right after a client left a 1,500-token stream, interleaved",
+            "rounds": len(alone), "alone_ms_p50": round(_p(alone, 0.5), 3), "after_ms_p50": round(_p(after, 0.5), 3),
+            "ratio_p50": round(_p(after, 0.5) / _p(alone, 0.5), 3)}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps(result, indent=1))
