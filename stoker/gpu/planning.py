@@ -83,7 +83,7 @@ def plan_gpu(spec, ctx) -> list:
     """The GPU plan: refuse (PlanRefused) before any GPU time, else checks' notes + each step's key and status."""
     from ..hub import HubUnavailable
     from ..keys import fetch_key, gpu_build_key, gpu_package_key
-    from ..plan import PlannedStep, cached_row
+    from ..plan_steps import PlannedStep, cached_row
     from ..source import resolve_source
 
     facts, findings = check_spec(spec)

@@ -21,7 +21,7 @@ from .. import model_checks
 if TYPE_CHECKING:
     from ..gpu.facts import ModelFacts
     from ..gpu.sections import Gpus
-    from ..plan import PlannedStep
+    from ..plan_steps import PlannedStep
     from ..run import RunContext, StepResult
     from ..spec import Quantization, Spec
 

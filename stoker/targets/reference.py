@@ -33,10 +33,11 @@ class Reference(Target):
 
     def plan(self, spec, ctx) -> list:
         from ..keys import build_key, fetch_key, package_key, quantize_key
-        from ..plan import PlannedStep, benchmark_step, cached_row, check_model, serving_step, upload_step
+        from ..gpu.planning import model_facts
+        from ..plan_steps import PlannedStep, benchmark_step, cached_row, serving_step, upload_step
         from ..source import resolve_source
 
-        check_model(spec)
+        self.check_model(spec, model_facts(spec))
         out: list[PlannedStep] = []
         source_id, source = resolve_source(spec)
         digest: str | None = None

@@ -312,7 +312,7 @@ def test_preflight_fails_in_one_line_without_credentials(storage, monkeypatch, t
 
 def test_plan_counts_an_entry_only_in_s3_as_a_hit(storage, tmp_path):
     """`stoker plan` with the shared cache on: what another worker published is a hit (to download), not a miss."""
-    from stoker.plan import cached_row
+    from stoker.plan_steps import cached_row
     from stoker.run import RunContext
     from stoker.spec import parse_spec
 
