@@ -186,7 +186,7 @@ class Run:
         import boto3
 
         from stoker.serving.ports import Ports
-        from stoker.spec import parse_spec
+        from stoker.spec_load import parse_spec
         from stoker.stack.s3server import ensure_s3, s3_env
         from stoker.stack.services import free_port
 
@@ -212,7 +212,7 @@ class Run:
         self.runs = 0
 
     def spec_for(self, rollout: str = "replace", **deploy):
-        from stoker.spec import parse_spec
+        from stoker.spec_load import parse_spec
 
         return parse_spec({**self.data, "deploy": {**self.data["deploy"], "rollout": rollout, **deploy}}, "operate")
 
@@ -291,7 +291,7 @@ def kill_deploy_midway(run: Run, tag: str) -> dict:
 import json, os, sys
 sys.path.insert(0, {str(ROOT)!r})
 from stoker import rollout
-from stoker.spec import parse_spec
+from stoker.spec_load import parse_spec
 spec = parse_spec(json.loads({json.dumps(json.dumps({**run.data, 'deploy': {**run.data['deploy'], 'settle_s': 60}}))}),
                   "operate")
 rollout.stage(spec, {uri!r}, {digest!r}, "killed", lambda l: print(l, flush=True))

@@ -115,7 +115,7 @@ def main() -> None:
 
     from stoker.demo import demo_spec, start_stack
     from stoker.keys import quantize_key
-    from stoker.spec import load_spec
+    from stoker.spec_load import load_spec
 
     hub, s3_url = start_stack(log=lambda _l: None)
     base = demo_spec(hub, s3_url).model_dump(mode="json", exclude_none=True)

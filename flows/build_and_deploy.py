@@ -16,13 +16,14 @@ from typing import Callable
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_link_artifact, create_markdown_artifact, create_table_artifact
 
-from stoker import targets
+from flows.target_tasks import TargetTasks
 from stoker.errors import one_line
 from stoker.exclusive import deploy_lock, exclusive
 from stoker.manifest import build_manifest, write_atomic, write_local
 from stoker.report import benchmark_rows, markdown
 from stoker.run import RunContext, StepResult
 from stoker.spec import Spec
+from stoker.spec_load import target_of
 from tasks.evaluate import evaluation_data
 from tasks.gate import promote_run
 from tasks.hub import fetch_weights
@@ -32,11 +33,13 @@ from tasks.routing import mark_routed, route_heavy_steps
 from tasks.s3 import store_manifest, upload_repository
 
 
+
 class Steps(dict[str, StepResult]):
     """Runs each step, keeping a failed step's duration and one-line cause for the manifest."""
 
     def __init__(self) -> None:
         super().__init__()
+        self.tasks = TargetTasks()  # what the target's steps run (stoker.targets.base.Tasks)
         self.metrics: list[dict] = []  # set by the target's evaluate, kept when a later step fails
         self.evaluation: dict | None = None  # likewise: the accuracy evaluation, even when its gate failed
 
@@ -81,7 +84,7 @@ def build_and_deploy(spec: Spec, home: str | None = None) -> dict:
 
 def run_steps(spec: Spec, ctx: RunContext, steps: Steps) -> None:
     """The run's steps in order; what builds, packages, deploys and evaluates is the target's."""
-    target = targets.get(spec.target)
+    target = target_of(spec)  # a parameter Prefect validated without the registry: checked here
     preflight_checks(spec)
     fetched = steps.run("fetch", fetch_weights, spec, ctx)
     if spec.evaluation.enabled and target.evaluates:  # a bad evaluation text is refused here, before heavy work

@@ -13,11 +13,11 @@ import time
 from prefect import flow
 
 from flows.build_and_deploy import Steps
-from stoker import targets
 from stoker.errors import one_line
 from stoker.manifest import build_manifest, write_local
 from stoker.run import RunContext, stoker_home
 from stoker.spec import Spec
+from stoker.spec_load import target_of
 from tasks.hub import fetch_weights
 from tasks.s3 import store_manifest
 
@@ -33,7 +33,7 @@ def heavy_steps(spec: Spec, run_id: str) -> dict:
     if not spec.storage.shared_cache:
         raise ValueError("heavy_steps needs storage.shared_cache: true (its results leave through the bucket)")
     ctx = RunContext(run_id=run_id, home=stoker_home(), shared_cache=spec.storage)
-    target = targets.get(spec.target)
+    target = target_of(spec)  # a parameter Prefect validated without the registry: checked here
     started, t0 = time.time(), time.perf_counter()
     steps, error = Steps(), None
     try:

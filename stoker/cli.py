@@ -15,7 +15,7 @@ from .launch import print_summary, run_flow
 def _plan(args) -> int:
     from .plan import plan, render_plan
     from .run import RunContext
-    from .spec import load_spec
+    from .spec_load import load_spec
 
     spec = load_spec(args.spec)
     print(f"spec {args.spec}: valid (digest {spec.digest()[:16]})")
@@ -24,7 +24,7 @@ def _plan(args) -> int:
 
 
 def _run(args) -> int:
-    from .spec import load_spec
+    from .spec_load import load_spec
 
     spec = load_spec(args.spec)
     manifest, _ = run_flow(spec)

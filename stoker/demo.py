@@ -16,7 +16,8 @@ import yaml
 
 from .child import run_module
 from .run import stoker_home
-from .spec import Spec, parse_spec
+from .spec import Spec
+from .spec_load import parse_spec
 
 DEMO_SPEC = Path(__file__).resolve().parent / "demo.yaml"
 DEMO_REPO = "stoker/tiny-llama"

@@ -14,7 +14,8 @@ from typing import get_args
 from . import targets
 from .errors import SpecError
 from .report import level_label
-from .spec import Ports, QuantFormat, Spec, parse_spec
+from .spec import Ports, QuantFormat, Spec
+from .spec_load import parse_spec
 
 FORMATS = get_args(QuantFormat)
 

@@ -1,8 +1,8 @@
 """The typed pipeline spec: one YAML file describes a whole build-and-deploy run.
 
 Every section forbids unknown keys, so a typo is an error instead of a silently
-ignored setting. `load_spec` turns pydantic's multi-line report into one line
-that names the field.
+ignored setting. Pure data: the spec names its target, and the registry that knows the targets
+(stoker.targets) is handed to validation by whoever reads a spec (stoker.spec_load), never imported here.
 """
 
 from __future__ import annotations
@@ -10,15 +10,13 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Literal, Protocol
 
-import yaml
-from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator,
-                      model_serializer, model_validator)
+from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_serializer,
+                      model_validator)
 
-from . import targets
-from .errors import SpecError
 from .gpu.sections import Build, Gpus, Parallel, Runtime, check_image_digest
 
 # Every format some target runs; which target runs which is the target's answer (stoker/targets/).
@@ -26,6 +24,9 @@ QuantFormat = Literal["none", "fp8", "int4_awq", "int8_sq", "w4a8_awq", "nvfp4",
 KvCacheDtype = Literal["none", "fp8", "int8"]
 # For `stoker render` (stoker/commands/render.py), which renders only these two; everything else asks the target.
 GPU_TARGETS = ("tensorrt", "pytorch")
+DEFAULT_TARGET = "reference"
+# The validation context's key for the target lookup: a name → TargetRules, ValueError naming the known targets.
+TARGETS = "targets"
 
 _BUCKET = re.compile(r"^[0-9a-z][0-9a-z.-]{1,61}[0-9a-z]$")
 _NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,40}$")
@@ -380,7 +381,7 @@ class Spec(_Section):
     model: ModelSource
     # A module of stoker/targets/ (reference: our CPU runtime; tensorrt: TRT-LLM engine + tensorrtllm
     # backend; pytorch: LLM-API). Before quantization and gpus: their validators ask the target.
-    target: str = targets.DEFAULT
+    target: str = DEFAULT_TARGET
     quantization: Quantization = Quantization()
     gpus: Gpus | None = Field(None, validate_default=True, description="required for GPU targets")
     parallel: Parallel = Parallel()
@@ -396,24 +397,31 @@ class Spec(_Section):
     def digest(self) -> str:
         return section_digest(self)
 
+    # Validated against the targets only when the context has their lookup (stoker.spec_load gives it): a Spec
+    # rebuilt without one (a flow's parameter) is checked by the flow instead.
     @field_validator("target")
     @classmethod
-    def _known_target(cls, v: str) -> str:
-        targets.get(v)  # ValueError naming the known targets
+    def _known_target(cls, v: str, info: ValidationInfo) -> str:
+        lookup = _lookup(info)
+        if lookup is not None:
+            lookup(v)
         return v
 
     @field_validator("quantization")
     @classmethod
     def _quant_for_target(cls, q: Quantization, info: ValidationInfo) -> Quantization:
-        _target(info).check_quantization(q)
+        target = _target(info)
+        if target is not None:
+            target.check_quantization(q)
         return q
 
     @field_validator("gpus")
     @classmethod
     def _gpus_for_target(cls, g: Gpus | None, info: ValidationInfo) -> Gpus | None:
-        _target(info).check_gpus(g)
+        target = _target(info)
+        if target is not None:
+            target.check_gpus(g)
         return g
-
 
     @model_validator(mode="after")
     def _routed_needs_shared_cache(self) -> Spec:
@@ -434,60 +442,25 @@ class Spec(_Section):
         return out
 
 
-def _target(info: ValidationInfo):
+class TargetRules(Protocol):
+    """What validation asks of the spec's target (stoker.targets.base.Target); each raises ValueError, one line."""
+
+    def check_quantization(self, q: Quantization) -> None: ...
+
+    def check_gpus(self, gpus: Gpus | None) -> None: ...
+
+
+def _lookup(info: ValidationInfo) -> Callable[[str], TargetRules] | None:
+    return (info.context or {}).get(TARGETS)
+
+
+def _target(info: ValidationInfo) -> TargetRules | None:
+    lookup = _lookup(info)
     # An unknown target has already been reported; the other sections are checked as for the default.
-    return targets.get(info.data.get("target", targets.DEFAULT))
+    return None if lookup is None else lookup(info.data.get("target", DEFAULT_TARGET))
 
 
 def section_digest(section: BaseModel) -> str:
     """sha256 of a section's canonical JSON: the part of every cache key that is config."""
     blob = json.dumps(section.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(blob.encode()).hexdigest()
-
-
-def _one_line(err: ValidationError) -> str:
-    first = err.errors()[0]
-    loc = ".".join(str(p) for p in first["loc"]) or "spec"
-    msg = first["msg"].removeprefix("Value error, ")
-    if first["type"] == "extra_forbidden":
-        msg = "unknown key"
-    elif first["type"] == "missing":
-        msg = "required"
-    more = f" (+{len(err.errors()) - 1} more)" if len(err.errors()) > 1 else ""
-    return f"{loc}: {msg}{more}"
-
-
-def parse_spec(data: object, source: str = "spec") -> Spec:
-    """Validate a mapping into a Spec, raising SpecError with a one-line cause."""
-    if not isinstance(data, dict):
-        raise SpecError(f"{source}: expected a mapping at the top level")
-    try:
-        return Spec.model_validate(data)
-    except ValidationError as err:
-        raise SpecError(f"{source}: {_one_line(err)}") from None
-
-
-def load_spec(path: str | Path) -> Spec:
-    """Read and validate a YAML spec file."""
-    p = Path(path)
-    try:
-        data = yaml.safe_load(p.read_text())
-    except FileNotFoundError:
-        raise SpecError(f"{p}: no such file") from None
-    except yaml.YAMLError as err:
-        raise SpecError(f"{p}: not valid YAML ({str(err).splitlines()[0]})") from None
-    spec = parse_spec(data, str(p))
-    # Relative paths in a spec are relative to the spec file, not the cwd.
-    return _anchor_paths(spec, p.resolve().parent)
-
-
-def _anchor_paths(spec: Spec, base: Path) -> Spec:
-    model, quant, ev = spec.model, spec.quantization, spec.evaluation
-    if ev.text_file is not None and not ev.text_file.is_absolute():
-        ev = ev.model_copy(update={"text_file": base / ev.text_file})
-    if model.local_path is not None and not model.local_path.is_absolute():
-        model = model.model_copy(update={"local_path": base / model.local_path})
-    cal = quant.calibration
-    if cal.text_file is not None and not cal.text_file.is_absolute():
-        quant = quant.model_copy(update={"calibration": cal.model_copy(update={"text_file": base / cal.text_file})})
-    return spec.model_copy(update={"model": model, "quantization": quant, "evaluation": ev})

@@ -14,7 +14,8 @@ from pathlib import Path
 import yaml
 
 from .errors import SpecError
-from .spec import Spec, load_spec, parse_spec
+from .spec import Spec
+from .spec_load import load_spec, parse_spec
 
 
 class StackClash(SpecError):

@@ -71,7 +71,7 @@ def _age(s: float) -> str:
 def _layers(args):
     """(local rows, remote rows, unfinished remote folders, storage, s3 client) for the command's arguments."""
     from ..run import stoker_home
-    from ..spec import load_spec
+    from ..spec_load import load_spec
 
     home = stoker_home()
     local = local_rows(home / "cache")

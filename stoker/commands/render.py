@@ -21,7 +21,8 @@ def render(spec_path: Path, outdir: Path) -> dict:
     """Write commands.json and model_repository/ for a GPU-target spec; returns commands.json's content."""
     from ..gpu import matrix, planning, repository, trtllm
     from ..keys import calibration_file
-    from ..spec import GPU_TARGETS, load_spec
+    from ..spec import GPU_TARGETS
+    from ..spec_load import load_spec
 
     spec = load_spec(spec_path)
     outdir = outdir.resolve()

@@ -52,7 +52,7 @@ def rollback_to(name: str, run_id: str | None, log=print) -> dict:
     from .. import docker_engine, rollout
     from ..run import stoker_home
     from ..serving import promote, topology
-    from ..spec import parse_spec
+    from ..spec_load import parse_spec
 
     home = stoker_home()
     runs = deployed_runs(home, name)

@@ -2,7 +2,8 @@
 
 A target lives in `stoker/targets/<name>.py` and exposes `TARGET`; `get(name)` imports that module
 on first use, so a fourth target is one new module and no edit elsewhere. The lookup is lazy because
-spec validation asks the registry, and a spec must stay cheap to read (no Prefect, no target code).
+reading a spec asks the registry (stoker/spec_load.py), and a spec must stay cheap to read (no Prefect, no target
+code).
 """
 
 from __future__ import annotations
@@ -11,10 +12,12 @@ import importlib
 import pkgutil
 from typing import TYPE_CHECKING
 
+from ..spec import DEFAULT_TARGET
+
 if TYPE_CHECKING:
     from .base import Target
 
-DEFAULT = "reference"
+DEFAULT = DEFAULT_TARGET
 _SHARED = {"base", "gpu"}  # modules here that hold code the targets share, not a target of their own
 _registered: dict[str, Target] = {}
 

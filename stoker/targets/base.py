@@ -6,8 +6,9 @@ it, how it deploys, and how a deployed build is evaluated before it is promoted.
 "which formats and architectures" stay in stoker/model_checks.py and stoker/gpu/rules.py; targets
 call them, so there is one place per rule.
 
-Prefect tasks are imported inside the methods that run them: spec validation and `stoker plan` reach
-this module too and must not pay for importing Prefect and the task modules.
+A target never imports a Prefect task: tasks/ sits above stoker, so the flow hands them over as `steps.tasks`
+(flows/target_tasks.py), and spec validation and `stoker plan`, which reach this module too, never pay for
+importing Prefect and the task modules.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Callable, ClassVar, Literal, Protocol
 
 from .. import model_checks
+from ..errors import EvaluationFailed
 
 if TYPE_CHECKING:
     from ..gpu.facts import ModelFacts
@@ -28,9 +30,38 @@ if TYPE_CHECKING:
 RunsOn = Literal["cpu", "gpu"]
 
 
+class Submittable(Protocol):
+    """A Prefect task: called in this thread, or submitted to run alongside (a future with .result)."""
+
+    def __call__(self, *args) -> StepResult: ...
+
+    def submit(self, *args): ...
+
+
+class Tasks(Protocol):
+    """The Prefect tasks (tasks/) the targets run, as the flow supplies them (flows/target_tasks.py)."""
+
+    quantize_weights: Callable[..., StepResult]
+    build_reference: Callable[..., StepResult]
+    package_repository: Callable[..., StepResult]
+    stage_candidate: Callable[..., StepResult]
+    switch_traffic: Callable[..., StepResult]
+    abandon_candidate: Callable[..., None]
+    scrape_metrics: Callable[..., list[dict]]
+    benchmark_endpoint: Callable[..., StepResult]
+    gate_benchmark: Callable[..., StepResult]
+    evaluate_candidate: Callable[..., StepResult]
+    baseline_reference: Submittable
+    baseline_recorded: Callable[..., StepResult]
+    build_gpu: Callable[..., StepResult]
+    package_gpu: Callable[..., StepResult]
+    deploy_gpu: Callable[..., StepResult]
+
+
 class StepRunner(Protocol):
     """The flow's step recorder (flows/build_and_deploy.Steps): results and failures by step name."""
 
+    tasks: Tasks
     metrics: list[dict]  # Triton's counters of the served build, for the report even when a later step fails
     evaluation: dict | None  # the accuracy evaluation, kept when its gate fails
 
@@ -122,28 +153,21 @@ class Target(ABC):
         reference runs it on the staged candidate before traffic switches to it; GPU targets on their
         serving container before the promote step makes the run the baseline.
         """
-        from tasks.gate import gate_benchmark
-        from tasks.rollout import scrape_metrics
-        from tasks.triton_client import benchmark_endpoint
-
         joined = steps.run("baseline", baseline) if baseline is not None else None
-        benchmarked = steps.run("benchmark", benchmark_endpoint, spec, served, built, ctx)
-        steps.metrics = scrape_metrics(served)  # before the gates: a failed run's report shows them too
+        benchmarked = steps.run("benchmark", steps.tasks.benchmark_endpoint, spec, served, built, ctx)
+        steps.metrics = steps.tasks.scrape_metrics(served)  # before the gates: a failed run's report shows them too
         if joined is not None:
             self.evaluate_accuracy(steps, spec, served, built, joined, ctx)
         # A failed gate fails the run with a table of what regressed; the build is not promoted.
-        steps.run("gate", gate_benchmark, spec, benchmarked, ctx)
+        steps.run("gate", steps.tasks.gate_benchmark, spec, benchmarked, ctx)
         return benchmarked
 
     def evaluate_accuracy(self, steps: StepRunner, spec: Spec, served: StepResult, built: StepResult,
                           baseline: StepResult, ctx: RunContext) -> StepResult:
         """The candidate through its endpoint, judged against the baseline; kept for the manifest even
         when it fails."""
-        from stoker.errors import EvaluationFailed
-        from tasks.evaluate import evaluate_candidate
-
         try:
-            evaluated = steps.run("evaluate", evaluate_candidate, spec, served, steps["package"], steps["fetch"],
+            evaluated = steps.run("evaluate", steps.tasks.evaluate_candidate, spec, served, steps["package"], steps["fetch"],
                                   steps["eval-data"], baseline, ctx)
         except EvaluationFailed as exc:
             steps.evaluation = exc.detail

@@ -28,29 +28,21 @@ class GpuTarget(Target):
         return plan_gpu(spec, ctx)
 
     def build(self, steps: StepRunner, spec, fetched, ctx):
-        from tasks.trtllm import build_gpu
-
-        return steps.run("build", build_gpu, spec, fetched, ctx)
+        return steps.run("build", steps.tasks.build_gpu, spec, fetched, ctx)
 
     def package(self, steps: StepRunner, spec, fetched, built, ctx):
-        from tasks.trtllm import package_gpu
-
-        return steps.run("package", package_gpu, spec, fetched, built, ctx)
+        return steps.run("package", steps.tasks.package_gpu, spec, fetched, built, ctx)
 
     def deploy(self, steps: StepRunner, spec, ctx, built, packaged, uploaded):
         """One container on the spec's GPUs (device requests, shm, ulimits, MPI launch for TP×PP > 1),
         serving the local repository; evaluated on its ports; no staged candidate."""
-        from tasks.trtllm import deploy_gpu
-
-        deployed = steps.run("deploy", deploy_gpu, spec, packaged, ctx)
+        deployed = steps.run("deploy", steps.tasks.deploy_gpu, spec, packaged, ctx)
         return self.evaluate(steps, spec, deployed, built, ctx, self.start_baseline(steps, spec, ctx))
 
     def start_baseline(self, steps: StepRunner, spec, ctx):
         if not spec.evaluation.enabled:
             return None
-        from tasks.evaluate import baseline_recorded
-
-        return lambda: baseline_recorded(spec, steps["fetch"], steps["eval-data"], ctx)
+        return lambda: steps.tasks.baseline_recorded(spec, steps["fetch"], steps["eval-data"], ctx)
 
     @abstractmethod
     def check_built(self, ws, spec) -> dict:

@@ -32,8 +32,8 @@ class Reference(Target):
             raise ValueError(_KV_UNEXPORTABLE[q.kv_cache_dtype])
 
     def plan(self, spec, ctx) -> list:
-        from ..keys import build_key, fetch_key, package_key, quantize_key
         from ..gpu.planning import model_facts
+        from ..keys import build_key, fetch_key, package_key, quantize_key
         from ..plan_steps import PlannedStep, benchmark_step, cached_row, serving_step, upload_step
         from ..source import resolve_source
 
@@ -55,39 +55,30 @@ class Reference(Target):
         return out
 
     def build(self, steps: StepRunner, spec, fetched, ctx):
-        from tasks.modelopt import quantize_weights
-        from tasks.reference import build_reference
-
-        quantized = steps.run("quantize", quantize_weights, spec, fetched, ctx)
-        return steps.run("build", build_reference, spec, quantized, ctx)
+        quantized = steps.run("quantize", steps.tasks.quantize_weights, spec, fetched, ctx)
+        return steps.run("build", steps.tasks.build_reference, spec, quantized, ctx)
 
     def package(self, steps: StepRunner, spec, fetched, built, ctx):
-        from tasks.triton_repo import package_repository
-
-        return steps.run("package", package_repository, spec, built, ctx)
+        return steps.run("package", steps.tasks.package_repository, spec, built, ctx)
 
     def start_baseline(self, steps: StepRunner, spec, ctx):
         """The `none` build of the same revision, scored by the runtime in a child process (Prefect task
         future: it runs while the candidate container starts)."""
         if not spec.evaluation.enabled:
             return None
-        from tasks.evaluate import baseline_reference
-
-        return baseline_reference.submit(spec, steps["fetch"], steps["eval-data"], ctx).result
+        return steps.tasks.baseline_reference.submit(spec, steps["fetch"], steps["eval-data"], ctx).result
 
     def deploy(self, steps: StepRunner, spec, ctx, built, packaged, uploaded):
         """stage → evaluate on the candidate → switch; a failure before the switch abandons the candidate."""
-        from tasks.rollout import abandon_candidate, stage_candidate, switch_traffic
-
         # Triton loads the repository straight from S3, so the candidate is staged from the upload.
         baseline = self.start_baseline(steps, spec, ctx)
-        staged = steps.run("deploy", stage_candidate, spec, uploaded, ctx)  # proven, no traffic yet
+        staged = steps.run("deploy", steps.tasks.stage_candidate, spec, uploaded, ctx)  # proven, no traffic yet
         try:
             benchmarked = self.evaluate(steps, spec, staged, built, ctx, baseline)
         except Exception as exc:
-            abandon_candidate(spec, staged, ctx, one_line(exc))  # the old backend never stopped serving
+            steps.tasks.abandon_candidate(spec, staged, ctx, one_line(exc))  # the old backend never stopped serving
             raise
-        steps.run("switch", switch_traffic, spec, staged, ctx)  # switch, watch, retire (or switch back)
+        steps.run("switch", steps.tasks.switch_traffic, spec, staged, ctx)  # switch, watch, retire (or switch back)
         return benchmarked
 
 

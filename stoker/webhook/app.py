@@ -217,7 +217,7 @@ def create_app(cfg: ReceiverConfig, start_run: StartRun = prefect_start, check_r
         if hit is not None:
             return _repeat(key, trigger, identity, hit)
         spec_path = Path(cfg.specs_dir) / f"{trigger.spec}.yaml"
-        from ..spec import load_spec
+        from ..spec_load import load_spec
 
         try:
             spec = load_spec(spec_path)

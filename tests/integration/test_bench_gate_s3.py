@@ -20,7 +20,7 @@ from pathlib import Path
 from prefect import flow
 from stoker.bench.errors import GateFailed
 from stoker.run import RunContext, StepResult
-from stoker.spec import parse_spec
+from stoker.spec_load import parse_spec
 from tasks.gate import gate_benchmark, promote_run
 
 spec = parse_spec(json.loads(sys.argv[1]))

@@ -154,7 +154,7 @@ def test_demo_spec_end_to_end_then_a_rerun_of_cache_hits(tmp_path, local_stack, 
     from eval_faults import publish_damaged
 
     from stoker.keys import quantize_key
-    from stoker.spec import load_spec
+    from stoker.spec_load import load_spec
 
     data["quantization"]["calibration"]["samples"] = 15  # a new quantize key; its cache entry is the damage
     damaged_spec = path.with_name("damaged.yaml")

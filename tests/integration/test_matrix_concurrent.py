@@ -22,7 +22,7 @@ HEAVY = ("fetch", "quantize", "build", "package")
 RUN = """
 import json, sys
 from flows.build_matrix import build_matrix
-from stoker.spec import parse_spec
+from stoker.spec_load import parse_spec
 print("RESULT " + json.dumps(build_matrix(parse_spec(json.loads(sys.argv[1])), ["none"], promote=False)))
 """
 

@@ -20,7 +20,7 @@ pytestmark = [pytest.mark.prefect, pytest.mark.docker, pytest.mark.s3, pytest.ma
 RUN = r"""
 import json, sys
 from flows.build_and_deploy import build_and_deploy
-from stoker.spec import parse_spec
+from stoker.spec_load import parse_spec
 try:
     m = build_and_deploy(parse_spec(json.loads(sys.argv[1]), "it"))
     print("RESULT " + json.dumps({"run_id": m["run_id"], "status": m["status"]}))

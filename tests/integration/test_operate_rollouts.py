@@ -22,7 +22,7 @@ from operate_helpers import ROOT, make_spec, record
 
 from stoker import docker_engine, rollout, s3
 from stoker.loadgen import SteadyLoad
-from stoker.spec import parse_spec
+from stoker.spec_load import parse_spec
 
 pytestmark = [pytest.mark.docker, pytest.mark.s3, pytest.mark.hub, pytest.mark.prefect, pytest.mark.slow]
 LOAD_S = 2.0  # steady load before and after each rollout

@@ -28,7 +28,7 @@ pytestmark = [pytest.mark.prefect, pytest.mark.docker, pytest.mark.s3, pytest.ma
 RUN = r"""
 import json, sys, time
 from flows.build_and_deploy import build_and_deploy
-from stoker.spec import parse_spec
+from stoker.spec_load import parse_spec
 spec = parse_spec(json.loads(sys.argv[1]), "it")
 t0 = time.monotonic()
 try:

@@ -288,7 +288,7 @@ def test_prune_refuses_without_a_rule(storage, tmp_path, monkeypatch, capsys):
 
 def test_preflight_fails_in_one_line_without_credentials(storage, monkeypatch, tmp_path):
     from stoker.preflight import check_shared_cache, check_storage
-    from stoker.spec import parse_spec
+    from stoker.spec_load import parse_spec
 
     for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
         monkeypatch.delenv(k, raising=False)
@@ -314,7 +314,7 @@ def test_plan_counts_an_entry_only_in_s3_as_a_hit(storage, tmp_path):
     """`stoker plan` with the shared cache on: what another worker published is a hit (to download), not a miss."""
     from stoker.plan_steps import cached_row
     from stoker.run import RunContext
-    from stoker.spec import parse_spec
+    from stoker.spec_load import parse_spec
 
     calls: list = []
     published, _ = SharedStore(StepStore(tmp_path / "a" / "cache"), storage).get("quantize", "k-plan", _produce(calls),

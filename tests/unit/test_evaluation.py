@@ -14,7 +14,7 @@ from stoker.evaluation import metrics
 from stoker.evaluation.data import EvalDataError, cut, read_text, same_text
 from stoker.keys import DEFAULT_CALIBRATION
 from stoker.plan import check_evaluation
-from stoker.spec import parse_spec
+from stoker.spec_load import parse_spec
 
 BASE = {"model": {"repo_id": "org/tiny"}, "storage": {"bucket": "bucket-a"}}
 

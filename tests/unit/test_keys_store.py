@@ -5,7 +5,7 @@ import pytest
 
 from stoker.digest import FileRecord, records_digest, tree_records
 from stoker.keys import build_key, package_key, quantize_key, step_key
-from stoker.spec import parse_spec
+from stoker.spec_load import parse_spec
 from stoker.store import StepStore
 
 BASE = {"model": {"repo_id": "org/model"}, "storage": {"bucket": "my-bucket"}}

@@ -5,7 +5,8 @@ import pytest
 
 from stoker.errors import SpecError
 from stoker.matrix import Entry, comparison_row, entry_spec, markdown, pick_best, plan_entries
-from stoker.spec import Ports, parse_spec
+from stoker.spec import Ports
+from stoker.spec_load import parse_spec
 
 SPEC = parse_spec({"model": {"repo_id": "org/m", "revision": "main"}, "storage": {"bucket": "b-1"},
                    "deploy": {"name": "tiny"}})

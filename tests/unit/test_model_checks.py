@@ -8,7 +8,7 @@ from stoker import model_checks
 from stoker.gpu import decoders, rules
 from stoker.gpu.facts import from_config
 from stoker.gpu.rules import PlanRefused
-from stoker.spec import parse_spec
+from stoker.spec_load import parse_spec
 
 CURRENT = "nvcr.io/nvidia/tritonserver:26.07-trtllm-python-py3"
 LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 256, "intermediate_size": 512,

@@ -12,7 +12,7 @@ from stoker.demo import DEMO_SPEC
 from stoker.errors import ChildProcessFailed
 from stoker.rollout import backend_spec
 from stoker.serving.triton_log import shown
-from stoker.spec import parse_spec
+from stoker.spec_load import parse_spec
 from stoker.workers.quantize import calibration_tokens, text_windows
 
 # ---- Triton's output in the run log: warnings and errors, not its startup story -----------------------

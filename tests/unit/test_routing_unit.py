@@ -9,7 +9,8 @@ import pytest
 
 from stoker.errors import StokerError
 from stoker.run import RunContext, cached_step
-from stoker.spec import SpecError, parse_spec
+from stoker.errors import SpecError
+from stoker.spec_load import parse_spec
 
 BASE = {"model": {"repo_id": "org/model"}, "storage": {"bucket": "abc"}}
 

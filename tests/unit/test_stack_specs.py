@@ -8,7 +8,7 @@ import pytest
 
 from stoker import stack_specs
 from stoker.commands.deploy_flows import check_stack_specs
-from stoker.spec import parse_spec
+from stoker.spec_load import parse_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -16,7 +16,7 @@ from stoker import targets
 from stoker.errors import SpecError
 from stoker.plan import PlannedStep
 from stoker.run import RunContext, StepResult
-from stoker.spec import parse_spec
+from stoker.spec_load import parse_spec
 from stoker.targets.base import Target
 
 BASE = {"model": {"repo_id": "org/model"}, "storage": {"bucket": "my-bucket"}}
