@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 import yaml
+from loadgen import SteadyLoad
 from operate_helpers import ROOT, make_spec, record
 
 from stoker import docker_engine, rollout, s3
-from loadgen import SteadyLoad
 from stoker.spec_load import parse_spec
 
 pytestmark = [pytest.mark.docker, pytest.mark.s3, pytest.mark.hub, pytest.mark.prefect, pytest.mark.slow]
