@@ -23,6 +23,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from . import mapping as m
+from . import triton_stream
 from .served_model import LiveModel, ServedModel
 from .sse import EventStream
 
@@ -68,14 +69,14 @@ def _rpc_error(err: grpc.aio.AioRpcError, url: str) -> m.ApiError:
 class Generating:
     """One generation: the Triton stream, its token ids turned into text, the counts for ``usage``."""
 
-    def __init__(self, triton: Triton, gen: m.Generation, model: ServedModel, request_id: str) -> None:
+    def __init__(self, triton: Triton, gen: triton_stream.Generation, model: ServedModel, request_id: str) -> None:
         self.gen, self.triton = gen, triton
-        self.text = m.TextStream(model.decode, gen.stop)
+        self.text = triton_stream.TextStream(model.decode, gen.stop)
         self.completion_tokens = 0
         self.finish: str | None = None
-        self._request = m.triton_request(gen, request_id)
+        self._request = triton_stream.triton_request(gen, request_id)
         self._call = None
-        self._step: m.Step | None = None  # read, its tokens not yet turned into text
+        self._step: triton_stream.Step | None = None  # read, its tokens not yet turned into text
 
     async def open(self) -> None:
         """Start the stream and read its first response; Triton's or gRPC's refusal raises ApiError here."""
@@ -86,14 +87,14 @@ class Generating:
             self.close()
             raise
 
-    async def _next(self) -> m.Step:
+    async def _next(self) -> triton_stream.Step:
         try:
             resp = await self._call.read()
         except grpc.aio.AioRpcError as err:
             raise _rpc_error(err, self.triton.url) from None
         if resp is grpc.aio.EOF:
-            return m.Step((), True)
-        step = m.parse_response(resp)
+            return triton_stream.Step((), True)
+        step = triton_stream.parse_response(resp)
         if step.error:
             if "unknown model" in step.error or "not found" in step.error or "is not ready" in step.error:
                 raise m.unavailable(f"the model backend is not ready: {step.error.splitlines()[0]}")
@@ -120,7 +121,7 @@ class Generating:
             rest = self.text.flush()
             if rest:
                 out.append(rest)
-            self.finish = m.finish_reason(self.text.stopped, self.completion_tokens, self.gen.max_tokens)
+            self.finish = triton_stream.finish_reason(self.text.stopped, self.completion_tokens, self.gen.max_tokens)
         return out
 
     async def pieces(self) -> AsyncIterator[str]:
@@ -238,7 +239,7 @@ def create_app(settings: Settings, live: LiveModel) -> FastAPI:
         check_model(name)
         return await card()
 
-    async def run(gen: m.Generation, model: ServedModel, prefix: str) -> tuple[Generating, m.Head]:
+    async def run(gen: triton_stream.Generation, model: ServedModel, prefix: str) -> tuple[Generating, m.Head]:
         rid = f"{prefix}-{uuid.uuid4().hex}"
         head = m.Head(rid, int(time.time()), settings.model, model.fingerprint)
         g = Generating(triton, gen, model, rid)
@@ -250,7 +251,7 @@ def create_app(settings: Settings, live: LiveModel) -> FastAPI:
         check_model(req.model)
         model = await live.get()
         ids = model.chat_ids(m.chat_messages(req))
-        gen = m.plan(req, ids, model.context_len, seed=secrets.randbits(63))
+        gen = triton_stream.plan(req, ids, model.context_len, seed=secrets.randbits(63))
         g, head = await run(gen, model, "chatcmpl")
         if not req.stream:
             text = "".join([p async for p in g.pieces()])
@@ -267,7 +268,7 @@ def create_app(settings: Settings, live: LiveModel) -> FastAPI:
         model = await live.get()
         prompt = m.completion_prompt(req)
         ids = model.encode(prompt) if isinstance(prompt, str) else prompt
-        gen = m.plan(req, ids, model.context_len, seed=secrets.randbits(63),
+        gen = triton_stream.plan(req, ids, model.context_len, seed=secrets.randbits(63),
                      vocab_size=None if isinstance(prompt, str) else model.vocab_size)
         g, head = await run(gen, model, "cmpl")
         if not req.stream:

@@ -7,7 +7,7 @@ import asyncio
 
 import h11
 
-from stoker.openai_api import mapping as m
+from stoker.openai_api import triton_stream
 from stoker.openai_api.app import Generating
 from stoker.openai_api.http11 import _HeadersWithFirstChunk
 from stoker.openai_api.sse import EventStream
@@ -66,19 +66,19 @@ class _Decoder:
         return "".join(chr(ord("a") + i) for i in ids)
 
 
-def _generating(first: m.Step) -> Generating:
+def _generating(first: triton_stream.Step) -> Generating:
     g = Generating.__new__(Generating)
-    g.gen = m.Generation((1, 2), 4, True, 1.0, 1.0, 0, ())
-    g.text = m.TextStream(_Decoder().decode)
+    g.gen = triton_stream.Generation((1, 2), 4, True, 1.0, 1.0, 0, ())
+    g.text = triton_stream.TextStream(_Decoder().decode)
     g.completion_tokens, g.finish, g._call, g._step = 0, None, None, first
     return g
 
 
 def test_the_first_responses_text_is_ready_without_waiting_and_a_final_one_ends_it():
-    g = _generating(m.Step((0, 1), False))
+    g = _generating(triton_stream.Step((0, 1), False))
     assert g.ready() == ["a", "b"] and g.finish is None and g.completion_tokens == 2
     assert g.ready() == []  # nothing more read yet
-    done = _generating(m.Step((2,), True))
+    done = _generating(triton_stream.Step((2,), True))
     assert done.ready() == ["c"] and done.finish == "stop"
 
 

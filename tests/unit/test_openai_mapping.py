@@ -11,6 +11,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from tritonclient.grpc import service_pb2
 
 from stoker.openai_api import mapping as m
+from stoker.openai_api import triton_stream
 from stoker.openai_api.served_model import (FALLBACK_CHAT_TEMPLATE, ServedModel, context_length,
                                             find_chat_template, render_chat)
 
@@ -114,16 +115,17 @@ def test_error_bodies():
 
 def test_plan_defaults_and_sampling():
     chat = m.parse_chat(_chat())
-    g = m.plan(chat, [1, 2, 3], 100, seed=-1)
+    g = triton_stream.plan(chat, [1, 2, 3], 100, seed=-1)
     assert (g.max_tokens, g.greedy, g.temperature, g.top_p) == (97, False, 1.0, 1.0)
     assert g.seed == (1 << 64) - 1  # uint64 on the wire
-    assert m.plan(chat, [1], None, seed=0).max_tokens == m.DEFAULT_CHAT_MAX_TOKENS
+    assert triton_stream.plan(chat, [1], None, seed=0).max_tokens == m.DEFAULT_CHAT_MAX_TOKENS
     comp = m.parse_completion({"model": "tiny", "prompt": "x", "seed": 5, "temperature": 0})
-    g = m.plan(comp, [1, 2], 100, seed=9)
+    g = triton_stream.plan(comp, [1, 2], 100, seed=9)
     assert (g.max_tokens, g.greedy, g.seed) == (16, True, 5)
-    assert m.plan(comp, [1] * 95, 100, seed=0).max_tokens == 5  # the default never overruns the context
-    assert m.plan(m.parse_chat(_chat(top_p=0)), [1], 10, seed=0).greedy
-    assert m.plan(m.parse_chat(_chat(max_tokens=3, max_completion_tokens=5)), [1], 10, seed=0).max_tokens == 5
+    assert triton_stream.plan(comp, [1] * 95, 100, seed=0).max_tokens == 5  # the default never overruns the context
+    assert triton_stream.plan(m.parse_chat(_chat(top_p=0)), [1], 10, seed=0).greedy
+    both = m.parse_chat(_chat(max_tokens=3, max_completion_tokens=5))
+    assert triton_stream.plan(both, [1], 10, seed=0).max_tokens == 5
 
 
 @pytest.mark.parametrize("body, ids, param, code", [
@@ -137,7 +139,7 @@ def test_plan_defaults_and_sampling():
 def test_plan_refusals(body, ids, param, code):
     req = m.parse_chat(body) if "messages" in body else m.parse_completion(body)
     with pytest.raises(m.ApiError) as err:
-        m.plan(req, ids, 10, seed=0, vocab_size=50)
+        triton_stream.plan(req, ids, 10, seed=0, vocab_size=50)
     assert (err.value.status, err.value.param, err.value.code) == (400, param, code), err.value.message
 
 
@@ -151,8 +153,8 @@ def _inputs(r: service_pb2.ModelInferRequest) -> dict:
 
 
 def test_triton_request_sampled_and_greedy():
-    g = m.Generation((1, 5, 7), 12, False, 0.7, 0.9, 42, ("x",))
-    r = m.triton_request(g, "req-1")
+    g = triton_stream.Generation((1, 5, 7), 12, False, 0.7, 0.9, 42, ("x",))
+    r = triton_stream.triton_request(g, "req-1")
     assert (r.model_name, r.id) == ("tensorrt_llm", "req-1")
     got = _inputs(r)
     assert got["input_ids"] == ("INT32", [1, 3], [1, 5, 7])
@@ -165,21 +167,22 @@ def test_triton_request_sampled_and_greedy():
     assert not {"end_id", "pad_id", "stop_words_list"} & set(got)
     assert [o.name for o in r.outputs] == ["output_ids"]
     assert r.parameters["triton_enable_empty_final_response"].bool_param
-    greedy = _inputs(m.triton_request(m.Generation((1,), 4, True, 1.0, 1.0, 0, ()), "g"))
+    greedy = _inputs(triton_stream.triton_request(triton_stream.Generation((1,), 4, True, 1.0, 1.0, 0, ()), "g"))
     assert "temperature" not in greedy and "runtime_top_p" not in greedy  # no top-k/top-p: greedy
 
 
 def test_min_tokens_and_ignore_eos():
     """vLLM's extra fields: min_tokens holds the end id back; ignore_eos holds it back for all of max_tokens."""
     def plan(**kw):
-        return m.plan(m.parse_completion({"model": "tiny", "prompt": "x", **kw}), [1, 2], 100, seed=0)
+        return triton_stream.plan(m.parse_completion({"model": "tiny", "prompt": "x", **kw}), [1, 2], 100, seed=0)
 
     assert plan(max_tokens=8).min_tokens == 0
     assert plan(max_tokens=8, min_tokens=5).min_tokens == 5
     assert plan(max_tokens=8, ignore_eos=True).min_tokens == 8
     assert plan(max_tokens=8, ignore_eos=True, min_tokens=3).min_tokens == 8
     assert plan(ignore_eos=True).min_tokens == m.DEFAULT_COMPLETION_MAX_TOKENS  # the default length, filled first
-    assert m.plan(m.parse_chat(_chat(max_completion_tokens=6, ignore_eos=True)), [1], 100, seed=0).min_tokens == 6
+    eos = m.parse_chat(_chat(max_completion_tokens=6, ignore_eos=True))
+    assert triton_stream.plan(eos, [1], 100, seed=0).min_tokens == 6
     for kw, code in (({"min_tokens": 9, "max_tokens": 8}, "invalid_value"), ({"min_tokens": -1}, "invalid_value")):
         with pytest.raises(m.ApiError) as err:
             plan(**kw)
@@ -188,9 +191,9 @@ def test_min_tokens_and_ignore_eos():
         m.parse_completion({"model": "tiny", "prompt": "x", "ignore_eos": "yes"})
     assert err.value.param == "ignore_eos"
     # On the wire: the model's own min_tokens input, only when asked (absent means 0 to tensorrt_llm).
-    asked = _inputs(m.triton_request(plan(max_tokens=8, ignore_eos=True), "r"))
+    asked = _inputs(triton_stream.triton_request(plan(max_tokens=8, ignore_eos=True), "r"))
     assert asked["min_tokens"] == ("INT32", [1, 1], [8])
-    assert "min_tokens" not in _inputs(m.triton_request(plan(max_tokens=8), "r"))
+    assert "min_tokens" not in _inputs(triton_stream.triton_request(plan(max_tokens=8), "r"))
 
 
 def _response(ids=None, final=False, error="", length=None) -> service_pb2.ModelStreamInferResponse:
@@ -211,17 +214,17 @@ def _response(ids=None, final=False, error="", length=None) -> service_pb2.Model
 
 
 def test_parse_response():
-    assert m.parse_response(_response([17])) == m.Step((17,), False)
-    assert m.parse_response(_response(final=True)) == m.Step((), True)
-    assert m.parse_response(_response([4, 5, 0], length=2)) == m.Step((4, 5), False)
-    assert m.parse_response(_response(error="boom")) == m.Step((), True, "boom")
+    assert triton_stream.parse_response(_response([17])) == triton_stream.Step((17,), False)
+    assert triton_stream.parse_response(_response(final=True)) == triton_stream.Step((), True)
+    assert triton_stream.parse_response(_response([4, 5, 0], length=2)) == triton_stream.Step((4, 5), False)
+    assert triton_stream.parse_response(_response(error="boom")) == triton_stream.Step((), True, "boom")
 
 
 # ---------------------------------------------------------------- text
 
 
-def _stream(tok: Tokenizer, ids: list[int], stop=()) -> tuple[list[str], m.TextStream]:
-    ts = m.TextStream(lambda x: tok.decode(x, skip_special_tokens=True), stop)
+def _stream(tok: Tokenizer, ids: list[int], stop=()) -> tuple[list[str], triton_stream.TextStream]:
+    ts = triton_stream.TextStream(lambda x: tok.decode(x, skip_special_tokens=True), stop)
     pieces = [ts.push(i) for i in ids]
     pieces.append(ts.flush())
     return pieces, ts
@@ -259,9 +262,9 @@ def test_stop_sequences(tok):
 
 
 def test_finish_reason():
-    assert m.finish_reason(False, 8, 8) == "length"
-    assert m.finish_reason(False, 3, 8) == "stop"  # an end id or stop id ended it
-    assert m.finish_reason(True, 8, 8) == "stop"
+    assert triton_stream.finish_reason(False, 8, 8) == "length"
+    assert triton_stream.finish_reason(False, 3, 8) == "stop"  # an end id or stop id ended it
+    assert triton_stream.finish_reason(True, 8, 8) == "stop"
 
 
 # ---------------------------------------------------------------- responses
