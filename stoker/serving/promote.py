@@ -14,166 +14,22 @@ routing from ``haproxy``, containers from ``docker_engine``.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
-from dataclasses import asdict, dataclass
-from pathlib import Path
+from dataclasses import dataclass
 
 import docker
 import docker.errors
 
 from .. import docker_engine as engine
-from ..errors import StokerError
-from ..manifest import write_atomic
 from . import haproxy, openai_service, probe, topology, triton_log
+from .deployment import (BackendRef, Log, PromotionFailed, Target, observe_backends, observe_proxy, proxy_container,
+                         runtime_for, sync_config, write_config)
 from .ports import Ports, choose_backend_ports, is_port_free, port_owner
 
-Log = Callable[[str], None]
 PROXY_START_TIMEOUT_S = 15.0
 PORT_RETRIES = 2  # a port verified free can still be taken before Triton binds it
 
 
-class PromotionFailed(StokerError):
-    """The candidate did not go live, or was switched back; the message names the cause."""
-
-
-@dataclass(frozen=True)
-class Target:
-    """One deployment's stable side: its name, the ports clients use, the proxy image, the state folder;
-    ``openai_image`` runs its OpenAI-compatible API behind the proxy's /v1/ ("" for none)."""
-
-    name: str
-    listen: Ports
-    proxy_image: str
-    state_dir: Path
-    openai_image: str = ""
-    address: str = engine.BACKEND_ADDRESS  # where the stable endpoint binds (deploy.listen); loopback by default
-
-    @property
-    def endpoint(self) -> dict:
-        host = "127.0.0.1" if self.address in ("0.0.0.0", "::", "127.0.0.1") else self.address
-        out = {"http": f"http://{host}:{self.listen.http}", "grpc": f"{host}:{self.listen.grpc}",
-               "metrics": f"http://{host}:{self.listen.metrics}/metrics"}
-        if self.openai_image:
-            out["openai"] = f"http://{host}:{self.listen.http}/v1"
-        return out
-
-
-@dataclass(frozen=True)
-class BackendRef:
-    """A backend as the flow passes it between steps (plain data: it travels through Prefect)."""
-
-    container: str
-    slot: str
-    ports: tuple[int, int, int]
-    digest: str
-    run_id: str = ""
-
-    @property
-    def p(self) -> Ports:
-        return Ports(*self.ports)
-
-    @property
-    def http(self) -> str:
-        return f"http://127.0.0.1:{self.ports[0]}"
-
-    @property
-    def grpc(self) -> str:
-        return f"127.0.0.1:{self.ports[1]}"
-
-    @property
-    def metrics(self) -> str:
-        return f"http://127.0.0.1:{self.ports[2]}/metrics"
-
-    def to_dict(self) -> dict:
-        return {**asdict(self), "http": self.http, "grpc": self.grpc, "metrics": self.metrics}
-
-    @classmethod
-    def from_dict(cls, d: dict | None) -> BackendRef | None:
-        if not d:
-            return None
-        return cls(d["container"], d["slot"], tuple(d["ports"]), d["digest"], d.get("run_id", ""))
-
-    @classmethod
-    def of(cls, b: topology.Backend) -> BackendRef:
-        return cls(b.container, b.slot, b.ports.values(), b.digest, b.run_id)
-
-
-# ---------------------------------------------------------------- observe and reconcile
-
-
-def observe_backends(client: docker.DockerClient, name: str) -> list[topology.Backend]:
-    out = []
-    for c in engine.containers(client, name, role=engine.ROLE_BACKEND):
-        try:
-            ports = Ports.parse(c.labels[engine.LABEL_PORTS])
-        except (KeyError, ValueError):
-            ports = Ports(0, 0, 0)
-        running = c.status == "running"
-        out.append(topology.Backend(
-            container=c.name, slot=c.labels.get(engine.LABEL_SLOT, ""), ports=ports,
-            digest=c.labels.get(engine.LABEL_DIGEST, ""), running=running,
-            ready=running and probe.is_ready(f"http://127.0.0.1:{ports.http}", timeout_s=5.0, attempts=2),
-            created=engine.created_key(c),
-            run_id=c.labels.get(engine.LABEL_RUN, ""), legacy=engine.LABEL_ROLE not in c.labels))
-    return out
-
-
-def proxy_container(client: docker.DockerClient, name: str):
-    found = engine.containers(client, name, role=engine.ROLE_PROXY)
-    return found[0] if found else None
-
-
-def runtime_for(target: Target, container=None) -> haproxy.Runtime:
-    state_dir = (engine.state_mount(container, haproxy.MOUNT) if container is not None else None) or target.state_dir
-    return haproxy.Runtime(state_dir)
-
-
-def observe_proxy(client: docker.DockerClient, target: Target) -> tuple[topology.ProxyView, object]:
-    c = proxy_container(client, target.name)
-    if c is None:
-        return topology.ProxyView(exists=False, running=False), None
-    listen = None
-    try:
-        listen = Ports.parse(c.labels[engine.LABEL_PORTS])
-    except (KeyError, ValueError):
-        pass
-    # A proxy started before deploy.listen existed bound every interface, and says nothing.
-    address = c.labels.get(engine.LABEL_ADDRESS, "0.0.0.0")
-    if c.status != "running":
-        return topology.ProxyView(exists=True, running=False, listen=listen, address=address), c
-    try:
-        states = runtime_for(target, c).servers()
-    except haproxy.ProxyApiError:
-        return topology.ProxyView(exists=True, running=False, listen=listen, address=address), c
-    http = {slot: st.port for slot, st in states.get("http", {}).items()}
-    return topology.ProxyView(exists=True, running=True, live=haproxy.live_slot(states), http_ports=http,
-                              listen=listen, openai=haproxy.OPENAI_BACKEND in states, address=address), c
-
-
-def render_config(target: Target, slots: dict[str, Ports | None], live: str | None) -> str:
-    return haproxy.render(haproxy.ProxyLayout(listen=target.listen, slots=slots, live=live,
-                                              openai=openai_service.socket_path() if target.openai_image else None,
-                                              address=target.address))
-
-
-def write_config(target: Target, slots: dict[str, Ports | None], live: str | None) -> None:
-    """The proxy's file mirrors its runtime state, so a restarted proxy routes where the running one did."""
-    target.state_dir.mkdir(parents=True, exist_ok=True)
-    write_atomic(target.state_dir / haproxy.CONFIG_NAME, render_config(target, slots, live))
-
-
-def sync_config(target: Target, slots: dict[str, Ports | None], live: str | None, log: Log) -> bool:
-    """Make the config file say what the running proxy does (the runtime is the truth while it runs): a process
-    cut between a runtime change and the file's rewrite left them apart, and a restart would route by the file.
-    True when the file had to be rewritten."""
-    path = target.state_dir / haproxy.CONFIG_NAME
-    expected = render_config(target, slots, live)
-    if path.exists() and path.read_text() == expected:
-        return False
-    log(f"reconcile {target.name}: the proxy's config file disagreed with its running state; rewritten")
-    target.state_dir.mkdir(parents=True, exist_ok=True)
-    write_atomic(path, expected)
-    return True
+# ---------------------------------------------------------------- reconcile
 
 
 def reconcile(client: docker.DockerClient, target: Target, log: Log) -> topology.Backend | None:
