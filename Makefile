@@ -7,7 +7,7 @@ PY     := $(VENV)/bin/python
 IMAGE  ?= stoker/triton-cpu:2.51.0-cpu
 export STOKER_HOME ?= $(HOME)/.stoker
 
-.PHONY: setup venv docker image demo test test-unit test-fast down clean stack stack-down deploy-flows
+.PHONY: setup venv docker image demo test test-unit test-fast test-services down clean stack stack-down deploy-flows
 
 setup: venv docker image
 
@@ -30,13 +30,14 @@ image: venv docker
 demo: setup
 	$(VENV)/bin/stoker demo
 
-# --durations=25: the slowest tests are visible in every run. TEST_WORKERS processes (pytest-xdist), a test file
-# per process at a time (its module fixtures are set up once); most integration time is spent waiting on servers
-# and containers, so 3 processes on 2 cores finish in about half the time of one (benchmarks/results/suite.json).
+# `make test` is both tiers, fast first (a broken edit fails in a minute), each printing `tier NAME: N s`
+# (benchmarks/suite.py reads them). --durations=25: the slowest tests are visible in every run.
+SERVICE_MARKERS := docker or triton or s3 or hub or prefect or slow
 TEST_WORKERS ?= 3
 test: setup
 	bash infra/test-deps.sh
-	$(PY) -m pytest -q --durations=25 -n $(TEST_WORKERS) --dist loadfile
+	@$(MAKE) --no-print-directory test-fast
+	@$(MAKE) --no-print-directory test-services
 
 test-unit: venv
 	$(PY) -m pytest -q tests/unit
@@ -45,7 +46,17 @@ test-unit: venv
 # tests/tiers.py keeps it honest: a fast test that starts a service or a container, or requests a service
 # fixture, errors naming itself.
 test-fast: venv
-	$(PY) -m pytest -q -m "not (docker or triton or s3 or hub or prefect or slow)"
+	@t0=$$(date +%s); $(PY) -m pytest -q --durations=10 -m "not ($(SERVICE_MARKERS))"; rc=$$?; \
+	echo "tier fast: $$(( $$(date +%s) - t0 )) s"; exit $$rc
+
+# The service tier: real Docker, Triton, S3, Hub mirror and Prefect servers. TEST_WORKERS processes
+# (pytest-xdist), one test file per process at a time, so a file's module fixtures start once, in the order
+# tests/conftest.py sorts them (longest first; xdist's own reorder, by test count, would start them last); most of this tier
+# waits on servers and containers, so 3 processes on 2 cores take about half the time of one
+# (benchmarks/results/suite.json).
+test-services: venv
+	@t0=$$(date +%s); $(PY) -m pytest -q --durations=25 -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "$(SERVICE_MARKERS)"; \
+	rc=$$?; echo "tier services: $$(( $$(date +%s) - t0 )) s"; exit $$rc
 
 down:
 	$(VENV)/bin/stoker down

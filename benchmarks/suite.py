@@ -4,7 +4,8 @@
 
 Each LOG is the whole output of one `CI=true bash .ci/run` on a fresh clone (set-up included, images built by the
 run). Read from it: set-up and test seconds (the `ci:` lines; for a log of a run before those lines existed, the
-pytest summary and the shell's `real` time), tests passed, skipped and failed, and the 25 slowest (pytest
+pytest summary and the shell's `real` time), each tier's seconds (`tier NAME: N s`, printed by the Makefile),
+tests passed, skipped (with reasons) and failed over both tiers, and the service tier's 25 slowest (pytest
 --durations=25). --fast-s records a `make test-fast` measured beside them (same machine kind).
 """
 
@@ -24,15 +25,18 @@ def parse(text: str) -> dict:
         out["setup_s"] = int(m[1])
     if m := re.search(r"^ci: tests (\d+) s; all (\d+) s$", text, re.M):
         out["tests_s"], out["all_s"] = int(m[1]), int(m[2])
-    summary = re.findall(r"^=*\s*(.*(?:passed|failed).*) in ([\d.]+)s", text, re.M)
-    if summary:
-        counts, seconds = summary[-1]
-        out["pytest_s"] = float(seconds)
-        for n, what in re.findall(r"(\d+) (passed|failed|skipped|errors?)", counts):
-            out[what] = int(n)
+    # One pytest summary per tier (`make test` runs the fast tier, then the service tier); counts add up.
+    out["tiers_s"] = {name: int(sec) for name, sec in re.findall(r"^tier (\w+): (\d+) s$", text, re.M)}
+    summaries = re.findall(r"^=*\s*(.*(?:passed|failed).*) in ([\d.]+)s", text, re.M)
+    if summaries:
+        out["pytest_s"] = round(sum(float(seconds) for _, seconds in summaries), 2)
+        for counts, _ in summaries:
+            for n, what in re.findall(r"(\d+) (passed|failed|skipped|errors?)", counts):
+                out[what] = out.get(what, 0) + int(n)
+    out["skip_reasons"] = re.findall(r"^SKIPPED \[\d+\] (.*)$", text, re.M)
     if "all_s" not in out and (m := re.search(r"^real\s+(\d+)m([\d.]+)s", text, re.M)):
         out["all_s"] = round(int(m[1]) * 60 + float(m[2]), 1)
-    block = text.split("slowest 25 durations", 1)[1] if "slowest 25 durations" in text else ""
+    block = text.rsplit("slowest 25 durations", 1)[1] if "slowest 25 durations" in text else ""
     out["slowest"] = [{"s": float(s), "phase": phase, "test": test}
                       for s, phase, test in re.findall(r"^([\d.]+)s (call|setup|teardown)\s+(\S+)", block, re.M)][:25]
     return out

@@ -8,7 +8,7 @@ its timings (tests/integration/operate_helpers.py `record`):
 - scheduled: tests/integration/test_schedule_fires.py, on the SQLite and the PostgreSQL server — a commit pushed
   to the Hub mirror until the build the *scheduler* started serves (watcher interval 15 s here; 300 s in
   prefect.yaml, which adds up to one interval);
-- manual and webhook: tests/integration/test_operate_walkthrough.py, the README's Operate section verbatim —
+- manual and webhook: tests/integration/test_operate_walkthrough.py, the Operate section of docs/triggers.md verbatim —
   `prefect deployment run watch_revisions/watch` until the build it started serves, and the example CI job's
   POST until the webhook's build serves (its re-run answered with the first run).
 Each is one run: a count of 1, reported as such. Builds differ (the walkthrough's are fp8 and int4_awq with

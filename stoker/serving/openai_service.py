@@ -68,9 +68,15 @@ def command(name: str, grpc_port: int, mount: str = haproxy.MOUNT) -> list[str]:
             "--uds", socket_path(mount)]
 
 
+# What the service's container mounts: its own folder only. The proxy's state folder around it holds HAProxy's
+# admin socket, which must stay out of reach of the process that parses public requests. Part of the config key,
+# so a service started with the whole folder mounted is replaced.
+MOUNTS = "own-folder"
+
+
 def config_key(image: str, args: list[str], code: str) -> str:
     """What the running service must match; anything else recreates it. Pure."""
-    return hashlib.sha256(json.dumps([image, args, code]).encode()).hexdigest()[:24]
+    return hashlib.sha256(json.dumps([image, args, code, MOUNTS]).encode()).hexdigest()[:24]
 
 
 def _install_code(state: Path, code: str) -> str:
@@ -119,7 +125,7 @@ def ensure(client: docker.DockerClient, name: str, image: str, grpc_port: int, s
     pythonpath = _install_code(state, code)
     (state / SOCKET).unlink(missing_ok=True)
     log(f"starting {engine.openai_name(name)} ({image}): the OpenAI API at /v1/ of the stable HTTP port")
-    c = engine.start_openai(client, name, image, state_dir, haproxy.MOUNT, args,
+    c = engine.start_openai(client, name, image, state, f"{haproxy.MOUNT}/{FOLDER}", args,
                             env={"PYTHONPATH": pythonpath, "PYTHONDONTWRITEBYTECODE": "1"},
                             labels={LABEL_CONFIG: want})
     deadline = time.monotonic() + START_TIMEOUT_S

