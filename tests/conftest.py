@@ -107,17 +107,27 @@ def session_state(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def local_stack(session_state):
+def s3_server(session_state):
+    """The session's S3 (moto) URL, the one local_stack also uses; a test isolates itself by its own bucket."""
+    from stoker.stack.s3server import ensure_s3
+    from stoker.stack.services import stop_all
+
+    yield ensure_s3(session_state)
+    stop_all(session_state)  # also stops what local_stack started there, if it has not already
+
+
+@pytest.fixture(scope="session")
+def local_stack(session_state, s3_server):
     """A real S3 (moto) and Hub mirror (olah) on loopback, with the tiny Llama published; stopped at the end."""
     from stoker.demo import DEMO_REPO, ensure_tiny_model
     from stoker.stack.hub_mirror import ensure_mirror, repos_dir
-    from stoker.stack.s3server import ensure_s3, s3_env
+    from stoker.stack.s3server import s3_env
     from stoker.stack.services import stop_all
 
     model_log: list[str] = []  # what `stoker demo` prints while it generates the model (test_flow checks it)
     ensure_tiny_model(repos_dir(session_state), log=model_log.append)
     hub = ensure_mirror(session_state)
-    s3_url = ensure_s3(session_state)
+    s3_url = s3_server
     env = {k: v for k, v in s3_env(s3_url).items() if k != "AWS_ENDPOINT_URL"}
     yield {"hub": hub, "s3": s3_url, "aws_env": env, "repo_id": DEMO_REPO, "repos": repos_dir(session_state),
            "state": session_state, "model_log": model_log}

@@ -196,5 +196,8 @@ def test_ensure_daemon_starts_and_stops_only_its_own_daemon(
         subprocess.run(["ip", "link", "del", bridge], check=False)
     with pytest.raises(DockerUnavailable):
         ensure_daemon(host, state, start=False)
+    # dockerd bind-mounts its data root onto itself; one that did not unmount it would keep the folder busy.
+    if f" {root}/data " in Path("/proc/mounts").read_text():
+        subprocess.run(["umount", "-l", f"{root}/data"], check=False)
     shutil.rmtree(root, ignore_errors=True)
     assert client.ping()  # the main daemon was not touched

@@ -7,6 +7,7 @@ import hashlib
 import io
 import os
 import re
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -15,47 +16,43 @@ from stoker import progress, s3
 from stoker.digest import FileRecord
 from stoker.progress import Progress
 from stoker.spec import Storage
-from stoker.stack.s3server import TEST_CREDENTIALS, ensure_s3
-from stoker.stack.services import stop_all
+from stoker.stack.s3server import TEST_CREDENTIALS
 
 DIGEST = "e" * 64
 _LINE = re.compile(r"^upload: (\d+\.\d)/(\d+\.\d) MB \((\d+)%")
 
 
 @pytest.mark.s3
-def test_an_upload_reports_its_bytes_every_ten_percent_not_every_file(tmp_path, monkeypatch):
-    url = ensure_s3(tmp_path / "s3")
-    try:
-        for k, v in TEST_CREDENTIALS.items():
-            monkeypatch.setenv(k, v)
-        storage = Storage(bucket="progress", prefix="stoker", endpoint_url=url, create_bucket=True)
-        client = s3.client(storage)
-        s3.ensure_bucket(client, storage, create=True)
-        records = []
-        for i in range(21):  # one multipart file (17 MB, sent in parts by several threads) and 20 small ones
-            data = os.urandom(17 << 20 if i == 0 else 128 << 10)
-            rel = f"m{i:02d}/1/w.bin"
-            (tmp_path / "repo" / rel).parent.mkdir(parents=True, exist_ok=True)
-            (tmp_path / "repo" / rel).write_bytes(data)
-            records.append(FileRecord(rel, hashlib.sha256(data).hexdigest(), len(data)))
+def test_an_upload_reports_its_bytes_every_ten_percent_not_every_file(tmp_path, monkeypatch, s3_server):
+    url = s3_server
+    for k, v in TEST_CREDENTIALS.items():
+        monkeypatch.setenv(k, v)
+    storage = Storage(bucket=f"progress-{uuid.uuid4().hex[:8]}", prefix="stoker", endpoint_url=url, create_bucket=True)
+    client = s3.client(storage)
+    s3.ensure_bucket(client, storage, create=True)
+    records = []
+    for i in range(21):  # one multipart file (17 MB, sent in parts by several threads) and 20 small ones
+        data = os.urandom(17 << 20 if i == 0 else 128 << 10)
+        rel = f"m{i:02d}/1/w.bin"
+        (tmp_path / "repo" / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "repo" / rel).write_bytes(data)
+        records.append(FileRecord(rel, hashlib.sha256(data).hexdigest(), len(data)))
 
-        lines: list[str] = []
-        s3.upload_tree(client, storage, tmp_path / "repo", records, [], DIGEST, lines.append)
-        steps = [line for line in lines if _LINE.match(line)]
-        percents = [int(_LINE.match(line).group(3)) for line in steps]
-        # Bytes, as they go out: lines at 10 % steps (or every 5 s), not one per file; the last says 100 %.
-        assert 2 <= len(steps) <= 11 and percents == sorted(percents) and percents[-1] == 100, lines
-        assert steps[-1].startswith("upload: 20.4/20.4 MB (100%, ")
-        assert any(0 < p < 100 for p in percents), lines
-        assert lines[len(steps)] == "upload: 21 files, 20.4 MB: 21 sent, 0 identical (skipped, 0.0 MB)"
-        assert not any("w.bin" in line for line in lines)
+    lines: list[str] = []
+    s3.upload_tree(client, storage, tmp_path / "repo", records, [], DIGEST, lines.append)
+    steps = [line for line in lines if _LINE.match(line)]
+    percents = [int(_LINE.match(line).group(3)) for line in steps]
+    # Bytes, as they go out: lines at 10 % steps (or every 5 s), not one per file; the last says 100 %.
+    assert 2 <= len(steps) <= 11 and percents == sorted(percents) and percents[-1] == 100, lines
+    assert steps[-1].startswith("upload: 20.4/20.4 MB (100%, ")
+    assert any(0 < p < 100 for p in percents), lines
+    assert lines[len(steps)] == "upload: 21 files, 20.4 MB: 21 sent, 0 identical (skipped, 0.0 MB)"
+    assert not any("w.bin" in line for line in lines)
 
-        again: list[str] = []  # everything is there already: skipped files count as done at once
-        s3.upload_tree(client, storage, tmp_path / "repo", records, [], DIGEST, again.append)
-        assert again[-2].startswith("upload: 20.4/20.4 MB (100%, ")
-        assert again[-1] == "upload: 21 files, 20.4 MB: 0 sent, 21 identical (skipped, 20.4 MB)"
-    finally:
-        stop_all(tmp_path / "s3")
+    again: list[str] = []  # everything is there already: skipped files count as done at once
+    s3.upload_tree(client, storage, tmp_path / "repo", records, [], DIGEST, again.append)
+    assert again[-2].startswith("upload: 20.4/20.4 MB (100%, ")
+    assert again[-1] == "upload: 21 files, 20.4 MB: 0 sent, 21 identical (skipped, 20.4 MB)"
 
 
 @pytest.mark.prefect

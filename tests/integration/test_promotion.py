@@ -35,14 +35,10 @@ SECRET = f"stoker-test-secret-{uuid.uuid4().hex}"
 
 
 @pytest.fixture(scope="module")
-def images(session_state):
+def images(triton_image):
     from stoker.spec import Deploy
-    from stoker.stack.dockerd import ensure_daemon
-    from stoker.stack.image import ensure_proxy_image
 
-    ensure_daemon(os.environ.get("DOCKER_HOST"), session_state)
-    ensure_proxy_image(Deploy().proxy_image, None, lambda _l: None, base=Deploy().image)  # builds both
-    return Deploy().image, Deploy().proxy_image
+    return triton_image, Deploy().proxy_image  # the session's daemon and images (tests/conftest.py)
 
 
 @pytest.fixture(scope="module")

@@ -19,32 +19,29 @@ from stoker.cache import lease as leases
 from stoker.cache import remote, sweep
 from stoker.cache.shared import SharedStore
 from stoker.spec import Storage
-from stoker.stack.s3server import TEST_CREDENTIALS, ensure_s3
-from stoker.stack.services import stop_all
+from stoker.stack.s3server import TEST_CREDENTIALS
 from stoker.store import StepStore
 
 pytestmark = pytest.mark.s3
 
 WORKER = Path(__file__).with_name("shared_cache_worker.py")
-BUCKET = "shared-cache"
+BUCKET = f"shared-cache-{uuid.uuid4().hex[:8]}"
 TTL_S = 2.0
 
 
 @pytest.fixture(scope="module")
-def moto(tmp_path_factory):
-    state = tmp_path_factory.mktemp("s3-shared-cache")
-    url = ensure_s3(state)
-    storage = Storage(bucket=BUCKET, endpoint_url=url)
+def moto(s3_server):
+    """The session's S3, this module's own bucket."""
+    storage = Storage(bucket=BUCKET, endpoint_url=s3_server)
     old = {k: os.environ.get(k) for k in TEST_CREDENTIALS}
     os.environ.update(TEST_CREDENTIALS)
     s3.ensure_bucket(s3.client(storage), storage, create=True)
-    yield url
+    yield s3_server
     for k, v in old.items():
         if v is None:
             os.environ.pop(k, None)
         else:
             os.environ[k] = v
-    stop_all(state)
 
 
 @pytest.fixture
