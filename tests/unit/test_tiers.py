@@ -41,3 +41,11 @@ def test_a_marked_test_is_left_alone(tmp_path):
     r = _pytest(tmp_path, "test_planted.py", "import pytest\n\n@pytest.mark.s3\ndef test_ok(local_stack):\n"
                 "    pass\n")
     assert r.returncode == 5 and "1 deselected" in r.stdout  # not in the fast tier: not collected into it
+
+
+def test_a_skip_not_on_the_allowed_list_fails_the_run_naming_the_file(tmp_path):
+    r = _pytest(tmp_path, "test_planted.py", "import pytest\n\ndef test_quiet():\n    pytest.skip('not here')\n\n"
+                "def test_real():\n    assert True\n")
+    assert r.returncode == 1, r.stdout
+    assert "skips: tests/test_planted.py: 1 skip(s) not in tests/allowed_skips.txt (tests/test_planted.py::test_quiet)" \
+        in r.stdout
