@@ -19,7 +19,7 @@ class RenderError(StokerError):
 
 def render(spec_path: Path, outdir: Path) -> dict:
     """Write commands.json and model_repository/ for a GPU-target spec; returns commands.json's content."""
-    from ..gpu import matrix, planning, repository, trtllm
+    from ..gpu import matrix, planning, repository, rollout, trtllm
     from ..keys import calibration_file
     from ..spec import GPU_TARGETS
     from ..spec_load import load_spec
@@ -54,6 +54,7 @@ def render(spec_path: Path, outdir: Path) -> dict:
         "serve_ports": trtllm.serve_ports(spec),
         "repository": packaged,
         "notes": [f.line() for f in findings],
+        "rollout": planned.to_dict() if (planned := rollout.plan_rollout(spec, facts)) else None,
         "not_run_here": "TensorRT-LLM is not installed on stoker's machines: these steps were rendered and "
                         "contract-tested, not executed.",
     }

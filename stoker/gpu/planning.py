@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ..errors import StokerError
 from . import facts as facts_mod
-from . import matrix, rules
+from . import matrix, rollout, rules
 from .facts import ModelFacts
 
 
@@ -61,7 +61,23 @@ def token_present(spec) -> bool:
 def check_spec(spec) -> tuple[ModelFacts | None, list[rules.Finding]]:
     """Facts + every finding; raises PlanRefused (one line, naming the fix) on the first refusal."""
     facts = model_facts(spec)
-    return facts, rules.enforce(rules.check(spec, facts, token_present(spec)))
+    findings = rules.enforce(rules.check(spec, facts, token_present(spec)))
+    planned = rollout.plan_rollout(spec, facts)  # a rollout that cannot work is refused here too, in one line
+    if planned is not None and planned.choice == "surge":
+        # The GPUs beyond one backend hold the next candidate: the rollout row says which, and which stay unused.
+        findings = [f for f in findings if f.field != "gpus.count"]
+    return facts, findings
+
+
+def rollout_row(spec, facts):
+    """`stoker plan`'s rollout row: surge, shared or reload, and what it costs (stoker/gpu/rollout.py)."""
+    from ..plan_steps import PlannedStep
+
+    planned = rollout.plan_rollout(spec, facts)
+    if planned is None:
+        return PlannedStep("rollout", None, "unknown", "the engine's size is not estimated (model facts unknown or "
+                                                       "build.engine_dir): surge, shared or reload not chosen")
+    return PlannedStep("rollout", None, planned.choice, planned.note())
 
 
 def image_summary(spec) -> dict:
@@ -111,5 +127,6 @@ def plan_gpu(spec, ctx) -> list:
                            "engines/checkpoints go to S3 with the repository"))
     out.append(PlannedStep("deploy", None, "pending", f"serve on GPUs {spec.gpus.ids[:spec.parallel.world_size]} "
                                                       f"({spec.gpus.type})"))
+    out.append(rollout_row(spec, facts))
     out.append(PlannedStep("benchmark", None, "runs", "always measured again"))
     return out

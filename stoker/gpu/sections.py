@@ -10,9 +10,11 @@ import re
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer, model_validator
 
 _DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
+# GPUs one deployment may name, and so the device ids it may use (0..63): a larger id is a typo, not a host.
+MAX_GPUS = 64
 
 
 class _Section(BaseModel):
@@ -23,15 +25,35 @@ class Gpus(_Section):
     """The GPUs one deployment gets on its host."""
 
     type: str = Field(description="a key of stoker/gpu/matrix.json 'gpus', e.g. h100-80gb, a100-40gb, l4")
-    count: int = Field(1, ge=1, le=64)
+    count: int = Field(1, ge=1, le=MAX_GPUS)
     device_ids: list[int] | None = Field(None, description="default: 0..count-1")
+    rollout: Literal["auto", "surge", "shared", "reload"] = Field(
+        "auto", description="how a candidate gets GPU memory while the live backend serves (stoker/gpu/rollout.py): "
+        "surge onto spare device ids, share the GPUs (KV cache split), or reload (a gap); auto: the first that fits")
 
     @model_validator(mode="after")
     def _ids(self) -> Gpus:
         ids = self.device_ids
-        if ids is not None and (len(ids) != self.count or len(set(ids)) != len(ids) or min(ids) < 0):
+        if ids is None:
+            return self
+        # Docker would only refuse these when the backend starts, after download and build: say it here.
+        repeated = sorted({i for i in ids if ids.count(i) > 1})
+        if repeated:
+            raise ValueError(f"device id {repeated[0]} is listed more than once in device_ids; list each GPU once")
+        bad = [i for i in ids if not 0 <= i < MAX_GPUS]
+        if bad:
+            raise ValueError(f"device id {bad[0]} is out of range 0..{MAX_GPUS - 1}")
+        if len(ids) != self.count:
             raise ValueError(f"device_ids must be {self.count} distinct non-negative ids (count)")
         return self
+
+    @model_serializer(mode="wrap")
+    def _omit_auto_rollout(self, handler):
+        # Left at auto, rollout stays out of dumps: manifests and spec digests of earlier runs compare equal.
+        out = handler(self)
+        if isinstance(out, dict) and self.rollout == "auto":
+            out.pop("rollout", None)
+        return out
 
     @property
     def ids(self) -> list[int]:
