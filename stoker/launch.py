@@ -6,6 +6,8 @@ them (the layers in pyproject.toml's [tool.importlinter]).
 
 from __future__ import annotations
 
+import json
+
 
 def run_flow(spec, before=None) -> tuple[dict, str | None]:
     """Run build_and_deploy on whatever Prefect API is configured (ephemeral when none); returns the manifest and
