@@ -39,6 +39,7 @@ LABEL_RUN = "ai.stoker.run_id"
 # With host networking Docker does not know a container's ports: they are read back from here.
 LABEL_PORTS = "ai.stoker.ports"
 LABEL_ADDRESS = "ai.stoker.listen"  # the proxy's bind address (the stable endpoint's)
+LABEL_FRONT = "ai.stoker.front"  # what the proxy asks of clients: open, keys, tls:<digest of its PEM>
 ROLE_BACKEND, ROLE_PROXY, ROLE_OPENAI = "backend", "proxy", "openai"
 LOG_TAIL_LINES = 20
 STOP_TIMEOUT_S = 10
@@ -162,10 +163,10 @@ def start_backend(client: docker.DockerClient, spec: BackendSpec, slot: str, por
 
 
 def start_proxy(client: docker.DockerClient, deployment: str, image: str, listen: Ports, state_dir: Path,
-                mount: str, config: str, address: str = BACKEND_ADDRESS) -> Container:
+                mount: str, config: str, address: str = BACKEND_ADDRESS, front: str = "open") -> Container:
     """Run the deployment's proxy: restarted by Docker (also after a daemon restart) unless stoker stops it."""
     labels = {LABEL_MANAGED: "true", LABEL_DEPLOYMENT: deployment, LABEL_ROLE: ROLE_PROXY,
-              LABEL_PORTS: listen.label(), LABEL_ADDRESS: address}
+              LABEL_PORTS: listen.label(), LABEL_ADDRESS: address, LABEL_FRONT: front}
     return _run(client, image, ["-db", "-f", f"{mount}/{config}"], name=proxy_name(deployment), labels=labels,
                 entrypoint=["haproxy"], volumes={str(state_dir): {"bind": mount, "mode": "rw"}},
                 restart_policy={"Name": "unless-stopped"})

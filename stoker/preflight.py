@@ -77,6 +77,25 @@ def check_docker(spec: Spec) -> None:
     promote.check_listen_ports(client, target_for(spec))
 
 
+def check_endpoint(spec: Spec, log: Callable[[str], None]) -> None:
+    """The API keys and the TLS files are there and usable (read here, never logged)."""
+    from .serving import api_keys
+
+    d = spec.deploy
+    if not (d.api_keys or d.tls):
+        return
+    parts = []
+    if d.api_keys:  # ApiKeysError, TlsError: one line naming the file or block, never a key
+        keys = api_keys.load(d.api_keys)
+        parts.append(f"{len(keys)} API key(s) from {keys.source}")
+    if d.tls:
+        from .rollout import target_for
+
+        target_for(spec).tls_pem()
+        parts.append(f"TLS with {d.tls.cert_file}")
+    log(f"preflight: the endpoint on {d.listen} asks for {' and '.join(parts)}")
+
+
 def preflight(spec: Spec, log: Callable[[str], None]) -> None:
     check_credentials(spec)
     check_storage(spec)
@@ -92,5 +111,6 @@ def preflight(spec: Spec, log: Callable[[str], None]) -> None:
         route = check_route(spec.routing.heavy)
         log(f"preflight: heavy steps routed to {route.deployment} on pool {route.pool!r} "
             f"(online: {', '.join(route.workers)})")
+    check_endpoint(spec, log)
     check_docker(spec)
     log(f"preflight: Docker daemon, images {spec.deploy.image} and {spec.deploy.proxy_image}, ports ok")

@@ -35,7 +35,7 @@ from botocore.exceptions import ClientError
 from . import credentials, docker_engine, s3
 from .errors import StokerError
 from .run import stoker_home
-from .serving import openai_service, probe, promote
+from .serving import api_keys, openai_service, probe, promote
 from .serving.ports import Ports
 from .spec import Spec, Storage
 from .triton_config import ENSEMBLE_NAME, MODEL_NAME
@@ -86,6 +86,8 @@ def target_for(spec: Spec) -> promote.Target:
     d = spec.deploy
     return promote.Target(name=d.name, listen=Ports(d.ports.http, d.ports.grpc, d.ports.metrics),
                           proxy_image=d.proxy_image, state_dir=stoker_home() / "proxy" / d.name, address=d.listen,
+                          keys=api_keys.load(d.api_keys) if d.api_keys else None,
+                          tls=(d.tls.cert_file, d.tls.key_file) if d.tls else None,
                           # The OpenAI service runs on the CPU image's Python; GPU images are not built here.
                           openai_image=d.image if d.openai and spec.target == "reference" else "")
 

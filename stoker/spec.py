@@ -165,6 +165,28 @@ class Ulimit(_Section):
     hard: int
 
 
+class ApiKeys(_Section):
+    """Where the stable endpoint's API keys are: a file or a Prefect Secret block, one key per line (several, for
+    rotation). Only their sha256 digests reach the proxy; the keys stay in the file or the block."""
+
+    file: Path | None = Field(None, description="a file of keys, one per line ('#' starts a comment)")
+    secret_block: str | None = Field(None, description="a Prefect Secret block holding the keys, one per line "
+                                     "(or a JSON list)")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> ApiKeys:
+        if (self.file is None) == (self.secret_block is None):
+            raise ValueError("give api_keys.file or api_keys.secret_block (one of them)")
+        return self
+
+
+class Tls(_Section):
+    """TLS at the proxy: PEM files read at deploy; the proxy's copy stays in its own state folder."""
+
+    cert_file: Path = Field(description="the certificate (chain), PEM")
+    key_file: Path = Field(description="its private key, PEM")
+
+
 class Deploy(_Section):
     name: str = "stoker"
     docker_host: str | None = Field(None, description="default: $DOCKER_HOST or the local socket")
@@ -200,11 +222,14 @@ class Deploy(_Section):
                         "or one of this host's addresses")
     allow_unauthenticated: bool = Field(False, description="true: serve on a non-loopback deploy.listen with no API "
                                         "key (anyone who reaches the address can use the model)")
+    # Checked by the proxy on every route but health (HTTP `authorization: Bearer`, gRPC metadata alike).
+    api_keys: ApiKeys | None = Field(None, description="API keys the stable endpoint requires (Bearer)")
+    tls: Tls | None = Field(None, description="serve the stable endpoint over TLS (https, gRPC with TLS)")
 
     @model_serializer(mode="wrap")
     def _omit_listen_defaults(self, handler):
         # Left at their defaults, the listen fields stay out of dumps: manifests and the spec digest read as before.
-        return _without_defaults(self, handler(self), ("listen", "allow_unauthenticated"))
+        return _without_defaults(self, handler(self), ("listen", "allow_unauthenticated", "api_keys", "tls"))
 
     @field_validator("listen")
     @classmethod
@@ -220,9 +245,14 @@ class Deploy(_Section):
     def _protected(self) -> Deploy:
         import ipaddress
 
-        if not ipaddress.ip_address(self.listen).is_loopback and not self.allow_unauthenticated:
-            raise ValueError(f"listen {self.listen} lets other machines reach the endpoint and stoker has no API key "
-                             "for it yet: keep 127.0.0.1, or set deploy.allow_unauthenticated: true to serve it open")
+        if not ipaddress.ip_address(self.listen).is_loopback and not self.allow_unauthenticated and not self.api_keys:
+            raise ValueError(f"listen {self.listen} lets other machines reach the endpoint with no API key: set "
+                             "deploy.api_keys, keep 127.0.0.1, or set deploy.allow_unauthenticated: true to serve it "
+                             "open")
+        if self.tls and self.openai:
+            # The OpenAI service reaches Triton through the proxy's gRPC port, which TLS would close to it.
+            raise ValueError("tls with openai: true is not supported yet: the OpenAI service talks to the proxy in "
+                             "cleartext; set deploy.openai: false to serve TLS")
         return self
 
     @field_validator("name")
@@ -293,6 +323,14 @@ class Spec(_Section):
         if target is not None:
             target.check_gpus(g)
         return g
+
+    @model_validator(mode="after")
+    def _stable_endpoint_only(self) -> Spec:
+        d = self.deploy
+        if self.target != DEFAULT_TARGET and (d.api_keys or d.tls):
+            raise ValueError(f"deploy.api_keys and deploy.tls are checked by the stable endpoint's proxy, which target "
+                             f"{self.target!r} does not deploy behind yet (only target {DEFAULT_TARGET!r} does)")
+        return self
 
     @model_validator(mode="after")
     def _routed_needs_shared_cache(self) -> Spec:

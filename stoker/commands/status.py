@@ -51,7 +51,14 @@ def describe(client, name: str) -> dict:
     address = proxy_c.labels.get(engine.LABEL_ADDRESS, "0.0.0.0") if proxy_c is not None else None
     for b in backends:
         b["listen"] = engine.BACKEND_ADDRESS
-    return {"name": name, "endpoint": target.endpoint if listen else None, "listen": address,
+    # What it asks of clients (its label): open, keys, tls:<digest>; never the keys.
+    front = proxy_c.labels.get(engine.LABEL_FRONT, "open") if proxy_c is not None else None
+    asks = None if front is None else ("nothing (no API key)" if front == "open" else
+                                       " and ".join("an API key" if p == "keys" else "TLS" for p in front.split(",")))
+    endpoint = target.endpoint if listen else None
+    if endpoint and front and "tls:" in front:
+        endpoint = {k: v.replace("http://", "https://") for k, v in endpoint.items()}
+    return {"name": name, "endpoint": endpoint, "listen": address, "asks": asks,
             "proxy": ("running" if view.running else "down") if view.exists else "missing",
             "proxy_uptime": _uptime(engine.started_at(proxy_c)) if proxy_c is not None and view.running else "-",
             "live_digest": live["digest"] if live else None, "run_id": live["run_id"] if live else None,
@@ -92,7 +99,7 @@ def _handler(args) -> int:
     for d in found:
         ep = d["endpoint"]
         where = f" listening on {d['listen']}" + (" (every interface)" if d["listen"] == "0.0.0.0" else "") \
-            if d.get("listen") else ""
+            + f", asking {d['asks']}" if d.get("listen") else ""
         print(f"{d['name']}: {ep['http'] + ' (gRPC ' + ep['grpc'] + ')' if ep else 'no stable endpoint'}{where}, "
               f"proxy {d['proxy']} (up {d['proxy_uptime']}), live digest {(d['live_digest'] or 'none')[:12]}, "
               f"run {d['run_id'] or '-'}, OpenAI API {d['openai']}")

@@ -54,9 +54,13 @@ class Triton:
         if self._channel is not None:
             await self._channel.close()
 
-    def stream(self, request: service_pb2.ModelInferRequest):
-        """A started `ModelStreamInfer` call carrying ``request`` (iterate it; ``cancel()`` it)."""
-        return self._stub.ModelStreamInfer(iter([request]))
+    def stream(self, request: service_pb2.ModelInferRequest, authorization: str | None = None):
+        """A started `ModelStreamInfer` call carrying ``request`` (iterate it; ``cancel()`` it).
+
+        ``authorization``: the client's own header, passed on as gRPC metadata. The proxy checked it on the way
+        in (deploy.api_keys) and checks it again on its gRPC port; this service holds no key of its own."""
+        metadata = (("authorization", authorization),) if authorization else None
+        return self._stub.ModelStreamInfer(iter([request]), metadata=metadata)
 
 
 def _rpc_error(err: grpc.aio.AioRpcError, url: str) -> m.ApiError:
@@ -69,8 +73,9 @@ def _rpc_error(err: grpc.aio.AioRpcError, url: str) -> m.ApiError:
 class Generating:
     """One generation: the Triton stream, its token ids turned into text, the counts for ``usage``."""
 
-    def __init__(self, triton: Triton, gen: triton_stream.Generation, model: ServedModel, request_id: str) -> None:
-        self.gen, self.triton = gen, triton
+    def __init__(self, triton: Triton, gen: triton_stream.Generation, model: ServedModel, request_id: str,
+                 authorization: str | None = None) -> None:
+        self.gen, self.triton, self.authorization = gen, triton, authorization
         self.text = triton_stream.TextStream(model.decode, gen.stop)
         self.completion_tokens = 0
         self.finish: str | None = None
@@ -80,7 +85,7 @@ class Generating:
 
     async def open(self) -> None:
         """Start the stream and read its first response; Triton's or gRPC's refusal raises ApiError here."""
-        self._call = self.triton.stream(self._request)
+        self._call = self.triton.stream(self._request, self.authorization)
         try:
             self._step = await self._next()
         except BaseException:
@@ -239,10 +244,11 @@ def create_app(settings: Settings, live: LiveModel) -> FastAPI:
         check_model(name)
         return await card()
 
-    async def run(gen: triton_stream.Generation, model: ServedModel, prefix: str) -> tuple[Generating, m.Head]:
+    async def run(gen: triton_stream.Generation, model: ServedModel, prefix: str,
+                  request: Request) -> tuple[Generating, m.Head]:
         rid = f"{prefix}-{uuid.uuid4().hex}"
         head = m.Head(rid, int(time.time()), settings.model, model.fingerprint)
-        g = Generating(triton, gen, model, rid)
+        g = Generating(triton, gen, model, rid, request.headers.get("authorization"))
         await g.open()
         return g, head
 
@@ -252,7 +258,7 @@ def create_app(settings: Settings, live: LiveModel) -> FastAPI:
         model = await live.get()
         ids = model.chat_ids(m.chat_messages(req))
         gen = triton_stream.plan(req, ids, model.context_len, seed=secrets.randbits(63))
-        g, head = await run(gen, model, "chatcmpl")
+        g, head = await run(gen, model, "chatcmpl", request)
         if not req.stream:
             text = "".join([p async for p in g.pieces()])
             return JSONResponse(m.chat_response(head, text, g.finish,
@@ -270,7 +276,7 @@ def create_app(settings: Settings, live: LiveModel) -> FastAPI:
         ids = model.encode(prompt) if isinstance(prompt, str) else prompt
         gen = triton_stream.plan(req, ids, model.context_len, seed=secrets.randbits(63),
                      vocab_size=None if isinstance(prompt, str) else model.vocab_size)
-        g, head = await run(gen, model, "cmpl")
+        g, head = await run(gen, model, "cmpl", request)
         if not req.stream:
             text = "".join([p async for p in g.pieces()])
             return JSONResponse(m.completion_response(head, text, g.finish,

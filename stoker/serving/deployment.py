@@ -4,6 +4,7 @@ reports it, and the proxy's config file kept in step with them. What promote.py'
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -11,16 +12,23 @@ from pathlib import Path
 import docker
 
 from .. import docker_engine as engine
-from ..errors import StokerError
+from ..errors import StepError, StokerError
 from ..manifest import write_atomic
-from . import haproxy, openai_service, probe, topology
+from . import api_keys, haproxy, openai_service, probe, topology
 from .ports import Ports
 
 Log = Callable[[str], None]
 
 
+TLS_NAME = "tls.pem"  # the certificate and its key, as the proxy reads them (its state folder, mode 600)
+
+
 class PromotionFailed(StokerError):
     """The candidate did not go live, or was switched back; the message names the cause."""
+
+
+class TlsError(StepError):
+    """deploy.tls names a file that cannot be read or is not PEM."""
 
 
 @dataclass(frozen=True)
@@ -34,15 +42,43 @@ class Target:
     state_dir: Path
     openai_image: str = ""
     address: str = engine.BACKEND_ADDRESS  # where the stable endpoint binds (deploy.listen); loopback by default
+    keys: api_keys.KeySet | None = None  # the API keys' digests the proxy asks for (deploy.api_keys)
+    tls: tuple[Path, Path] | None = None  # certificate and key files (deploy.tls)
 
     @property
     def endpoint(self) -> dict:
         host = "127.0.0.1" if self.address in ("0.0.0.0", "::", "127.0.0.1") else self.address
-        out = {"http": f"http://{host}:{self.listen.http}", "grpc": f"{host}:{self.listen.grpc}",
-               "metrics": f"http://{host}:{self.listen.metrics}/metrics"}
+        scheme = "https" if self.tls else "http"
+        out = {"http": f"{scheme}://{host}:{self.listen.http}", "grpc": f"{host}:{self.listen.grpc}",
+               "metrics": f"{scheme}://{host}:{self.listen.metrics}/metrics"}
         if self.openai_image:
-            out["openai"] = f"http://{host}:{self.listen.http}/v1"
+            out["openai"] = f"{scheme}://{host}:{self.listen.http}/v1"
         return out
+
+    def tls_pem(self) -> str | None:
+        """The certificate and key as one PEM, as HAProxy reads them; None without TLS."""
+        if self.tls is None:
+            return None
+        parts = []
+        for what, path in zip(("certificate", "key"), self.tls):
+            try:
+                text = Path(path).read_text()
+            except (OSError, UnicodeDecodeError) as err:
+                raise TlsError(f"deploy.tls: cannot read the {what} {path}: {getattr(err, 'strerror', None) or err}"
+                               ) from None
+            if "-----BEGIN " not in text:
+                raise TlsError(f"deploy.tls: the {what} {path} is not PEM")
+            parts.append(text if text.endswith("\n") else text + "\n")
+        return "".join(parts)
+
+    @property
+    def front(self) -> str:
+        """What the proxy asks of clients (its label; a change recreates the proxy): open, keys, tls:<digest>."""
+        parts = ["keys"] if self.keys else []
+        pem = self.tls_pem()
+        if pem is not None:
+            parts.append("tls:" + hashlib.sha256(pem.encode()).hexdigest()[:16])
+        return ",".join(parts) or "open"
 
 
 @dataclass(frozen=True)
@@ -126,26 +162,45 @@ def observe_proxy(client: docker.DockerClient, target: Target) -> tuple[topology
         pass
     # A proxy started before deploy.listen existed bound every interface, and says nothing.
     address = c.labels.get(engine.LABEL_ADDRESS, "0.0.0.0")
+    front = c.labels.get(engine.LABEL_FRONT, "open")  # older proxies asked nothing
     if c.status != "running":
-        return topology.ProxyView(exists=True, running=False, listen=listen, address=address), c
+        return topology.ProxyView(exists=True, running=False, listen=listen, address=address, front=front), c
     try:
         states = runtime_for(target, c).servers()
     except haproxy.ProxyApiError:
-        return topology.ProxyView(exists=True, running=False, listen=listen, address=address), c
+        return topology.ProxyView(exists=True, running=False, listen=listen, address=address, front=front), c
     http = {slot: st.port for slot, st in states.get("http", {}).items()}
     return topology.ProxyView(exists=True, running=True, live=haproxy.live_slot(states), http_ports=http,
-                              listen=listen, openai=haproxy.OPENAI_BACKEND in states, address=address), c
+                              listen=listen, openai=haproxy.OPENAI_BACKEND in states, address=address,
+                              front=front), c
 
 
 def render_config(target: Target, slots: dict[str, Ports | None], live: str | None) -> str:
     return haproxy.render(haproxy.ProxyLayout(listen=target.listen, slots=slots, live=live,
                                               openai=openai_service.socket_path() if target.openai_image else None,
-                                              address=target.address))
+                                              address=target.address,
+                                              keys=keys_file() if target.keys else None,
+                                              tls=f"{haproxy.MOUNT}/{TLS_NAME}" if target.tls else None))
+
+
+def keys_file(mount: str = haproxy.MOUNT) -> str:
+    return f"{mount}/{api_keys.DIGESTS_NAME}"
+
+
+def write_front(target: Target) -> None:
+    """What the proxy reads besides its config: the keys' digests and the TLS PEM (or neither)."""
+    api_keys.publish(target.state_dir, target.keys)
+    pem = target.tls_pem()
+    if pem is None:
+        (target.state_dir / TLS_NAME).unlink(missing_ok=True)
+    else:
+        write_atomic(target.state_dir / TLS_NAME, pem)  # mode 600 (mkstemp)
 
 
 def write_config(target: Target, slots: dict[str, Ports | None], live: str | None) -> None:
     """The proxy's file mirrors its runtime state, so a restarted proxy routes where the running one did."""
     target.state_dir.mkdir(parents=True, exist_ok=True)
+    write_front(target)
     write_atomic(target.state_dir / haproxy.CONFIG_NAME, render_config(target, slots, live))
 
 
@@ -153,6 +208,7 @@ def sync_config(target: Target, slots: dict[str, Ports | None], live: str | None
     """Make the config file say what the running proxy does (the runtime is the truth while it runs): a process
     cut between a runtime change and the file's rewrite left them apart, and a restart would route by the file.
     True when the file had to be rewritten."""
+    write_front(target)  # the keys may have rotated: a restarted proxy reads the new list
     path = target.state_dir / haproxy.CONFIG_NAME
     expected = render_config(target, slots, live)
     if path.exists() and path.read_text() == expected:

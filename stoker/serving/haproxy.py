@@ -56,6 +56,17 @@ PUBLIC_GRPC = ("ServerLive", "ServerReady", "ModelReady", "ServerMetadata", "Mod
 REFUSED_HTTP = '{"error": "this route is not served at the public endpoint (stoker serves inference, health, metadata)"}'
 REFUSED_GRPC = "this method is not served at the public endpoint (stoker serves inference, health, metadata)"
 
+# API keys (stoker.serving.api_keys): every route but health needs `authorization: Bearer KEY` (gRPC: the same
+# metadata), checked before the routes above. The proxy holds only the keys' sha256 digests, in a file it loads
+# as a key list that the runtime API can replace. Unauthenticated: 401 in the shape the route's clients read.
+HEALTH_HTTP = ("/v2/health/live", "/v2/health/ready")
+HEALTH_GRPC = ("ServerLive", "ServerReady")
+BEARER = "bearer "  # the scheme and its one space; the key is what follows (bytes(7))
+UNAUTHORIZED = "an API key is required: authorization: Bearer KEY"
+UNAUTHORIZED_OPENAI = ('{"error": {"message": "Incorrect or missing API key: send authorization: Bearer KEY", '
+                       '"type": "invalid_request_error", "param": null, "code": "invalid_api_key"}}')
+UNAUTHORIZED_KSERVE = '{"error": "an API key is required: authorization: Bearer KEY"}'
+
 
 class ProxyApiError(Exception):
     """The proxy's runtime API is unreachable or refused a command."""
@@ -70,6 +81,8 @@ class ProxyLayout:
     live: str | None
     openai: str | None = None  # the OpenAI service's unix socket (as the proxy sees it); None: no /v1/ route
     address: str = "127.0.0.1"  # where the frontends bind (deploy.listen)
+    keys: str | None = None  # the file of API key digests (as the proxy sees it); None: no key asked
+    tls: str | None = None  # the PEM (certificate + key) the frontends serve TLS with; None: cleartext
 
 
 def _quoted(text: str) -> str:
@@ -101,8 +114,9 @@ def render(layout: ProxyLayout, mount: str = MOUNT) -> str:
         "",
     ]
     for section, attr, proto in SECTIONS:
-        lines += [f"frontend {section}", f"    bind {_bind(layout.address)}:{getattr(layout.listen, attr)}{proto}",
-                  *_public_only(section, bool(layout.openai))]
+        lines += [f"frontend {section}",
+                  f"    bind {_bind(layout.address)}:{getattr(layout.listen, attr)}{proto}{_tls(section, layout.tls)}",
+                  *(_keyed(section, layout.keys) if layout.keys else []), *_public_only(section, bool(layout.openai))]
         if section == "http" and layout.openai:
             lines += [f"    use_backend {OPENAI_BACKEND} if openai"]
         lines += [f"    default_backend {section}", ""]
@@ -126,6 +140,32 @@ def _bind(address: str) -> str:
     if address == "0.0.0.0":
         return ""
     return f"[{address}]" if ":" in address else address
+
+
+def _tls(section: str, pem: str | None) -> str:
+    if not pem:
+        return ""
+    return f" ssl crt {pem} alpn {'h2' if section == 'grpc' else 'http/1.1'}"
+
+
+def _keyed(section: str, digests_file: str) -> list[str]:
+    """The frontend lines that answer 401 to a request without a known key (health stays open)."""
+    lines = [f"    acl bearer req.fhdr(authorization) -m beg -i {_quoted(BEARER)}",
+             f"    acl key_ok req.fhdr(authorization),bytes({len(BEARER)}),sha2(256),hex,lower -f {digests_file}"]
+    if section == "http":
+        return [*lines, f"    acl health path {' '.join(HEALTH_HTTP)}",
+                f"    acl openai_path path_beg {OPENAI_PATH}",
+                "    http-request return status 401 content-type application/json hdr www-authenticate Bearer "
+                f"string {_quoted(UNAUTHORIZED_OPENAI)} if openai_path !bearer or openai_path !key_ok",
+                "    http-request return status 401 content-type application/json hdr www-authenticate Bearer "
+                f"string {_quoted(UNAUTHORIZED_KSERVE)} if !health !bearer or !health !key_ok"]
+    if section == "grpc":
+        # UNAUTHENTICATED (16), trailers-only, as the refused routes below.
+        return [*lines, f"    acl health path {' '.join(GRPC_SERVICE + m for m in HEALTH_GRPC)}",
+                "    http-request return status 200 hdr grpc-status 16 "
+                f"hdr grpc-message {_quoted(UNAUTHORIZED.replace(' ', '%%20'))} if !health !bearer or !health !key_ok"]
+    return [*lines, "    http-request return status 401 content-type text/plain hdr www-authenticate Bearer "
+            f"string {_quoted(UNAUTHORIZED)} if !bearer or !key_ok"]
 
 
 def _public_only(section: str, openai: bool) -> list[str]:

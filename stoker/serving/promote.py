@@ -20,9 +20,9 @@ import docker
 import docker.errors
 
 from .. import docker_engine as engine
-from . import haproxy, openai_service, probe, topology, triton_log
-from .deployment import (BackendRef, Log, PromotionFailed, Target, observe_backends, observe_proxy, proxy_container,
-                         runtime_for, sync_config, write_config)
+from . import api_keys, haproxy, openai_service, probe, topology, triton_log
+from .deployment import (BackendRef, Log, PromotionFailed, Target, keys_file, observe_backends, observe_proxy,
+                         proxy_container, runtime_for, sync_config, write_config)
 from .ports import Ports, choose_backend_ports, is_port_free, port_owner
 
 PROXY_START_TIMEOUT_S = 15.0
@@ -37,7 +37,7 @@ def reconcile(client: docker.DockerClient, target: Target, log: Log) -> topology
     backends = observe_backends(client, target.name)
     view, proxy_c = observe_proxy(client, target)
     repair = topology.plan_repair(backends, view, target.listen, openai=bool(target.openai_image),
-                                  address=target.address)
+                                  address=target.address, front=target.front)
     for action in repair.actions():
         log(f"reconcile {target.name}: {action}")
     by_name = {c.name: c for c in engine.containers(client, target.name, role=engine.ROLE_BACKEND)}
@@ -70,6 +70,11 @@ def reconcile(client: docker.DockerClient, target: Target, log: Log) -> topology
         write_config(target, slots, live.slot if live else None)
     else:
         sync_config(target, slots, live.slot if live else None, log)
+    # A rotation (keys added or removed, keys still asked) reaches the running proxy without a restart.
+    if target.keys and api_keys.sync(runtime_for(target, proxy_container(client, target.name)).sock, keys_file(),
+                                     target.keys):
+        log(f"reconcile {target.name}: the proxy now accepts the {len(target.keys)} API key(s) of "
+            f"{target.keys.source}")
     if live is not None:
         c = by_name.get(live.container)
         if c is not None and not (c.attrs.get("HostConfig") or {}).get("RestartPolicy", {}).get("Name"):
@@ -119,7 +124,7 @@ def start_proxy(client: docker.DockerClient, target: Target, log: Log):
     log(f"starting proxy {engine.proxy_name(target.name)} ({target.proxy_image}) on {target.address}, ports "
         f"http={target.listen.http} grpc={target.listen.grpc} metrics={target.listen.metrics}")
     return engine.start_proxy(client, target.name, target.proxy_image, target.listen, target.state_dir,
-                              haproxy.MOUNT, haproxy.CONFIG_NAME, address=target.address)
+                              haproxy.MOUNT, haproxy.CONFIG_NAME, address=target.address, front=target.front)
 
 
 def wait_proxy(client: docker.DockerClient, target: Target, timeout_s: float = PROXY_START_TIMEOUT_S) -> None:

@@ -38,6 +38,7 @@ class ProxyView:
     listen: Ports | None = None
     openai: bool | None = None  # whether the running proxy routes /v1/ to the OpenAI service (None: unknown)
     address: str | None = None  # the address it binds (None: unknown)
+    front: str | None = None  # what it asks of clients (Target.front; None: unknown)
 
 
 @dataclass(frozen=True)
@@ -63,7 +64,7 @@ def other_slot(slot: str | None) -> str:
 
 
 def plan_repair(backends: list[Backend], proxy: ProxyView, listen: Ports, openai: bool | None = None,
-                address: str | None = None) -> Repair:
+                address: str | None = None, front: str | None = None) -> Repair:
     """The one consistent state to reach from what runs. Pure.
 
     The live backend is the one the proxy routes to while its container runs, even if a health
@@ -83,6 +84,8 @@ def plan_repair(backends: list[Backend], proxy: ProxyView, listen: Ports, openai
         action = "recreate"  # the spec's ports changed
     elif address is not None and proxy.address is not None and proxy.address != address:
         action = "recreate"  # deploy.listen changed (or an older proxy bound every interface)
+    elif front is not None and proxy.front is not None and proxy.front != front:
+        action = "recreate"  # keys switched on or off, or TLS (its certificate): HAProxy reads them at start
     elif openai is not None and proxy.running and proxy.openai is not None and proxy.openai != openai:
         action = "recreate"  # the OpenAI route came (or went) with this version of stoker or the spec
     elif not proxy.running:

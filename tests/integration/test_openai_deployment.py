@@ -4,6 +4,8 @@ Two builds of a tiny Llama, identical but for a chat template in the second, are
 other behind one proxy. The official `openai` client talks to the stable HTTP port only: /v1/ reaches the
 deployment's OpenAI service container, everything else still reaches Triton. After the switch the
 service answers with the new build's tokenizer (its chat template, its fingerprint) without a restart.
+The deployment asks for an API key (deploy.api_keys): the client's key goes through the service to the proxy's
+gRPC port, which checks it again; the service holds no key of its own.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import boto3
 import pytest
 
 from stoker import docker_engine as engine
-from stoker.serving import haproxy, promote
+from stoker.serving import api_keys, haproxy, promote
 from stoker.serving.ports import Ports
 from stoker.stack.services import free_port
 
@@ -30,6 +32,8 @@ openai = pytest.importorskip("openai")
 pytest.importorskip("torch")
 TEMPLATE = "{{ bos_token }}{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}[assistant]"
 MESSAGES = [{"role": "user", "content": "Name a colour."}]
+KEY = f"test-key-{uuid.uuid4().hex}"
+AUTH = {"Authorization": f"Bearer {KEY}"}
 
 
 def _repos(tmp_path):
@@ -54,7 +58,7 @@ def _wait_models(base: str, timeout_s: float = 60) -> list:
     deadline = time.monotonic() + timeout_s
     while True:
         try:
-            with urllib.request.urlopen(f"{base}/models", timeout=5) as r:
+            with urllib.request.urlopen(urllib.request.Request(f"{base}/models", headers=AUTH), timeout=5) as r:
                 return json.loads(r.read())["data"]
         except (urllib.error.URLError, OSError):
             assert time.monotonic() < deadline, f"{base}/models never answered"
@@ -76,7 +80,8 @@ def test_openai_api_on_the_stable_address_follows_a_switch(local_stack, triton_i
     grpc = free_port(exclude=(http,))
     listen = Ports(http, grpc, free_port(exclude=(http, grpc)))
     target = promote.Target(name=f"oa{uuid.uuid4().hex[:6]}", listen=listen, proxy_image="stoker/haproxy:2.6",
-                            state_dir=tmp_path / "proxy", openai_image=image)
+                            state_dir=tmp_path / "proxy", openai_image=image,
+                            keys=api_keys.parse(f"{KEY}\n", "the test's key"))
     log = print
 
     def deploy(repo):
@@ -92,7 +97,10 @@ def test_openai_api_on_the_stable_address_follows_a_switch(local_stack, triton_i
         base = target.endpoint["openai"]
         assert base == f"http://127.0.0.1:{listen.http}/v1"
         assert [m["id"] for m in _wait_models(base)] == [target.name]
-        api = openai.OpenAI(base_url=base, api_key="none", max_retries=0, timeout=60)
+        with pytest.raises(openai.AuthenticationError) as refused:
+            openai.OpenAI(base_url=base, api_key="not-the-key-at-all", max_retries=0).models.list()
+        assert refused.value.status_code == 401 and refused.value.body["code"] == "invalid_api_key"
+        api = openai.OpenAI(base_url=base, api_key=KEY, max_retries=0, timeout=60)
         tok = Tokenizer.from_file(str(artifact / "tokenizer.json"))
 
         out = api.chat.completions.create(model=target.name, messages=MESSAGES, max_tokens=6, temperature=0)
@@ -108,7 +116,7 @@ def test_openai_api_on_the_stable_address_follows_a_switch(local_stack, triton_i
             api.chat.completions.create(model=target.name, messages=MESSAGES, n=2)
         # The same port still serves Triton's own API.
         req = urllib.request.Request(f"{target.endpoint['http']}/v2/models/ensemble/generate_stream",
-                                     data=json.dumps({"text_input": "Hi", "max_tokens": 2}).encode())
+                                     data=json.dumps({"text_input": "Hi", "max_tokens": 2}).encode(), headers=AUTH)
         with urllib.request.urlopen(req, timeout=30) as r:
             assert b"text_output" in r.read()
 
@@ -122,6 +130,9 @@ def test_openai_api_on_the_stable_address_follows_a_switch(local_stack, triton_i
         assert proxy.exec_run(["test", "-S", admin]).exit_code == 0
         seen = service.exec_run(["/opt/venv/bin/python", "-c", f"import os; print(os.path.exists({admin!r}))"])
         assert seen.output.decode().strip() == "False", seen.output
+        # The key itself is nowhere: not in a container's environment, labels or arguments, nor in a state file.
+        assert KEY not in json.dumps(service.attrs) and KEY not in json.dumps(proxy.attrs)
+        assert not [p for p in target.state_dir.rglob("*") if p.is_file() and KEY.encode() in p.read_bytes()]
 
         # Blue/green: the switch moves the service onto the new build's tokenizer, no restart.
         digest_b = deploy(repo_b)

@@ -96,11 +96,12 @@ class Lines(list):
         print(line, flush=True)
 
 
-def generate(http_url: str, text: str = "hi", max_tokens: int = 3, timeout_s: float = 10) -> str:
+def generate(http_url: str, text: str = "hi", max_tokens: int = 3, timeout_s: float = 10,
+             headers: dict | None = None, context=None) -> str:
     body = json.dumps({"text_input": text, "max_tokens": max_tokens, "stream": True}).encode()
     req = urllib.request.Request(f"{http_url}/v2/models/ensemble/generate_stream", data=body,
-                                 headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=timeout_s) as r:
+                                 headers={"Content-Type": "application/json", **(headers or {})})
+    with urllib.request.urlopen(req, timeout=timeout_s, context=context) as r:
         raw = r.read().decode()
     events = [json.loads(ln[5:]) for ln in raw.splitlines() if ln.startswith("data:")]
     assert events and not any("error" in e for e in events), raw
@@ -438,9 +439,9 @@ ADMIN_HTTP = [("POST", "/v2/repository/index"), ("POST", "/v2/repository/models/
               ("GET", "/v2/cudasharedmemory/status"), ("GET", "/v2/models/ensemble/trace/setting")]
 
 
-def _http(url: str, method: str = "GET", body: bytes | None = None) -> tuple[int, bytes]:
+def _http(url: str, method: str = "GET", body: bytes | None = None, headers: dict | None = None) -> tuple[int, bytes]:
     req = urllib.request.Request(url, data=body if body is not None else (b"{}" if method == "POST" else None),
-                                 method=method, headers={"Content-Type": "application/json"})
+                                 method=method, headers={"Content-Type": "application/json", **(headers or {})})
     try:
         with urllib.request.urlopen(req, timeout=10) as r:
             return r.status, r.read()
@@ -513,3 +514,107 @@ def test_backends_listen_on_loopback_and_the_endpoint_where_the_spec_says(client
     assert any("recreate" in line for line in log), log
     assert _answers(outside, opened.listen.http) and not _answers(outside, live.ports.http)
     assert serving_tag(opened) == "a"
+
+
+# ------------------------------------------------------------------ API keys (issue 25)
+
+
+def test_api_keys_guard_every_route_but_health_and_rotate_without_a_restart(client, target, build):
+    import dataclasses
+
+    import grpc
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import InferenceServerException
+
+    from stoker.serving import api_keys
+
+    key_a, key_b = f"key-a-{uuid.uuid4().hex}", f"key-b-{uuid.uuid4().hex}"
+    keyed = dataclasses.replace(target, keys=api_keys.parse(f"{key_a}\n", "the test's file"))
+    log = Lines()
+    deploy(client, keyed, build("a"), log=log)
+    http, metrics = keyed.endpoint["http"], keyed.endpoint["metrics"]
+    with_a, with_b = {"Authorization": f"Bearer {key_a}"}, {"Authorization": f"Bearer {key_b}"}
+
+    for headers in ({}, with_b, {"Authorization": key_a}, {"Authorization": f"Basic {key_a}"}):
+        code, body = _http(f"{http}/v2/models/ensemble/generate", "POST", headers=headers)
+        assert code == 401 and json.loads(body)["error"].startswith("an API key is required"), (headers, body)
+        code, body = _http(f"{http}/v1/models", headers=headers)
+        assert code == 401 and json.loads(body)["error"]["code"] == "invalid_api_key", body  # OpenAI's shape
+        assert _http(metrics, headers=headers)[0] == 401
+        assert _http(f"{http}/v2/repository/index", "POST", headers=headers)[0] == 401  # before the route check
+    assert _http(f"{http}/v2/health/ready")[0] == 200 and _http(f"{http}/v2/health/live")[0] == 200  # open
+    assert generate(http, headers=with_a).startswith("a")
+    assert _http(metrics, headers=with_a)[0] == 200
+    assert _http(f"{http}/v2/repository/index", "POST", headers=with_a)[0] == 403  # a key opens no admin route
+
+    g = grpcclient.InferenceServerClient(keyed.endpoint["grpc"])
+    assert g.is_server_live() and g.is_server_ready()  # health stays open over gRPC too
+    for headers in (None, {"authorization": f"Bearer {key_b}"}):
+        with pytest.raises(InferenceServerException) as exc:
+            g.is_model_ready("ensemble", headers=headers)
+        assert exc.value.status() == str(grpc.StatusCode.UNAUTHENTICATED), exc.value
+    grpc_a = {"authorization": f"Bearer {key_a}"}
+    assert g.is_model_ready("ensemble", headers=grpc_a) and g.get_model_metadata("ensemble", headers=grpc_a)
+    with pytest.raises(InferenceServerException) as exc:
+        g.unload_model("ensemble", headers=grpc_a)
+    assert exc.value.status() == str(grpc.StatusCode.PERMISSION_DENIED), exc.value
+
+    # Rotation: add key b, then drop key a; the running proxy takes each list at once, no restart.
+    proxy_id = client.containers.get(engine.proxy_name(keyed.name)).id
+    both = dataclasses.replace(target, keys=api_keys.parse(f"{key_a}\n{key_b}\n", "the test's file"))
+    promote.reconcile(client, both, log)
+    assert any("now accepts the 2 API key(s)" in line for line in log), log
+    assert generate(http, headers=with_a).startswith("a") and generate(http, headers=with_b).startswith("a")
+    only_b = dataclasses.replace(target, keys=api_keys.parse(f"{key_b}\n", "the test's file"))
+    promote.reconcile(client, only_b, log)
+    assert _http(f"{http}/v2/models/ensemble/generate", "POST", headers=with_a)[0] == 401
+    assert g.is_model_ready("ensemble", headers={"authorization": f"Bearer {key_b}"})
+    assert client.containers.get(engine.proxy_name(keyed.name)).id == proxy_id
+    # A restarted proxy reads the same list from its file.
+    _restart_proxy(client, only_b)
+    assert generate(http, headers=with_b).startswith("a")
+    assert _http(f"{http}/v2/models/ensemble/generate", "POST", headers=with_a)[0] == 401
+    g.close()
+
+    # The keys are nowhere: not in a log line, a state file, the proxy's labels, environment or arguments.
+    proxy = client.containers.get(engine.proxy_name(keyed.name))
+    for key in (key_a, key_b):
+        assert not any(key in line for line in log)
+        assert key not in json.dumps(proxy.attrs)
+        assert not [p for p in target.state_dir.rglob("*") if p.is_file() and key.encode() in p.read_bytes()]
+
+    # Keys off again: the proxy is recreated open (HAProxy reads its checks at start).
+    promote.reconcile(client, target, log)
+    assert any("recreate the proxy" in line for line in log), log[-5:]
+    assert serving_tag(target) == "a"
+
+
+def test_tls_at_the_proxy_serves_https_and_grpc_over_tls_with_the_key_checked_inside(client, target, build, tmp_path):
+    import dataclasses
+    import ssl
+
+    import tritonclient.grpc as grpcclient
+
+    from stoker.serving import api_keys
+
+    cert, key_file = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=localhost",
+                    "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1", "-keyout", str(key_file), "-out", str(cert)],
+                   check=True, capture_output=True)
+    key = f"tls-key-{uuid.uuid4().hex}"
+    secure = dataclasses.replace(target, keys=api_keys.parse(f"{key}\n", "t"), tls=(cert, key_file))
+    deploy(client, secure, build("a"))
+    http = secure.endpoint["http"]
+    assert http.startswith("https://127.0.0.1:")
+    trusted = ssl.create_default_context(cafile=str(cert))
+    assert generate(http, headers={"Authorization": f"Bearer {key}"}, context=trusted).startswith("a")
+    with pytest.raises((urllib.error.URLError, ConnectionError)):  # cleartext on the TLS port: no HTTP answer
+        urllib.request.urlopen(f"http://127.0.0.1:{secure.listen.http}/v2/health/ready", timeout=5)
+    g = grpcclient.InferenceServerClient(secure.endpoint["grpc"], ssl=True, root_certificates=str(cert))
+    assert g.is_server_live()
+    assert g.is_model_ready("ensemble", headers={"authorization": f"Bearer {key}"})
+    g.close()
+    # The proxy's copy of the private key stays in its own folder, readable by its owner only.
+    pem = target.state_dir / "tls.pem"
+    assert pem.stat().st_mode & 0o077 == 0 and "PRIVATE KEY" in pem.read_text()
+    assert client.containers.get(engine.proxy_name(target.name)).labels[engine.LABEL_FRONT].startswith("keys,tls:")

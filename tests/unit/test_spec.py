@@ -100,8 +100,8 @@ def test_the_stable_endpoint_listens_on_loopback_unless_the_spec_says_otherwise_
     assert "listen" not in parse_spec(base).model_dump()["deploy"]  # defaults stay out of manifests and digests
     with pytest.raises(SpecError) as exc:
         parse_spec({**base, "deploy": {"listen": "0.0.0.0"}})
-    assert str(exc.value) == ("spec: deploy: listen 0.0.0.0 lets other machines reach the endpoint and stoker has no "
-                              "API key for it yet: keep 127.0.0.1, or set deploy.allow_unauthenticated: true to "
+    assert str(exc.value) == ("spec: deploy: listen 0.0.0.0 lets other machines reach the endpoint with no API key: "
+                              "set deploy.api_keys, keep 127.0.0.1, or set deploy.allow_unauthenticated: true to "
                               "serve it open")
     with pytest.raises(SpecError, match="'eth0' is not an IP address"):
         parse_spec({**base, "deploy": {"listen": "eth0"}})
