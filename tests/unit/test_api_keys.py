@@ -97,3 +97,22 @@ def test_rotation_is_one_transaction_on_the_runtime_api():
     cmds = api_keys.runtime_commands("/stoker/k", "3", ("aa", "bb"))
     assert cmds == "add acl @3 /stoker/k aa; add acl @3 /stoker/k bb; commit acl @3 /stoker/k"
     assert api_keys.parse_acl_entries("0x55d0 aa\n0x55d8 bb\n\n") == {"aa", "bb"}
+
+
+def test_preflight_reads_keys_and_tls_files_in_one_line_before_any_heavy_step(tmp_path):
+    from stoker.preflight import check_endpoint
+    from stoker.serving.deployment import TlsError
+
+    (tmp_path / "keys.txt").write_text(f"{KEY_A}\n{KEY_B}\n")
+    (tmp_path / "cert.pem").write_text("-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n")
+    (tmp_path / "key.pem").write_text("not a pem file")
+    deploy = {"listen": "0.0.0.0", "openai": False, "api_keys": {"file": str(tmp_path / "keys.txt")},
+              "tls": {"cert_file": str(tmp_path / "cert.pem"), "key_file": str(tmp_path / "key.pem")}}
+    lines: list[str] = []
+    with pytest.raises(TlsError, match=r"^deploy.tls: the key .*key.pem is not PEM$"):
+        check_endpoint(parse_spec({**BASE, "deploy": deploy}), lines.append)
+    (tmp_path / "key.pem").write_text("-----BEGIN PRIVATE KEY-----\nMIIE\n-----END PRIVATE KEY-----\n")
+    check_endpoint(parse_spec({**BASE, "deploy": deploy}), lines.append)
+    assert lines == [f"preflight: the endpoint on 0.0.0.0 asks for 2 API key(s) from file {tmp_path / 'keys.txt'} "
+                     f"and TLS with {tmp_path / 'cert.pem'}"]
+    assert KEY_A not in lines[0]
