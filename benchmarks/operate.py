@@ -1,7 +1,10 @@
 """Promotion under load, through the stable endpoint: every request counted; writes JSON.
 
-    .venv/bin/python benchmarks/operate.py [OUT.json] [--no-dockerd-restart]
-    (default OUT: benchmarks/results/operate.json; ~6 min on 2 cores)
+    .venv/bin/python benchmarks/operate.py [OUT.json] [--no-dockerd-restart] [--keys]
+    (default OUT: benchmarks/results/operate.json, with --keys operate_keys.json; ~6 min on 2 cores)
+
+--keys: the deployment asks for an API key (deploy.api_keys, a file of two keys): every client sends one,
+so the side-by-side latency is the proxy checking keys, and the load's requests all pass the check.
 
 Real servers only: moto S3, Docker, the CPU Triton image, the HAProxy proxy. The served model is the
 promotion tests' tiny `ensemble` (tests/integration/serving_models.py: 4 streamed responses per request,
@@ -40,6 +43,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests" / "integration"))
 TOKENS = 4
+KEY_ENV = "STOKER_OPERATE_KEY"  # set by --keys; inherited by the load process
+
+
+def _auth() -> dict[str, str]:
+    key = os.environ.get(KEY_ENV)
+    return {"authorization": f"Bearer {key}"} if key else {}
 
 
 # ---------------------------------------------------------------- load (its own process)
@@ -63,7 +72,7 @@ def _grpc_client(url: str, stop, records: list, interval_s: float = 0.0) -> None
 
             t0, got, err = time.time(), [], None
             try:
-                async for result, error in client.stream_infer(one()):
+                async for result, error in client.stream_infer(one(), headers=_auth() or None):
                     if error is not None:
                         raise error
                     got.append(result.as_numpy("text_output")[0].decode())
@@ -91,7 +100,8 @@ def _http_client(url: str, stop, records: list) -> None:
     while not stop.is_set():
         t0, events, err = time.time(), [], None
         try:
-            conn.request("POST", "/v2/models/ensemble/generate_stream", body, {"Content-Type": "application/json"})
+            conn.request("POST", "/v2/models/ensemble/generate_stream", body,
+                         {"Content-Type": "application/json", **_auth()})
             resp = conn.getresponse()
             raw = resp.read().decode()
             events = [json.loads(ln[5:]) for ln in raw.splitlines() if ln.startswith("data:")]
@@ -141,7 +151,8 @@ def added_latency(direct: dict, proxied: dict, n: int = 300) -> dict:
     for i in range(n + 20):
         for k in (("direct", "proxy") if i % 2 else ("proxy", "direct")):
             t0 = time.perf_counter()
-            conns[k].request("POST", "/v2/models/ensemble/generate_stream", body, {"Content-Type": "application/json"})
+            conns[k].request("POST", "/v2/models/ensemble/generate_stream", body,
+                             {"Content-Type": "application/json", **_auth()})
             raw = conns[k].getresponse().read()
             assert b"text_output" in raw, raw[:200]
             if i >= 20:  # warm-up excluded
@@ -160,7 +171,7 @@ def added_latency(direct: dict, proxied: dict, n: int = 300) -> dict:
                     yield {"model_name": "ensemble", "inputs": [text, one]}
 
                 t0 = time.perf_counter()
-                async for _result, error in clients[k].stream_infer(req()):
+                async for _result, error in clients[k].stream_infer(req(), headers=_auth() or None):
                     assert error is None, error
                     break
                 if i >= 20:
@@ -205,6 +216,10 @@ class Run:
                                                                       "metrics": listen.metrics},
                        "settle_s": 1, "watch_s": 3, "drain_timeout_s": 15, "ready_timeout_s": 60},
         }
+        if os.environ.get(KEY_ENV):
+            keys = state / "api-keys.txt"
+            keys.write_text(f"operate-old-{uuid.uuid4().hex}\n{os.environ[KEY_ENV]}\n")
+            self.data["deploy"]["api_keys"] = {"file": str(keys)}
         self.spec = parse_spec(self.data, "operate")
         self.s3 = boto3.client("s3", endpoint_url=s3_url, region_name="us-east-1")
         self.s3.create_bucket(Bucket=self.spec.storage.bucket)
@@ -259,7 +274,8 @@ class Run:
             import urllib.request
 
             req = urllib.request.Request(f"{d['endpoint']['http']}/v2/models/ensemble/generate_stream",
-                                         data=json.dumps({"text_input": "x", "max_tokens": 1}).encode())
+                                         data=json.dumps({"text_input": "x", "max_tokens": 1}).encode(),
+                                         headers=_auth())
             with urllib.request.urlopen(req, timeout=10) as r:
                 tag = json.loads(r.read().decode().split("data:", 1)[1])["text_output"].split(":")[0]
         except Exception as exc:  # noqa: BLE001 - recorded as no answer
@@ -400,8 +416,11 @@ def attribute(records: list, phases: list[dict]) -> None:
 
 
 def main() -> int:
-    out = Path(next((a for a in sys.argv[1:] if not a.startswith("--")),
-                    ROOT / "benchmarks" / "results" / "operate.json")).resolve()
+    keyed = "--keys" in sys.argv
+    if keyed:
+        os.environ[KEY_ENV] = f"operate-{uuid.uuid4().hex}"
+    out = Path(next((a for a in sys.argv[1:] if not a.startswith("--")), ROOT / "benchmarks" / "results" /
+                    ("operate_keys.json" if keyed else "operate.json"))).resolve()
     with_dockerd = "--no-dockerd-restart" not in sys.argv
     from stoker.spec import Deploy
     from stoker.stack.image import ensure_proxy_image
@@ -493,6 +512,7 @@ def main() -> int:
                    | {"seconds": round(p["end"] - p["start"], 2), "from_s": round(p["start"] - t_start, 2)}
                    for p in run.phases],
         "meta": {"machine": f"{platform.node()} ({os.cpu_count()} CPUs)", "wall_s": round(time.time() - t_start, 1),
+                 "api_keys": keyed,
                  "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                  "note": "switch_over_s is the proxy's runtime-API switch (candidate proven -> new requests routed "
                          "to it). Killing the proxy or restarting dockerd takes the endpoint itself down until "

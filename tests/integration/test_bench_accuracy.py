@@ -116,7 +116,9 @@ def test_reported_ttft_itl_and_throughput_match_the_script(server, protocol: str
         server_itl = [1000 * (b - a) for r in recs for a, b in zip(stamp(r)["sends"], stamp(r)["sends"][1:])]
         assert ttft_err >= -_tolerance_ms(FIRST_TOKEN_S * 1000)  # never a token before the script sends one
         assert itl_err >= -_tolerance_ms(INTERVAL_S * 1000)
-        assert abs(level.ttft_ms.p50 - statistics.median(server_ttft)) <= 1.0
+        # TTFT by the bound (2 % or 1 ms): its client side is the first chunk's way out, which a loaded host
+        # (tests in parallel, 4 streams on 2 cores) stretches past 1 ms now and then; the way out is asserted below.
+        assert abs(level.ttft_ms.p50 - statistics.median(server_ttft)) <= _tolerance_ms(FIRST_TOKEN_S * 1000)
         assert abs(level.itl_ms.p50 - statistics.median(server_itl)) <= 1.0
         assert abs(level.inter_chunk_ms.p50 - statistics.median(server_itl)) <= 1.0
         # Throughput can only fall short of the script (overheads); the lower bound catches a miscount, not a
