@@ -33,6 +33,37 @@ def heavy_python() -> str:
 CHILD_ENV_DEFAULTS = {"HF_HUB_DISABLE_PROGRESS_BARS": "1"}
 
 
+class Activity:
+    """When the child a thread runs last printed anything (a line or a progress update), per thread: the shared
+    cache renews a builder's lease only while the builder's own work shows signs of life
+    (stoker.cache.lease.Heartbeat), whatever other steps of the process do."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._last: dict[int, float] = {}  # thread id → when its running child last printed
+
+    def begin(self, thread: int) -> None:
+        with self._lock:
+            self._last[thread] = time.monotonic()
+
+    def touch(self, thread: int) -> None:
+        with self._lock:
+            self._last[thread] = time.monotonic()
+
+    def end(self, thread: int) -> None:
+        with self._lock:
+            self._last.pop(thread, None)
+
+    def silent_s(self, thread: int) -> float | None:
+        """Seconds since the child ``thread`` runs last printed; None while it runs none (in-process work)."""
+        with self._lock:
+            last = self._last.get(thread)
+        return None if last is None else time.monotonic() - last
+
+
+ACTIVITY = Activity()
+
+
 def run_module(module: str, args: list[str], log: Callable[[str], None], timeout_s: float = 3600,
                env: dict[str, str] | None = None, nice: int = 0) -> dict | None:
     """`python -m module args...`; returns the worker's result line (a JSON object) if it printed one last.
@@ -42,15 +73,19 @@ def run_module(module: str, args: list[str], log: Callable[[str], None], timeout
     Raises ChildProcessFailed with the child's last line on failure.
     """
     progress = ChildProgress(log)
+    me = threading.get_ident()
+    ACTIVITY.begin(me)
     try:
-        return _run(module, args, progress, timeout_s, env, nice)
+        return _run(module, args, progress, timeout_s, env, nice, me)
     except BaseException:
         progress.close(ok=False)
         raise
+    finally:
+        ACTIVITY.end(me)
 
 
 def _run(module: str, args: list[str], progress: ChildProgress, timeout_s: float,
-         env: dict[str, str] | None, nice: int = 0) -> dict | None:
+         env: dict[str, str] | None, nice: int = 0, caller: int = 0) -> dict | None:
     log = progress.log
     argv = [heavy_python(), "-m", module, *args]
     tail: deque[str] = deque(maxlen=20)
@@ -77,6 +112,7 @@ def _run(module: str, args: list[str], progress: ChildProgress, timeout_s: float
                     continue
                 if line is None:  # EOF
                     break
+                ACTIVITY.touch(caller)
                 line = line.rstrip()
                 if not line or progress.feed(line):
                     continue

@@ -14,6 +14,7 @@ Errors: every failure is a ``DeployError`` whose message's first line is the cau
 from __future__ import annotations
 
 import re
+import secrets
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -152,11 +153,34 @@ def openai_name(deployment: str) -> str:
     return f"stoker-{deployment}-openai"
 
 
+# Triton itself refuses its admin APIs (model control and the repository index, statistics, trace, logging, shared
+# memory) to any request without this header and the backend's own token: the proxy refuses them at the public
+# address, and this covers a backend's own loopback ports. The token is made per backend and lives in its
+# arguments, which only Docker's API shows; stoker's reload path reads it there (admin_headers).
+ADMIN_HEADER = "stoker-admin"
+RESTRICTED_APIS = "model-repository,statistics,trace,logging,shared-memory"
+
+
+def restricted_args(token: str) -> list[str]:
+    return [f"--http-restricted-api={RESTRICTED_APIS}:{ADMIN_HEADER}={token}",
+            f"--grpc-restricted-protocol={RESTRICTED_APIS}:{ADMIN_HEADER}={token}"]
+
+
+def admin_headers(container: Container) -> dict[str, str]:
+    """The header that opens ``container``'s admin APIs ({} for a backend started before they were restricted)."""
+    prefix = f"--http-restricted-api={RESTRICTED_APIS}:{ADMIN_HEADER}="
+    for arg in container.attrs.get("Args") or []:
+        if arg.startswith(prefix):
+            return {ADMIN_HEADER: arg[len(prefix):]}
+    return {}
+
+
 def start_backend(client: docker.DockerClient, spec: BackendSpec, slot: str, ports: Ports) -> Container:
     """Run Triton for ``spec`` in ``slot`` on ``ports``. No restart policy until it is promoted."""
     labels = {LABEL_MANAGED: "true", LABEL_DEPLOYMENT: spec.name, LABEL_ROLE: ROLE_BACKEND,
               LABEL_DIGEST: spec.repo_digest, LABEL_SLOT: slot, LABEL_PORTS: ports.label(), LABEL_RUN: spec.run_id}
-    return _run(client, spec.image, triton_args(spec.repository_uri, ports, spec.extra_args),
+    args = triton_args(spec.repository_uri, ports, [*spec.extra_args, *restricted_args(secrets.token_hex(16))])
+    return _run(client, spec.image, args,
                 name=backend_name(spec.name, slot), labels=labels, environment=dict(spec.env),
                 shm_size=spec.shm_size,
                 ulimits=[Ulimit(name=k, soft=s, hard=h) for k, (s, h) in spec.ulimits.items()])

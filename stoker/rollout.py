@@ -205,10 +205,12 @@ def prune_versions(s3c, storage: Storage, name: str, keep: int = 2) -> list[int]
 # ---------------------------------------------------------------- Triton model control
 
 
-def load_model(http_url: str, model: str, timeout_s: float = 300) -> None:
-    """POST /v2/repository/models/M/load; raises RolloutError with Triton's one-line reason."""
+def load_model(http_url: str, model: str, admin: dict[str, str], timeout_s: float = 300) -> None:
+    """POST /v2/repository/models/M/load; raises RolloutError with Triton's one-line reason.
+
+    ``admin``: the header that opens the backend's restricted model-control API (docker_engine.admin_headers)."""
     req = urllib.request.Request(f"{http_url}/v2/repository/models/{model}/load", data=b"{}", method="POST",
-                                 headers={"Content-Type": "application/json"})
+                                 headers={"Content-Type": "application/json", **admin})
     try:
         with urllib.request.urlopen(req, timeout=timeout_s):
             return
@@ -223,10 +225,11 @@ def load_model(http_url: str, model: str, timeout_s: float = 300) -> None:
         raise RolloutError(f"Triton at {http_url} did not answer the load of {model}: {err}") from None
 
 
-def load_all(http_url: str, log: Log, models: tuple[str, ...] = LOAD_ORDER) -> float:
+def load_all(client, backend: promote.BackendRef, log: Log, models: tuple[str, ...] = LOAD_ORDER) -> float:
+    admin = docker_engine.admin_headers(client.containers.get(backend.container))
     t0 = time.perf_counter()
     for m in models:
-        load_model(http_url, m)
+        load_model(backend.http, m, admin)
     took = time.perf_counter() - t0
     log(f"reload: loaded {', '.join(models)} in {took:.1f} s")
     return took
@@ -262,12 +265,12 @@ def stage(spec: Spec, repository_uri: str, digest: str, run_id: str, log: Log) -
                 return out
             ref = promote.BackendRef.of(live)
             try:
-                out["load_s"] = load_all(ref.http, log)
+                out["load_s"] = load_all(client, ref, log)
                 probe.smoke(ref.http)
             except (RolloutError, probe.ProbeFailed):
                 # Triton keeps the old version when a load fails; make S3 agree, then load it back.
                 revert_live(s3c, spec.storage, d.name, log)
-                load_all(ref.http, log)
+                load_all(client, ref, log)
                 _follow_in_place(client, target, ref, log)
                 raise
             _follow_in_place(client, target, ref, log)
@@ -314,10 +317,10 @@ def abandon(spec: Spec, staged: dict, log: Log) -> str:
             return "none (deploy.auto_rollback is false)"
         s3c = s3.client(spec.storage)
         state = revert_live(s3c, spec.storage, d.name, log)
-        load_all(staged["candidate"]["http"], log)
-        target = target_for(spec)
-        _follow_in_place(docker_engine.connect(d.docker_host), target,
-                         promote.BackendRef.from_dict(staged["candidate"]), log)
+        client = docker_engine.connect(d.docker_host)
+        candidate = promote.BackendRef.from_dict(staged["candidate"])
+        load_all(client, candidate, log)
+        _follow_in_place(client, target_for(spec), candidate, log)
         return f"reloaded version {state['version']}"
     client = docker_engine.connect(d.docker_host)
     promote.discard(client, promote.BackendRef.from_dict(staged["candidate"]), log)

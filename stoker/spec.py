@@ -99,6 +99,12 @@ class Storage(_Section):
     cache_lease_s: float = Field(120.0, ge=2, le=86400,
                                  description="a builder's lease on a cache key expires this long after its last "
                                              "renewal (it renews every third of it)")
+    cache_stall_s: float = Field(1800.0, ge=1, le=86400,
+                                 description="a builder whose child process printed nothing for this long stops "
+                                             "renewing its lease, so a waiter takes the key over")
+    cache_wait_s: float = Field(21600.0, ge=1, le=7 * 86400,
+                                description="a waiter gives up, in one line, after waiting this long for another "
+                                            "builder of the same key that still renews its lease")
 
     @field_validator("shared_cache", mode="before")
     @classmethod
@@ -110,7 +116,8 @@ class Storage(_Section):
     @model_serializer(mode="wrap")
     def _omit_cache_defaults(self, handler):
         # Left at their defaults, the cache fields stay out of dumps: manifests and the spec digest read as before.
-        return _without_defaults(self, handler(self), ("shared_cache", "cache_lease_s"))
+        return _without_defaults(self, handler(self), ("shared_cache", "cache_lease_s", "cache_stall_s",
+                                                        "cache_wait_s"))
 
     @field_validator("bucket")
     @classmethod

@@ -25,6 +25,7 @@ from .transport import (
     TEXT_OUTPUT,
     Exchange,
     TransportSpec,
+    auth_headers,
     check_interface,
     one_line,
     why_not_ready,
@@ -91,30 +92,33 @@ class GrpcTransport:
     async def preflight(self) -> TransportSpec:
         client, url, model = self.client, self.spec.url, self.spec.model
         try:
-            live = await client.is_server_live(client_timeout=PREFLIGHT_TIMEOUT_S)
+            live = await client.is_server_live(client_timeout=PREFLIGHT_TIMEOUT_S, headers=auth_headers() or None)
         except InferenceServerException as exc:
             raise EndpointUnreachable(f"Triton at {url} is unreachable: {describe_exception(exc)}") from None
         if not live:
             raise EndpointUnreachable(f"Triton at {url} answers but is not live")
         try:
-            ready = await client.is_model_ready(model, client_timeout=PREFLIGHT_TIMEOUT_S)
+            ready = await client.is_model_ready(model, client_timeout=PREFLIGHT_TIMEOUT_S,
+                                                headers=auth_headers() or None)
         except InferenceServerException:
             ready = False
         if not ready:
             try:
-                index = await client.get_model_repository_index(as_json=True, client_timeout=PREFLIGHT_TIMEOUT_S)
+                index = await client.get_model_repository_index(as_json=True, client_timeout=PREFLIGHT_TIMEOUT_S,
+                                                                headers=auth_headers() or None)
             except InferenceServerException as exc:
                 raise ModelUnavailable(f"model '{model}' is not ready at {url} ({describe_exception(exc)})") from None
             raise ModelUnavailable(why_not_ready(index, url, model))
         try:
-            meta = await client.get_model_metadata(model, as_json=True, client_timeout=PREFLIGHT_TIMEOUT_S)
+            meta = await client.get_model_metadata(model, as_json=True, client_timeout=PREFLIGHT_TIMEOUT_S,
+                                                  headers=auth_headers() or None)
         except InferenceServerException as exc:
             raise ModelUnavailable(f"model '{model}' metadata unavailable: {describe_exception(exc)}") from None
         self.spec = check_interface(self.spec, meta)
         return self.spec
 
     async def connect(self) -> None:
-        await self.client.is_server_live(client_timeout=PREFLIGHT_TIMEOUT_S)
+        await self.client.is_server_live(client_timeout=PREFLIGHT_TIMEOUT_S, headers=auth_headers() or None)
 
     def _inputs(self, text: str, max_tokens: int) -> list[InferInput]:
         tensors = []
@@ -147,7 +151,7 @@ class GrpcTransport:
                 yield request
 
             async with asyncio.timeout(timeout_s):
-                stream = self.client.stream_infer(request_stream())
+                stream = self.client.stream_infer(request_stream(), headers=auth_headers() or None)
                 async for result, err in stream:
                     now = time.perf_counter()
                     if err is not None:

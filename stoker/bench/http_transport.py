@@ -20,6 +20,7 @@ from .transport import (
     TEXT_OUTPUT,
     Exchange,
     TransportSpec,
+    auth_headers,
     check_interface,
     one_line,
     why_not_ready,
@@ -52,7 +53,8 @@ class HttpTransport:
     def _session(self) -> aiohttp.ClientSession:
         if self.session is None:
             # No connection cap: the load generator, not aiohttp's pool, decides what is in flight.
-            self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, force_close=False))
+            self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, force_close=False),
+                                                 headers=auth_headers())
         return self.session
 
     async def _get(self, path: str, method: str = "GET") -> tuple[int, Any]:

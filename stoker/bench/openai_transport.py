@@ -30,7 +30,7 @@ from urllib.parse import urlparse
 import aiohttp
 
 from .errors import EndpointUnreachable, ModelUnavailable
-from .transport import PREFLIGHT_TIMEOUT_S, Exchange, TransportSpec, one_line
+from .transport import PREFLIGHT_TIMEOUT_S, Exchange, TransportSpec, auth_headers, one_line
 
 DONE = b"[DONE]"
 
@@ -141,7 +141,8 @@ class OpenAiTransport:
     def _session(self) -> aiohttp.ClientSession:
         if self.session is None:
             # No connection cap: the load generator, not aiohttp's pool, decides what is in flight.
-            self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, force_close=False))
+            self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, force_close=False),
+                                                 headers=auth_headers())
         return self.session
 
     async def _models(self) -> tuple[int, Any]:

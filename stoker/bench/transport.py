@@ -15,6 +15,16 @@ from typing import Any, Literal, Protocol
 
 from .errors import ModelUnavailable
 
+API_KEY_ENV = "STOKER_API_KEY"  # an endpoint with deploy.api_keys: every request carries it (never printed)
+
+
+def auth_headers() -> dict[str, str]:
+    """``authorization: Bearer KEY`` from $STOKER_API_KEY, or nothing; HTTP headers and gRPC metadata alike."""
+    import os
+
+    key = os.environ.get(API_KEY_ENV, "").strip()
+    return {"authorization": f"Bearer {key}"} if key else {}
+
 TEXT_INPUT = "text_input"
 MAX_TOKENS = "max_tokens"
 MIN_TOKENS = "min_tokens"

@@ -209,6 +209,8 @@ class Heartbeat:
     def __init__(self, s3, storage: Storage, lease: Lease, log: Callable[[str], None]):
         self.s3, self.storage, self.lease, self.log = s3, storage, lease, log
         self.lost: str | None = None
+        self.stalled = False  # the work went silent: renewals paused (they resume if it speaks again)
+        self._builder = threading.get_ident()  # the thread that builds (and runs the step's child, if any)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"lease-{lease.step}-{lease.key}", daemon=True)
 
@@ -221,7 +223,20 @@ class Heartbeat:
         self._thread.join()
 
     def _run(self) -> None:
+        from ..child import ACTIVITY
+
         while not self._stop.wait(self.lease.ttl_s / 3):
+            # A hung child (printing nothing for cache_stall_s) must not keep every waiter on this key waiting
+            # until its own deadline: the lease is left to expire and a waiter takes the key over.
+            silent = ACTIVITY.silent_s(self._builder)
+            if silent is not None and silent > self.storage.cache_stall_s:
+                if not self.stalled:
+                    self.log(f"cache: {self.lease.step}/{self.lease.key}: the step's child printed nothing for "
+                             f"{silent:.0f} s (storage.cache_stall_s {self.storage.cache_stall_s:g}); its lease is "
+                             "no longer renewed, so a waiter can take the key over")
+                self.stalled = True
+                continue
+            self.stalled = False
             try:
                 self.lease = renew(self.s3, self.storage, self.lease)
             except LeaseLost as err:

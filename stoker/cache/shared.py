@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from ..errors import StokerError
+from ..errors import StepError, StokerError
 from ..spec import Storage
 from ..store import Entry, StepStore
 from . import lease as leases
@@ -21,6 +21,10 @@ from . import remote
 WAIT_LINE_EVERY_S = 30.0  # a waiter repeats its "waiting for" line this often, not at every poll
 
 Log = Callable[[str], None]
+
+
+class CacheWaitTimeout(StepError):
+    """Another builder of the same key kept its lease past storage.cache_wait_s."""
 
 
 class SharedStore:
@@ -44,6 +48,7 @@ class SharedStore:
             return entry, "local"
         trust_remote = True  # False once the remote entry proved corrupt: then we build and keep our copy
         said, said_at, attempt = None, 0.0, 0
+        started = self._clock()
         while True:
             if trust_remote:
                 found = remote.lookup(self.s3, self.storage, step, key)
@@ -70,6 +75,12 @@ class SharedStore:
                     if mine is None:
                         continue  # another waiter took it over first: wait for that one
                 else:
+                    waited = self._clock() - started
+                    if waited >= self.storage.cache_wait_s:
+                        raise CacheWaitTimeout(
+                            f"{step}: waited {waited:.0f} s for {current.holder} building {step}/{key}, which still "
+                            f"renews its lease (storage.cache_wait_s {self.storage.cache_wait_s:g}); run again later "
+                            "or raise the limit")
                     if current.holder != said or self._clock() - said_at >= WAIT_LINE_EVERY_S:
                         log(f"{step}: waiting for {current.holder} building {step}/{key}")
                         said, said_at = current.holder, self._clock()

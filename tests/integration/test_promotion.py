@@ -477,6 +477,21 @@ def test_only_inference_health_and_metadata_are_public_at_the_stable_address(cli
     # The refused unload never reached Triton: the model still serves.
     assert serving_tag(target) == "a"
 
+    # Triton itself refuses them on the backend's own loopback port without the backend's token, which only
+    # stoker's reload path reads (from Docker): a local process that reaches the port cannot unload the model.
+    backend = backends(client, target.name)[0]
+    own = Ports.parse(backend.labels[engine.LABEL_PORTS])
+    code, body = _http(f"http://127.0.0.1:{own.http}/v2/repository/index", "POST")
+    assert code == 403 and engine.ADMIN_HEADER in body.decode(), (code, body)
+    admin = engine.admin_headers(backend)
+    assert _http(f"http://127.0.0.1:{own.http}/v2/repository/index", "POST", headers=admin)[0] == 200
+    assert _http(f"http://127.0.0.1:{own.http}/v2/models/ensemble/stats")[0] == 403
+    direct = grpcclient.InferenceServerClient(f"127.0.0.1:{own.grpc}")
+    with pytest.raises(InferenceServerException) as exc:
+        direct.unload_model("ensemble")
+    assert engine.ADMIN_HEADER in str(exc.value) and direct.is_model_ready("ensemble"), exc.value
+    direct.close()
+
 
 # ------------------------------------------------------------------ listen where meant (issue 25)
 
@@ -519,7 +534,7 @@ def test_backends_listen_on_loopback_and_the_endpoint_where_the_spec_says(client
 # ------------------------------------------------------------------ API keys (issue 25)
 
 
-def test_api_keys_guard_every_route_but_health_and_rotate_without_a_restart(client, target, build):
+def test_api_keys_guard_every_route_but_health_and_rotate_without_a_restart(client, target, build, monkeypatch):
     import dataclasses
 
     import grpc
@@ -558,6 +573,18 @@ def test_api_keys_guard_every_route_but_health_and_rotate_without_a_restart(clie
     with pytest.raises(InferenceServerException) as exc:
         g.unload_model("ensemble", headers=grpc_a)
     assert exc.value.status() == str(grpc.StatusCode.PERMISSION_DENIED), exc.value
+
+    # `stoker bench` against the keyed address: $STOKER_API_KEY goes with every request, HTTP and gRPC.
+    from stoker.bench.client import BenchConfig, run_sweep
+    from stoker.bench.load import Level
+    from stoker.bench.workload import make_prompts
+
+    monkeypatch.setenv("STOKER_API_KEY", key_a)
+    for url, protocol in ((http, "http"), (keyed.endpoint["grpc"], "grpc")):
+        result = run_sweep(BenchConfig(url=url, model="ensemble", levels=[Level(concurrency=1)], max_tokens=3,
+                                       requests_per_level=3, warmup_requests=0, timeout_s=30, protocol=protocol),
+                           make_prompts(4, 8, seed=0), count_tokens=lambda text: len(text.split()))
+        assert (result.levels[0].completed, result.levels[0].errors) == (3, 0), protocol
 
     # Rotation: add key b, then drop key a; the running proxy takes each list at once, no restart.
     proxy_id = client.containers.get(engine.proxy_name(keyed.name)).id

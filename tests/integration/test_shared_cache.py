@@ -1,5 +1,6 @@
 """The shared step cache against a real S3 (moto_server on loopback): exactly-once across processes, a killed
-holder's lease taken over, read-through into a cold local cache, sweeps, and prune sparing what is served."""
+holder's lease taken over, a silent (hung) holder's lease left to expire, a waiter's deadline, read-through into a
+cold local cache, sweeps, and prune sparing what is served."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -17,7 +19,8 @@ import pytest
 from stoker import s3
 from stoker.cache import lease as leases
 from stoker.cache import remote, sweep
-from stoker.cache.shared import SharedStore
+from stoker.cache.shared import CacheWaitTimeout, SharedStore
+from stoker.child import run_module
 from stoker.spec import Storage
 from stoker.stack.s3server import TEST_CREDENTIALS
 from stoker.store import StepStore
@@ -124,6 +127,80 @@ def test_a_killed_holders_lease_is_taken_over_after_its_ttl(storage, tmp_path):
     assert sweep.sweep_local(left[0].parent) == []
     assert sweep.sweep_local(left[0].parent, now=time.time() + sweep.DEAD_OWNER_S + 5) == left
     assert not left[0].exists()
+
+
+def test_a_waiter_gives_up_in_one_line_at_its_deadline_while_the_holder_still_renews(storage, tmp_path):
+    go = tmp_path / "go"
+    go.touch()
+    holder = Worker(tmp_path, "host-a", storage, "k-long", 60.0, go)
+    try:
+        holder.wait_for("PRODUCING")
+        calls: list = []
+        patient = storage.model_copy(update={"cache_wait_s": 3.0})
+        with pytest.raises(CacheWaitTimeout) as exc:
+            SharedStore(StepStore(tmp_path / "b"), patient).get("build", "k-long", _produce(calls), print)
+        message = str(exc.value)
+        assert message.startswith("build: waited ") and "building build/k-long, which still renews its lease" in message
+        assert "storage.cache_wait_s 3" in message and "\n" not in message
+        assert calls == [] and leases.read(s3.client(storage), storage, "build", "k-long") is not None
+    finally:
+        holder.proc.kill()
+        holder.proc.wait()
+
+
+# A step's child that says it started, then prints nothing until it is released: a hung quantize or build.
+SILENT_CHILD = """
+import pathlib, sys, time
+print("started", flush=True)
+release, deadline = pathlib.Path(sys.argv[1]), time.monotonic() + 120
+while not release.exists() and time.monotonic() < deadline:
+    time.sleep(0.1)
+print('{"done": true}', flush=True)
+"""
+
+
+def test_a_holder_whose_child_goes_silent_stops_renewing_and_a_waiter_takes_over(storage, tmp_path):
+    (tmp_path / "silent_child.py").write_text(SILENT_CHILD)
+    release = tmp_path / "release"
+    quick = storage.model_copy(update={"cache_stall_s": 1.0})
+    holder_lines: list[str] = []
+    outcome: dict = {}
+
+    def produce_silently(out: Path) -> dict:
+        run_module("silent_child", [str(release)], holder_lines.append, timeout_s=150,
+                   env={"PYTHONPATH": str(tmp_path)})
+        (out / "model.safetensors").write_bytes(b"holder")
+        return {"by": "holder"}
+
+    def hold() -> None:
+        try:
+            outcome["holder"] = SharedStore(StepStore(tmp_path / "a"), quick).get("build", "k-silent",
+                                                                                   produce_silently,
+                                                                                   holder_lines.append)
+        except Exception as err:  # noqa: BLE001 - asserted below
+            outcome["error"] = err
+
+    thread = threading.Thread(target=hold)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 60  # against hangs
+        while leases.read(s3.client(storage), storage, "build", "k-silent") is None:
+            assert time.monotonic() < deadline and thread.is_alive(), (holder_lines, outcome)
+            time.sleep(0.1)
+        calls: list = []
+        lines: list[str] = []
+        entry, how = SharedStore(StepStore(tmp_path / "b"), quick).get("build", "k-silent", _produce(calls),
+                                                                        lines.append)
+        # Taken over while the holder's child still sleeps: its silence, not its end, freed the key.
+        assert how == "built" and len(calls) == 1 and not release.exists()
+        assert any("stale lease" in line and "taking it over" in line for line in lines), lines
+        assert any("printed nothing for" in line and "no longer renewed" in line for line in holder_lines), \
+            holder_lines
+    finally:
+        release.touch()
+        thread.join(60)
+    assert "error" not in outcome, outcome  # the holder finishes too; the entry is content-addressed
+    assert remote.lookup(s3.client(storage), storage, "build", "k-silent") is not None
 
 
 def _produce(calls: list):
