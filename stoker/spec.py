@@ -256,10 +256,6 @@ class Deploy(_Section):
             raise ValueError(f"listen {self.listen} lets other machines reach the endpoint with no API key: set "
                              "deploy.api_keys, keep 127.0.0.1, or set deploy.allow_unauthenticated: true to serve it "
                              "open")
-        if self.tls and self.openai:
-            # The OpenAI service reaches Triton through the proxy's gRPC port, which TLS would close to it.
-            raise ValueError("tls with openai: true is not supported yet: the OpenAI service talks to the proxy in "
-                             "cleartext; set deploy.openai: false to serve TLS")
         return self
 
     @field_validator("name")

@@ -1,6 +1,6 @@
 """The OpenAI-compatible ASGI service: /v1/models, /v1/completions, /v1/chat/completions.
 
-One persistent gRPC channel to Triton (in a deployment: the proxy's stable gRPC port, so requests
+One persistent gRPC channel to Triton (in a deployment: the proxy's gRPC frontend on a unix socket, so requests
 follow a switch like any client's); each OpenAI request is one `stream_infer` stream to
 `tensorrt_llm`, cancelled when the client goes away or a stop sequence matches. The first Triton
 response is awaited before the HTTP answer starts, so an unreachable backend is a 503 in OpenAI's

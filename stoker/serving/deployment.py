@@ -73,8 +73,11 @@ class Target:
 
     @property
     def front(self) -> str:
-        """What the proxy asks of clients (its label; a change recreates the proxy): open, keys, tls:<digest>."""
+        """How the proxy's frontends bind and what they ask of clients (its label; a change recreates the proxy):
+        open, or keys, openai-uds, tls:<digest> joined by commas."""
         parts = ["keys"] if self.keys else []
+        if self.openai_image:
+            parts.append("openai-uds")  # the gRPC frontend's second bind, for the OpenAI service
         pem = self.tls_pem()
         if pem is not None:
             parts.append("tls:" + hashlib.sha256(pem.encode()).hexdigest()[:16])
@@ -178,6 +181,8 @@ def observe_proxy(client: docker.DockerClient, target: Target) -> tuple[topology
 def render_config(target: Target, slots: dict[str, Ports | None], live: str | None) -> str:
     return haproxy.render(haproxy.ProxyLayout(listen=target.listen, slots=slots, live=live,
                                               openai=openai_service.socket_path() if target.openai_image else None,
+                                              openai_grpc=(openai_service.grpc_socket_path() if target.openai_image
+                                                           else None),
                                               address=target.address,
                                               keys=keys_file() if target.keys else None,
                                               tls=f"{haproxy.MOUNT}/{TLS_NAME}" if target.tls else None))
@@ -188,7 +193,10 @@ def keys_file(mount: str = haproxy.MOUNT) -> str:
 
 
 def write_front(target: Target) -> None:
-    """What the proxy reads besides its config: the keys' digests and the TLS PEM (or neither)."""
+    """What the proxy reads besides its config: the keys' digests and the TLS PEM (or neither), and the folder its
+    gRPC frontend binds a socket in for the OpenAI service (HAProxy does not start when it cannot bind it)."""
+    if target.openai_image:
+        (target.state_dir / openai_service.FOLDER).mkdir(parents=True, exist_ok=True)
     api_keys.publish(target.state_dir, target.keys)
     pem = target.tls_pem()
     if pem is None:

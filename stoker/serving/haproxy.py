@@ -12,7 +12,7 @@ restarted proxy container comes back routing to the same backend.
 With an OpenAI service (``stoker.serving.openai_service``), requests whose path begins with
 ``/v1/`` on the HTTP port go to it, over a unix socket in the shared state folder; everything else
 goes to Triton as before. That route never changes at a switch: the service follows the switch
-itself, through the proxy's gRPC port.
+itself, through the proxy's gRPC frontend (bound a second time on a unix socket in its folder).
 """
 
 from __future__ import annotations
@@ -80,6 +80,7 @@ class ProxyLayout:
     slots: Mapping[str, Ports | None]
     live: str | None
     openai: str | None = None  # the OpenAI service's unix socket (as the proxy sees it); None: no /v1/ route
+    openai_grpc: str | None = None  # where the gRPC frontend also binds for that service (a unix socket)
     address: str = "127.0.0.1"  # where the frontends bind (deploy.listen)
     keys: str | None = None  # the file of API key digests (as the proxy sees it); None: no key asked
     tls: str | None = None  # the PEM (certificate + key) the frontends serve TLS with; None: cleartext
@@ -116,6 +117,8 @@ def render(layout: ProxyLayout, mount: str = MOUNT) -> str:
     for section, attr, proto in SECTIONS:
         lines += [f"frontend {section}",
                   f"    bind {_bind(layout.address)}:{getattr(layout.listen, attr)}{proto}{_tls(section, layout.tls)}",
+                  *([f"    bind unix@{layout.openai_grpc} mode 600 proto h2"]
+                    if section == "grpc" and layout.openai_grpc else []),
                   *(_keyed(section, layout.keys) if layout.keys else []), *_public_only(section, bool(layout.openai))]
         if section == "http" and layout.openai:
             lines += [f"    use_backend {OPENAI_BACKEND} if openai"]

@@ -3,8 +3,8 @@
 One service per deployment (``stoker-<name>-openai``, the Triton CPU image's Python, host network,
 restart policy ``unless-stopped``, like the proxy), running ``stoker.openai_api`` copied into the
 deployment's state folder. The proxy sends ``/v1/`` on the stable HTTP port to it over a unix
-socket in that folder; the service reaches Triton through the proxy's stable gRPC port, so its
-requests go wherever the proxy routes, like any client's. What the service needs from the live
+socket in that folder; the service reaches Triton through the proxy's gRPC frontend, bound a second time
+on a unix socket in the same folder, so its requests go wherever the proxy routes, like any client's. What the service needs from the live
 build, its tokenizer files, stoker writes beside it at each switch:
 
     <state>/openai/app/<code digest>/stoker_openai/   the service's code
@@ -40,6 +40,7 @@ from . import haproxy
 Log = Callable[[str], None]
 FOLDER = "openai"
 SOCKET = "api.sock"
+GRPC_SOCKET = "grpc.sock"  # the proxy's gRPC frontend, bound in this folder too: cleartext, never TCP, never TLS
 PACKAGE = "stoker_openai"  # the name stoker.openai_api has inside the container
 LABEL_CONFIG = "ai.stoker.openai-config"
 _CODE = Path(__file__).resolve().parent.parent / "openai_api"
@@ -55,6 +56,11 @@ def socket_path(mount: str = haproxy.MOUNT) -> str:
     return f"{mount}/{FOLDER}/{SOCKET}"
 
 
+def grpc_socket_path(mount: str = haproxy.MOUNT) -> str:
+    """Where the proxy's gRPC frontend also listens for the service (both see it at this path)."""
+    return f"{mount}/{FOLDER}/{GRPC_SOCKET}"
+
+
 def code_digest() -> str:
     h = hashlib.sha256()
     for f in sorted(_CODE.glob("*.py")):
@@ -62,10 +68,14 @@ def code_digest() -> str:
     return h.hexdigest()
 
 
-def command(name: str, grpc_port: int, mount: str = haproxy.MOUNT) -> list[str]:
-    """The service's arguments to the image's Python. Pure."""
-    return ["-m", PACKAGE, "--model", name, "--grpc", f"127.0.0.1:{grpc_port}", "--state", f"{mount}/{FOLDER}",
-            "--uds", socket_path(mount)]
+def command(name: str, mount: str = haproxy.MOUNT) -> list[str]:
+    """The service's arguments to the image's Python. Pure.
+
+    It reaches Triton through the proxy (so it follows every switch), over the proxy's gRPC frontend bound on a
+    unix socket in its own folder: the same key checks as the public port, and no TLS to speak when the public
+    port has it."""
+    return ["-m", PACKAGE, "--model", name, "--grpc", f"unix:{grpc_socket_path(mount)}", "--state",
+            f"{mount}/{FOLDER}", "--uds", socket_path(mount)]
 
 
 # What the service's container mounts: its own folder only. The proxy's state folder around it holds HAProxy's
@@ -98,7 +108,7 @@ def container(client: docker.DockerClient, name: str):
     return found[0] if found else None
 
 
-def ensure(client: docker.DockerClient, name: str, image: str, grpc_port: int, state_dir: Path, log: Log):
+def ensure(client: docker.DockerClient, name: str, image: str, state_dir: Path, log: Log):
     """Make the deployment's OpenAI service run with this code, image and address; returns its container.
 
     Idempotent: a running service with the same configuration is left alone (its clients never notice).
@@ -106,7 +116,7 @@ def ensure(client: docker.DockerClient, name: str, image: str, grpc_port: int, s
     state = state_dir / FOLDER
     state.mkdir(parents=True, exist_ok=True)
     code = code_digest()
-    args = command(name, grpc_port)
+    args = command(name)
     want = config_key(image, args, code)
     c = container(client, name)
     if c is not None and c.labels.get(LABEL_CONFIG) == want:

@@ -93,7 +93,7 @@ def reconcile_openai(client: docker.DockerClient, target: Target, live: topology
         openai_service.remove(client, target.name, log)
         return
     try:
-        openai_service.ensure(client, target.name, target.openai_image, target.listen.grpc, target.state_dir, log)
+        openai_service.ensure(client, target.name, target.openai_image, target.state_dir, log)
     except engine.DeployError as err:
         log(f"OpenAI API of {target.name} is not running: {err}")
         return

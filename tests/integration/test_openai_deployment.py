@@ -4,20 +4,24 @@ Two builds of a tiny Llama, identical but for a chat template in the second, are
 other behind one proxy. The official `openai` client talks to the stable HTTP port only: /v1/ reaches the
 deployment's OpenAI service container, everything else still reaches Triton. After the switch the
 service answers with the new build's tokenizer (its chat template, its fingerprint) without a restart.
-The deployment asks for an API key (deploy.api_keys): the client's key goes through the service to the proxy's
-gRPC port, which checks it again; the service holds no key of its own.
+The deployment asks for an API key (deploy.api_keys) and serves TLS (deploy.tls): the client's key goes through
+the service to the proxy's gRPC frontend, which checks it again (the service holds no key of its own), over a unix
+socket in the service's folder, so the service needs no TLS of its own.
 """
 
 from __future__ import annotations
 
 import json
 import shutil
+import ssl
+import subprocess
 import time
 import urllib.error
 import urllib.request
 import uuid
 
 import boto3
+import httpx
 import pytest
 
 from stoker import docker_engine as engine
@@ -54,15 +58,24 @@ def _repos(tmp_path):
     return a, b, artifact
 
 
-def _wait_models(base: str, timeout_s: float = 60) -> list:
+def _wait_models(base: str, context: ssl.SSLContext, timeout_s: float = 60) -> list:
     deadline = time.monotonic() + timeout_s
     while True:
         try:
-            with urllib.request.urlopen(urllib.request.Request(f"{base}/models", headers=AUTH), timeout=5) as r:
+            with urllib.request.urlopen(urllib.request.Request(f"{base}/models", headers=AUTH), timeout=5,
+                                        context=context) as r:
                 return json.loads(r.read())["data"]
         except (urllib.error.URLError, OSError):
             assert time.monotonic() < deadline, f"{base}/models never answered"
             time.sleep(0.5)
+
+
+def _certificate(tmp_path):
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=localhost",
+                    "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)], check=True,
+                   capture_output=True)
+    return cert, key
 
 
 def test_openai_api_on_the_stable_address_follows_a_switch(local_stack, triton_image, tmp_path):
@@ -81,7 +94,8 @@ def test_openai_api_on_the_stable_address_follows_a_switch(local_stack, triton_i
     listen = Ports(http, grpc, free_port(exclude=(http, grpc)))
     target = promote.Target(name=f"oa{uuid.uuid4().hex[:6]}", listen=listen, proxy_image="stoker/haproxy:2.6",
                             state_dir=tmp_path / "proxy", openai_image=image,
-                            keys=api_keys.parse(f"{KEY}\n", "the test's key"))
+                            keys=api_keys.parse(f"{KEY}\n", "the test's key"), tls=_certificate(tmp_path))
+    trusted = ssl.create_default_context(cafile=str(target.tls[0]))
     log = print
 
     def deploy(repo):
@@ -95,12 +109,14 @@ def test_openai_api_on_the_stable_address_follows_a_switch(local_stack, triton_i
     try:
         digest_a = deploy(repo_a)
         base = target.endpoint["openai"]
-        assert base == f"http://127.0.0.1:{listen.http}/v1"
-        assert [m["id"] for m in _wait_models(base)] == [target.name]
+        assert base == f"https://127.0.0.1:{listen.http}/v1"
+        assert [m["id"] for m in _wait_models(base, trusted)] == [target.name]
         with pytest.raises(openai.AuthenticationError) as refused:
-            openai.OpenAI(base_url=base, api_key="not-the-key-at-all", max_retries=0).models.list()
+            openai.OpenAI(base_url=base, api_key="not-the-key-at-all", max_retries=0,
+                          http_client=httpx.Client(verify=trusted)).models.list()
         assert refused.value.status_code == 401 and refused.value.body["code"] == "invalid_api_key"
-        api = openai.OpenAI(base_url=base, api_key=KEY, max_retries=0, timeout=60)
+        api = openai.OpenAI(base_url=base, api_key=KEY, max_retries=0, timeout=60,
+                            http_client=httpx.Client(verify=trusted))
         tok = Tokenizer.from_file(str(artifact / "tokenizer.json"))
 
         out = api.chat.completions.create(model=target.name, messages=MESSAGES, max_tokens=6, temperature=0)
@@ -117,7 +133,7 @@ def test_openai_api_on_the_stable_address_follows_a_switch(local_stack, triton_i
         # The same port still serves Triton's own API.
         req = urllib.request.Request(f"{target.endpoint['http']}/v2/models/ensemble/generate_stream",
                                      data=json.dumps({"text_input": "Hi", "max_tokens": 2}).encode(), headers=AUTH)
-        with urllib.request.urlopen(req, timeout=30) as r:
+        with urllib.request.urlopen(req, timeout=30, context=trusted) as r:
             assert b"text_output" in r.read()
 
         # The process that parses public requests cannot reach the proxy's admin socket: its container mounts its
@@ -126,6 +142,8 @@ def test_openai_api_on_the_stable_address_follows_a_switch(local_stack, triton_i
         proxy = client.containers.get(engine.proxy_name(target.name))
         assert [m["Source"] for m in service.attrs["Mounts"]] == [str(target.state_dir / "openai")]
         assert [m["Source"] for m in proxy.attrs["Mounts"]] == [str(target.state_dir)]
+        # It reaches Triton through the proxy's gRPC frontend on a socket in its own folder (no TCP, no TLS).
+        assert f"unix:{promote.openai_service.grpc_socket_path()}" in service.attrs["Args"]
         admin = f"{haproxy.MOUNT}/{haproxy.SOCKET_NAME}"
         assert proxy.exec_run(["test", "-S", admin]).exit_code == 0
         seen = service.exec_run(["/opt/venv/bin/python", "-c", f"import os; print(os.path.exists({admin!r}))"])
@@ -148,7 +166,7 @@ def test_openai_api_on_the_stable_address_follows_a_switch(local_stack, triton_i
             api.models.list()
         assert err.value.status_code == 503 and err.value.body["code"] == "backend_unavailable"
         promote.reconcile(client, target, log)
-        assert [m["id"] for m in _wait_models(base)] == [target.name]
+        assert [m["id"] for m in _wait_models(base, trusted)] == [target.name]
         assert api.chat.completions.create(model=target.name, messages=MESSAGES, max_tokens=2,
                                            temperature=0).system_fingerprint == f"fp_{digest_b[:12]}"
     finally:

@@ -60,7 +60,6 @@ def test_spec_opens_a_public_address_with_keys_and_refuses_what_it_cannot_serve(
     assert "api_keys" not in parse_spec(BASE).model_dump()["deploy"]  # off: manifests and digests as before
     for deploy, says in (({"api_keys": {}}, "give api_keys.file or api_keys.secret_block"),
                          ({"api_keys": {"file": "k", "secret_block": "b"}}, "give api_keys.file or"),
-                         ({"tls": {"cert_file": "c.pem", "key_file": "k.pem"}}, "tls with openai: true"),
                          ({"api_keys": {"key": "inline-secret-value"}}, "api_keys.key: unknown key")):
         with pytest.raises(SpecError) as exc:
             parse_spec({**BASE, "deploy": deploy})

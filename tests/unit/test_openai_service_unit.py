@@ -46,13 +46,13 @@ def test_reconcile_recreates_a_proxy_whose_v1_route_is_not_the_wanted_one():
 
 
 def test_service_command_and_config_key():
-    args = openai_service.command("tiny", 8101)
-    assert args == ["-m", "stoker_openai", "--model", "tiny", "--grpc", "127.0.0.1:8101", "--state",
+    args = openai_service.command("tiny")
+    assert args == ["-m", "stoker_openai", "--model", "tiny", "--grpc", "unix:/stoker/openai/grpc.sock", "--state",
                     "/stoker/openai", "--uds", "/stoker/openai/api.sock"]
     key = openai_service.config_key("img:1", args, "c0de")
     assert key == openai_service.config_key("img:1", list(args), "c0de")
     assert len({key, openai_service.config_key("img:2", args, "c0de"),
-                openai_service.config_key("img:1", openai_service.command("tiny", 9101), "c0de"),
+                openai_service.config_key("img:1", openai_service.command("small"), "c0de"),
                 openai_service.config_key("img:1", args, "c0df")}) == 4
     assert len(openai_service.code_digest()) == 64
 
