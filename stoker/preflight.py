@@ -79,19 +79,14 @@ def check_docker(spec: Spec) -> None:
 
 def check_endpoint(spec: Spec, log: Callable[[str], None]) -> None:
     """The API keys and the TLS files are there and usable (read here, never logged)."""
-    from .serving import api_keys
+    from .rollout import target_for
 
     d = spec.deploy
     if not (d.api_keys or d.tls):
         return
-    parts = []
-    if d.api_keys:  # ApiKeysError, TlsError: one line naming the file or block, never a key
-        keys = api_keys.load(d.api_keys)
-        parts.append(f"{len(keys)} API key(s) from {keys.source}")
-    if d.tls:
-        from .rollout import target_for
-
-        target_for(spec).tls_pem()
+    target = target_for(spec)  # reads the keys: ApiKeysError, one line naming the file or block, never a key
+    parts = [f"{len(target.keys)} API key(s) from {target.keys.source}"] if target.keys else []
+    if target.tls_pem() is not None:  # TlsError, one line naming the file
         parts.append(f"TLS with {d.tls.cert_file}")
     log(f"preflight: the endpoint on {d.listen} asks for {' and '.join(parts)}")
 

@@ -53,10 +53,7 @@ def describe(client, name: str) -> dict:
         b["listen"] = engine.BACKEND_ADDRESS
     # What it asks of clients (its label): open, keys, tls:<digest>; never the keys.
     front = proxy_c.labels.get(engine.LABEL_FRONT, "open") if proxy_c is not None else None
-    parts = set(front.split(",")) if front else set()
-    asks = None if front is None else (" and ".join(
-        [*(["an API key"] if "keys" in parts else []), *(["TLS"] if any(p.startswith("tls:") for p in parts) else [])])
-        or "nothing (no API key)")
+    asks = None if front is None else promote.Target.asks(front)
     endpoint = target.endpoint if listen else None
     if endpoint and front and "tls:" in front:
         endpoint = {k: v.replace("http://", "https://") for k, v in endpoint.items()}

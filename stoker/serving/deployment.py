@@ -71,6 +71,14 @@ class Target:
             parts.append(text if text.endswith("\n") else text + "\n")
         return "".join(parts)
 
+    @staticmethod
+    def asks(front: str) -> str:
+        """What a proxy with label ``front`` asks of clients, in words (stoker status). Pure."""
+        parts = set(front.split(","))
+        asked = [*(["an API key"] if "keys" in parts else []),
+                 *(["TLS"] if any(p.startswith("tls:") for p in parts) else [])]
+        return " and ".join(asked) or "nothing (no API key)"
+
     @property
     def front(self) -> str:
         """How the proxy's frontends bind and what they ask of clients (its label; a change recreates the proxy):

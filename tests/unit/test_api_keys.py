@@ -115,3 +115,11 @@ def test_preflight_reads_keys_and_tls_files_in_one_line_before_any_heavy_step(tm
     assert lines == [f"preflight: the endpoint on 0.0.0.0 asks for 2 API key(s) from file {tmp_path / 'keys.txt'} "
                      f"and TLS with {tmp_path / 'cert.pem'}"]
     assert KEY_A not in lines[0]
+
+
+def test_status_says_what_a_proxy_asks_from_its_label():
+    from stoker.serving.deployment import Target
+
+    assert Target.asks("open") == "nothing (no API key)"
+    assert Target.asks("openai-uds") == "nothing (no API key)"
+    assert Target.asks("keys,openai-uds,tls:0123abcd") == "an API key and TLS"
