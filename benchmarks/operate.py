@@ -42,93 +42,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests" / "integration"))
-TOKENS = 4
-KEY_ENV = "STOKER_OPERATE_KEY"  # set by --keys; inherited by the load process
-
-
-def _auth() -> dict[str, str]:
-    key = os.environ.get(KEY_ENV)
-    return {"authorization": f"Bearer {key}"} if key else {}
-
-
-# ---------------------------------------------------------------- load (its own process)
-
-
-def _grpc_client(url: str, stop, records: list, interval_s: float = 0.0) -> None:
-    import numpy as np
-    from tritonclient.grpc import InferInput
-    from tritonclient.grpc.aio import InferenceServerClient
-
-    async def run() -> None:
-        client = InferenceServerClient(url)
-        while not stop.is_set():
-            text = InferInput("text_input", [1], "BYTES")
-            text.set_data_from_numpy(np.array([b"hi"], dtype=np.object_))
-            n = InferInput("max_tokens", [1], "INT32")
-            n.set_data_from_numpy(np.array([TOKENS], dtype=np.int32))
-
-            async def one():
-                yield {"model_name": "ensemble", "inputs": [text, n]}
-
-            t0, got, err = time.time(), [], None
-            try:
-                async for result, error in client.stream_infer(one(), headers=_auth() or None):
-                    if error is not None:
-                        raise error
-                    got.append(result.as_numpy("text_output")[0].decode())
-                    if len(got) == TOKENS:
-                        break
-            except BaseException as exc:  # noqa: BLE001 - recorded (a cancelled call is CancelledError)
-                err = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
-            records.append(("grpc", t0, time.time(), err is None and len(got) == TOKENS,
-                            err is None and len(got) != TOKENS, err, got[0].split(":")[0] if got else None))
-            if err:
-                await asyncio.sleep(0.05)  # a real client backs off a little after a failure
-            elif interval_s:
-                await asyncio.sleep(interval_s)
-        await client.close()
-
-    asyncio.run(run())
-
-
-def _http_client(url: str, stop, records: list) -> None:
-    import http.client
-
-    host, port = url.removeprefix("http://").split(":")
-    body = json.dumps({"text_input": "hi", "max_tokens": TOKENS, "stream": True})
-    conn = http.client.HTTPConnection(host, int(port), timeout=30)
-    while not stop.is_set():
-        t0, events, err = time.time(), [], None
-        try:
-            conn.request("POST", "/v2/models/ensemble/generate_stream", body,
-                         {"Content-Type": "application/json", **_auth()})
-            resp = conn.getresponse()
-            raw = resp.read().decode()
-            events = [json.loads(ln[5:]) for ln in raw.splitlines() if ln.startswith("data:")]
-            bad = [e["error"] for e in events if "error" in e]
-            if resp.status != 200 or bad:
-                err = f"HTTP {resp.status}: {(bad or [raw[:120]])[0]}"
-        except Exception as exc:  # noqa: BLE001 - recorded; reconnect like a real client
-            err = f"{type(exc).__name__}: {exc}"
-            conn.close()
-            conn = http.client.HTTPConnection(host, int(port), timeout=30)
-        tokens = [e.get("text_output", "") for e in events if "text_output" in e]
-        records.append(("http", t0, time.time(), err is None and len(tokens) == TOKENS,
-                        err is None and len(tokens) != TOKENS, err, tokens[0].split(":")[0] if tokens else None))
-        if err:
-            time.sleep(0.05)  # a real client backs off a little after a failure
-
-
-def load_process(endpoint: dict, stop, out_path: str, ready) -> None:
-    records: list = []
-    threads = [threading.Thread(target=_grpc_client, args=(endpoint["grpc"], stop, records)) for _ in range(2)]
-    threads += [threading.Thread(target=_http_client, args=(endpoint["http"], stop, records)) for _ in range(2)]
-    for t in threads:
-        t.start()
-    ready.set()
-    for t in threads:
-        t.join()
-    Path(out_path).write_text(json.dumps(records))
+from stream_clients import KEY_ENV, TOKENS, auth_headers, load_process  # noqa: E402 -- after sys.path
 
 
 # ---------------------------------------------------------------- side-by-side latency
@@ -152,7 +66,7 @@ def added_latency(direct: dict, proxied: dict, n: int = 300) -> dict:
         for k in (("direct", "proxy") if i % 2 else ("proxy", "direct")):
             t0 = time.perf_counter()
             conns[k].request("POST", "/v2/models/ensemble/generate_stream", body,
-                             {"Content-Type": "application/json", **_auth()})
+                             {"Content-Type": "application/json", **auth_headers()})
             raw = conns[k].getresponse().read()
             assert b"text_output" in raw, raw[:200]
             if i >= 20:  # warm-up excluded
@@ -171,7 +85,7 @@ def added_latency(direct: dict, proxied: dict, n: int = 300) -> dict:
                     yield {"model_name": "ensemble", "inputs": [text, one]}
 
                 t0 = time.perf_counter()
-                async for _result, error in clients[k].stream_infer(req(), headers=_auth() or None):
+                async for _result, error in clients[k].stream_infer(req(), headers=auth_headers() or None):
                     assert error is None, error
                     break
                 if i >= 20:
@@ -275,7 +189,7 @@ class Run:
 
             req = urllib.request.Request(f"{d['endpoint']['http']}/v2/models/ensemble/generate_stream",
                                          data=json.dumps({"text_input": "x", "max_tokens": 1}).encode(),
-                                         headers=_auth())
+                                         headers=auth_headers())
             with urllib.request.urlopen(req, timeout=10) as r:
                 tag = json.loads(r.read().decode().split("data:", 1)[1])["text_output"].split(":")[0]
         except Exception as exc:  # noqa: BLE001 - recorded as no answer

@@ -73,3 +73,29 @@ def scrape(url: str, timeout_s: float = 5.0) -> list[dict]:
     """GET the metrics endpoint (http://host:metrics_port/metrics) and summarize it."""
     with urllib.request.urlopen(url, timeout=timeout_s) as resp:
         return summarize(parse(resp.read().decode("utf-8", "replace")))
+
+
+# Gauges of requests a backend has begun and not yet answered: stoker's reference model (and the stand-in) and
+# TensorRT-LLM's backend. Requests still queued for a model are Triton's own pending gauge.
+IN_FLIGHT_GAUGES = {"stoker_requests_in_flight": None, "nv_trt_llm_request_metrics": ("request_type", "active")}
+PENDING_GAUGE = "nv_inference_pending_request_count"
+
+
+def in_flight(text: str) -> int | None:
+    """Requests begun or queued and not yet answered, over every model; None when no model reports a gauge of
+    requests in flight (then only the proxy's open streams can tell, and an idle stream looks busy). Pure."""
+    seen, total = False, 0.0
+    for line in text.splitlines():
+        m = _LINE.match(line) if line and not line.startswith("#") else None
+        if not m or (m["name"] not in IN_FLIGHT_GAUGES and m["name"] != PENDING_GAUGE):
+            continue
+        want = IN_FLIGHT_GAUGES.get(m["name"])
+        if want and dict(_LABEL.findall(m["labels"] or "")).get(want[0]) != want[1]:
+            continue
+        try:
+            value = float(m["value"])
+        except ValueError:
+            continue
+        seen = seen or m["name"] in IN_FLIGHT_GAUGES
+        total += value
+    return round(total) if seen else None

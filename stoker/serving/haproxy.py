@@ -181,7 +181,7 @@ def _public_only(section: str, openai: bool) -> list[str]:
                 f"if !public{' !openai' if openai else ''}"]
     if section == "grpc":
         # A trailers-only gRPC answer: HTTP 200, grpc-status 7 (PERMISSION_DENIED); HAProxy sends no content-type
-        # for a reply without a body, and gRPC clients read the status (tests/integration/test_promotion.py).
+        # for a reply without a body, and gRPC clients read the status (tests/integration/test_endpoint_boundary.py).
         return [f"    acl public path {' '.join(GRPC_SERVICE + m for m in PUBLIC_GRPC)}",
                 "    http-request return status 200 hdr grpc-status 7 "
                 f"hdr grpc-message {_quoted(REFUSED_GRPC.replace(' ', '%%20'))} if !public"]  # log-format: %% is %
@@ -244,6 +244,11 @@ def switch_commands(to_slot: str, ports: Ports, drain: str | None) -> str:
 
 def maint_commands(slot: str) -> str:
     return "; ".join(f"set server {section}/{slot} state maint" for section, _, _ in SECTIONS)
+
+
+def end_sessions_commands(slot: str) -> str:
+    """Close every stream the proxy holds open to ``slot`` (its clients see the stream end and reconnect). Pure."""
+    return "; ".join(f"shutdown sessions server {section}/{slot}" for section, _, _ in SECTIONS)
 
 
 @dataclass(frozen=True)
@@ -317,3 +322,6 @@ class Runtime:
 
     def maint(self, slot: str) -> None:
         command(self.sock, maint_commands(slot))
+
+    def end_sessions(self, slot: str) -> None:
+        command(self.sock, end_sessions_commands(slot))

@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 from ..errors import StokerError
 from ..triton_config import ENSEMBLE_NAME
+from ..triton_metrics import in_flight
 from ..triton_metrics import parse as parse_metrics
 
 
@@ -142,3 +143,9 @@ def request_counts(metrics_url: str, model: str = ENSEMBLE_NAME, timeout_s: floa
     with urllib.request.urlopen(metrics_url, timeout=timeout_s) as resp:
         row = parse_metrics(resp.read().decode("utf-8", "replace")).get(model, {})
     return row.get("success", 0.0), row.get("failure", 0.0)
+
+
+def requests_in_flight(metrics_url: str, timeout_s: float = 2.0) -> int | None:
+    """Requests a backend has begun or queued and not answered (triton_metrics.in_flight); None: it cannot tell."""
+    with urllib.request.urlopen(metrics_url, timeout=timeout_s) as resp:
+        return in_flight(resp.read().decode("utf-8", "replace"))

@@ -27,6 +27,10 @@ from .ports import Ports, choose_backend_ports, is_port_free, port_owner
 
 PROXY_START_TIMEOUT_S = 15.0
 PORT_RETRIES = 2  # a port verified free can still be taken before Triton binds it
+DRAIN_POLL_S = 0.2
+# Reads of "nothing in flight" in a row, DRAIN_POLL_S apart, before idle streams are ended: the gauge drops when a
+# model sends its last response, and the ensemble's postprocessing of that response can still be running.
+IDLE_READS = 2
 
 
 # ---------------------------------------------------------------- reconcile
@@ -276,11 +280,17 @@ def watch(client: docker.DockerClient, live: BackendRef, window_s: float, max_er
 
 def retire(client: docker.DockerClient, target: Target, old: BackendRef, drain_timeout_s: float, log: Log,
            live: BackendRef | None = None) -> float:
-    """Wait until the proxy has no request open to ``old`` (or the deadline), then remove it; the config file then
-    names ``live`` alone, as the runtime does."""
+    """Wait until ``old`` answers no request (or the deadline), then remove it; the config file then names
+    ``live`` alone, as the runtime does.
+
+    Idle is read two ways: the proxy has no stream open to ``old``, or ``old`` itself reports no request in
+    flight twice in a row while the proxy still holds streams (clients keep a gRPC bidi stream open between
+    requests): those streams are then ended between requests, never mid-answer, and their clients reconnect
+    to the live backend (README, "Long-lived streams").
+    """
     t0 = time.monotonic()
     rt = runtime_for(target, proxy_container(client, target.name))
-    open_ = -1
+    open_, idle_reads = -1, 0
     while time.monotonic() - t0 < drain_timeout_s:
         try:
             open_ = rt.sessions(old.slot)
@@ -288,7 +298,17 @@ def retire(client: docker.DockerClient, target: Target, old: BackendRef, drain_t
             break
         if open_ == 0:
             break
-        time.sleep(0.2)
+        idle_reads = idle_reads + 1 if _in_flight(old) == 0 else 0
+        if idle_reads >= IDLE_READS:
+            log(f"{old.container}: {open_} stream(s) still open with no request in flight; ending them between "
+                f"requests (their clients reconnect to the live backend)")
+            try:
+                rt.end_sessions(old.slot)
+            except haproxy.ProxyApiError as err:
+                log(f"could not end the streams to {old.container}: {err}")
+            open_ = 0
+            break
+        time.sleep(DRAIN_POLL_S)
     if open_ > 0:
         log(f"{old.container} still had {open_} open request(s) after {drain_timeout_s:g} s; retiring it anyway")
     if live is not None:
@@ -303,6 +323,14 @@ def retire(client: docker.DockerClient, target: Target, old: BackendRef, drain_t
         pass
     log(f"retired {old.container} after {time.monotonic() - t0:.1f} s of draining")
     return time.monotonic() - t0
+
+
+def _in_flight(backend: BackendRef) -> int | None:
+    """What the backend reports in flight; None when it cannot tell (no gauge, metrics unreachable)."""
+    try:
+        return probe.requests_in_flight(backend.metrics)
+    except OSError:
+        return None
 
 
 def switch_back(client: docker.DockerClient, target: Target, failed: BackendRef, old: BackendRef | None,

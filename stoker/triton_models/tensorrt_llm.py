@@ -41,6 +41,9 @@ Behaviour, matched to TensorRT-LLM where it defines one:
 Concurrency: execute only enqueues; a pool of max_concurrent_requests threads generates (torch
 releases the GIL), so the default handles requests one after another in arrival order.
 Cancelled requests stop at the next token. Every failure is answered as a TritonError response.
+In flight: the gauge stoker_requests_in_flight{model="tensorrt_llm"} on Triton's metrics port counts requests
+begun and not yet answered (TensorRT-LLM's backend reports nv_trt_llm_request_metrics{request_type="active"});
+stoker retires a drained backend whose clients keep idle gRPC streams open once it reads 0 there.
 """
 
 from __future__ import annotations
@@ -206,6 +209,28 @@ def _score_tensors(records: list[Record]) -> list[Any]:
     return tensors
 
 
+IN_FLIGHT_METRIC = "stoker_requests_in_flight"
+
+
+class InFlight:
+    """A gauge of requests begun and not yet answered; a no-op where Triton's metrics are off."""
+
+    def __init__(self, model_name: str) -> None:
+        try:
+            # The family must outlive its metric (Triton deletes the metric with it), so both are kept.
+            self.family = pb_utils.MetricFamily(name=IN_FLIGHT_METRIC, kind=pb_utils.MetricFamily.GAUGE,
+                                                description="requests begun and not yet answered")
+            self.gauge = self.family.Metric(labels={"model": model_name})
+        except Exception:  # noqa: BLE001 -- metrics disabled (--allow-metrics=false): serving goes on without
+            self.gauge = None
+        self.lock = threading.Lock()
+
+    def add(self, n: int) -> None:
+        if self.gauge is not None:
+            with self.lock:
+                self.gauge.increment(n)
+
+
 class TritonPythonModel:
     """Generates with the reference runtime; see the module docstring for the contract."""
 
@@ -224,6 +249,7 @@ class TritonPythonModel:
         self.defaults = (self.model.info.end_id, self.model.info.pad_id, [[int(i)] for i in stop_ids])
         self.stopping = threading.Event()
         self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="stoker-gen")
+        self.in_flight = InFlight(args.get("model_name", "tensorrt_llm"))
         pb_utils.Logger.log_info(
             f"tensorrt_llm (reference runtime): {weights}, {self.model.architecture} (transformers), quantization {self.model.info.quant_format}, "
             f"kv cache {self.model.info.kv_cache_dtype or 'float32'}, end_id {self.defaults[0]}, stop ids {stop_ids}, "
@@ -287,6 +313,8 @@ class TritonPythonModel:
                 sender.send(pb_utils.InferenceResponse(output_tensors=self._full_output(request, jobs)), flags=FINAL)
         except Exception as exc:  # noqa: BLE001 -- every failure goes back as a response, never crashes the model
             sender.send(pb_utils.InferenceResponse(error=self._error(exc)), flags=FINAL)
+        finally:
+            self.in_flight.add(-1)
 
     @staticmethod
     def _error(exc: Exception) -> Any:
@@ -308,8 +336,12 @@ class TritonPythonModel:
             return pb_utils.InferenceResponse(error=self._error(exc))
 
     def execute(self, requests: list[Any]) -> list[Any] | None:
+        self.in_flight.add(len(requests))
         if not self.decoupled:
-            return [self._answer(r) for r in requests]
+            try:
+                return [self._answer(r) for r in requests]
+            finally:
+                self.in_flight.add(-len(requests))
         for request in requests:
             self.pool.submit(self._serve, request)
         return None

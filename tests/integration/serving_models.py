@@ -3,7 +3,9 @@
 It streams ``max_tokens`` responses ``"<tag>:<i> "`` at ``interval_s``, so a client can tell which
 backend answered. Modes make the faults real: ``raise`` answers every request with an error,
 ``exit_after`` makes Triton itself exit that many seconds after the model loaded (ready, then gone),
-``hang`` never finishes loading (never ready). Also publishes repositories to a real S3 server.
+``hang`` never finishes loading (never ready). Like stoker's reference ``tensorrt_llm`` model it reports the
+requests it has begun and not yet answered as the gauge ``stoker_requests_in_flight``, which retire reads.
+Also publishes repositories to a real S3 server.
 """
 
 from __future__ import annotations
@@ -39,6 +41,9 @@ TAG, MODE, ARG, INTERVAL = {tag!r}, {mode!r}, {arg!r}, {interval!r}
 
 class TritonPythonModel:
     def initialize(self, args):
+        self.family = pb_utils.MetricFamily(name="stoker_requests_in_flight", description="begun, not answered",
+                                            kind=pb_utils.MetricFamily.GAUGE)
+        self.in_flight = self.family.Metric(labels={{"model": "ensemble"}})
         if MODE == "hang":
             time.sleep(3600)
         if MODE == "exit_after":
@@ -46,9 +51,11 @@ class TritonPythonModel:
             threading.Timer(ARG, lambda: os.kill(1, signal.SIGTERM)).start()
 
     def execute(self, requests):
+        self.in_flight.increment(len(requests))
         for request in requests:
             sender = request.get_response_sender()
             if MODE == "raise":
+                self.in_flight.increment(-1)
                 sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError("model raising on purpose")),
                             flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
                 continue
@@ -60,6 +67,7 @@ class TritonPythonModel:
                 out = pb_utils.Tensor("text_output", np.array([f"{{TAG}}:{{i}} ".encode()], dtype=np.object_))
                 sender.send(pb_utils.InferenceResponse(output_tensors=[out]))
             sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            self.in_flight.increment(-1)
         return None
 """
 

@@ -1,7 +1,7 @@
 """API keys at the stable endpoint: the spec's section, the keys' file, the proxy's rendered checks. Pure.
 
 The keys' behaviour on a running proxy (401s, rotation without a restart, gRPC) is tested on the real
-HAProxy in tests/integration/test_promotion.py.
+HAProxy in tests/integration/test_endpoint_boundary.py.
 """
 
 from __future__ import annotations

@@ -129,6 +129,28 @@ def B(name, slot, port, *, running=True, ready=True, created=1, legacy=False, di
                    legacy=legacy)
 
 
+def test_ending_a_slots_streams_covers_every_section():
+    assert haproxy.end_sessions_commands("blue").split("; ") == [
+        "shutdown sessions server http/blue", "shutdown sessions server grpc/blue", "shutdown sessions server metrics/blue"]
+
+
+def test_in_flight_sums_the_gauges_of_requests_begun_and_queued():
+    from stoker.triton_metrics import in_flight
+
+    text = """# TYPE stoker_requests_in_flight gauge
+stoker_requests_in_flight{model="tensorrt_llm"} 1
+stoker_requests_in_flight{model="ensemble"} 0
+nv_inference_pending_request_count{model="ensemble",version="1"} 2
+nv_trt_llm_request_metrics{model="tensorrt_llm",request_type="max",version="1"} 64
+nv_trt_llm_request_metrics{model="tensorrt_llm",request_type="active",version="1"} 3
+"""
+    assert in_flight(text) == 6  # 1 + 2 queued + 3 active; TensorRT-LLM's "max" is a capacity, not a request
+    assert in_flight('stoker_requests_in_flight{model="m"} 0\nnv_inference_pending_request_count{model="m"} 0') == 0
+    # Triton's pending gauge alone cannot tell a request being answered from none: None, retire waits on the proxy.
+    assert in_flight('nv_inference_pending_request_count{model="m",version="1"} 0') is None
+    assert in_flight("") is None
+
+
 def test_consistent_deployment_needs_no_repair():
     blue = B("b", "blue", 20000)
     r = plan_repair([blue], ProxyView(True, True, "blue", {"blue": 20000, "green": 1}, LISTEN), LISTEN)

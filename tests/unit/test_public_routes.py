@@ -1,5 +1,5 @@
 """Which routes the stable address serves (stoker/serving/haproxy.py): inference, health, metadata; nothing else.
-The proxy itself is tested in tests/integration/test_promotion.py; here, the rendered rules."""
+The proxy itself is tested in tests/integration/test_endpoint_boundary.py; here, the rendered rules."""
 
 from __future__ import annotations
 

@@ -1,0 +1,215 @@
+"""Fixtures and helpers of the promotion tests: a deployment target on the session's Docker daemon and images, test
+builds published to the session's S3 (moto), and clients streaming through the stable endpoint.
+
+Test modules import the fixtures they use by name (pytest finds fixtures among a module's attributes).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import urllib.error
+import urllib.request
+import uuid
+from pathlib import Path
+
+import boto3
+import pytest
+
+from stoker import docker_engine as engine
+from stoker.serving import promote
+from stoker.serving.ports import Ports
+from stoker.stack.services import free_port
+
+from serving_models import publish, write_repo
+
+ROOT = Path(__file__).resolve().parents[2]
+SECRET = f"stoker-test-secret-{uuid.uuid4().hex}"
+
+
+@pytest.fixture(scope="module")
+def images(triton_image):
+    from stoker.spec import Deploy
+
+    return triton_image, Deploy().proxy_image  # the session's daemon and images (tests/conftest.py)
+
+
+@pytest.fixture(scope="module")
+def client(images):
+    return engine.connect(None)
+
+
+@pytest.fixture(scope="module")
+def s3(local_stack):
+    env = local_stack["aws_env"]
+    c = boto3.client("s3", endpoint_url=local_stack["s3"], region_name="us-east-1",
+                     aws_access_key_id=env["AWS_ACCESS_KEY_ID"], aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"])
+    bucket = f"promo-{uuid.uuid4().hex[:10]}"
+    c.create_bucket(Bucket=bucket)
+    return c, bucket, local_stack["s3"], env
+
+
+def listen_ports() -> Ports:
+    a = free_port()
+    b = free_port(exclude=(a,))
+    return Ports(a, b, free_port(exclude=(a, b)))
+
+
+@pytest.fixture
+def target(client, tmp_path, images):
+    t = promote.Target(name=f"p{uuid.uuid4().hex[:8]}", listen=listen_ports(), proxy_image=images[1],
+                       state_dir=tmp_path / "proxy")
+    yield t
+    engine.remove_deployment(client, t.name, lambda _l: None)
+
+
+class Build:
+    """Publish a test repository and describe the backend that serves it."""
+
+    def __init__(self, s3, images, tmp_path: Path, name: str) -> None:
+        self.s3, self.image, self.tmp, self.name = s3, images[0], tmp_path, name
+
+    def __call__(self, tag: str, ready_timeout_s: float = 60, **model) -> engine.BackendSpec:
+        c, bucket, endpoint, env = self.s3
+        uri, digest = publish(c, bucket, endpoint, write_repo(self.tmp / f"{tag}-{uuid.uuid4().hex[:6]}", tag,
+                                                               **model))
+        return engine.BackendSpec(name=self.name, image=self.image, repository_uri=uri, repo_digest=digest,
+                                  env={**env, "AWS_DEFAULT_REGION": "us-east-1"}, ready_timeout_s=ready_timeout_s,
+                                  run_id=f"run-{tag}")
+
+
+@pytest.fixture
+def build(s3, images, tmp_path, target):
+    return Build(s3, images, tmp_path, target.name)
+
+
+class Lines(list):
+    def __call__(self, line: str) -> None:
+        self.append(line)
+        print(line, flush=True)
+
+
+def generate(http_url: str, text: str = "hi", max_tokens: int = 3, timeout_s: float = 10,
+             headers: dict | None = None, context=None) -> str:
+    body = json.dumps({"text_input": text, "max_tokens": max_tokens, "stream": True}).encode()
+    req = urllib.request.Request(f"{http_url}/v2/models/ensemble/generate_stream", data=body,
+                                 headers={"Content-Type": "application/json", **(headers or {})})
+    with urllib.request.urlopen(req, timeout=timeout_s, context=context) as r:
+        raw = r.read().decode()
+    events = [json.loads(ln[5:]) for ln in raw.splitlines() if ln.startswith("data:")]
+    assert events and not any("error" in e for e in events), raw
+    return "".join(e["text_output"] for e in events)
+
+
+def serving_tag(target: promote.Target) -> str:
+    return generate(target.endpoint["http"]).split(":")[0]
+
+
+def deploy(client, target, spec, log=None, settle_s=1.0, watch_s=2.0):
+    log = Lines() if log is None else log
+    staged = promote.prepare(client, target, spec, settle_s, log)
+    if staged["reused"]:
+        return staged, None
+    return staged, promote.go_live(client, target, staged, watch_s, 1.0, 10.0, log)
+
+
+def backends(client, name):
+    return [c for c in engine.containers(client, name, role=engine.ROLE_BACKEND)]
+
+
+def assert_one_live(client, target, tag):
+    assert serving_tag(target) == tag
+    running = [c for c in backends(client, target.name) if c.status == "running"]
+    assert len(running) == 1, [c.name for c in running]
+    view, _ = promote.observe_proxy(client, target)
+    assert view.running and view.live == running[0].labels[engine.LABEL_SLOT]
+
+
+class Load:
+    """Clients streaming through the stable endpoint: persistent gRPC channel + HTTP keep-alive SSE."""
+
+    def __init__(self, endpoint: dict) -> None:
+        self.endpoint, self.stop = endpoint, threading.Event()
+        self.ok = {"grpc": 0, "http": 0}
+        self.failures: list[str] = []
+        self.tags: set[str] = set()
+        self.threads = [threading.Thread(target=self._grpc, daemon=True),
+                        threading.Thread(target=self._http, daemon=True)]
+
+    def __enter__(self) -> Load:
+        for t in self.threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join(timeout=30)
+
+    def _grpc(self) -> None:
+        import asyncio
+
+        import numpy as np
+        from tritonclient.grpc import InferInput
+        from tritonclient.grpc.aio import InferenceServerClient
+
+        async def run() -> None:
+            client = InferenceServerClient(self.endpoint["grpc"])
+            try:
+                while not self.stop.is_set():
+                    text = InferInput("text_input", [1], "BYTES")
+                    text.set_data_from_numpy(np.array([b"hi"], dtype=np.object_))
+                    n = InferInput("max_tokens", [1], "INT32")
+                    n.set_data_from_numpy(np.array([3], dtype=np.int32))
+
+                    async def requests():
+                        yield {"model_name": "ensemble", "inputs": [text, n]}
+
+                    got = []
+                    try:
+                        async for result, error in client.stream_infer(requests()):
+                            if error is not None:
+                                raise error
+                            got.append(result.as_numpy("text_output")[0].decode())
+                            if len(got) == 3:
+                                break
+                    except Exception as exc:  # noqa: BLE001 - every failure is recorded, the test asserts none
+                        self.failures.append(f"grpc: {type(exc).__name__}: {str(exc)[:200]}")
+                        continue
+                    if len(got) != 3:
+                        self.failures.append(f"grpc: truncated stream {got}")
+                    else:
+                        self.ok["grpc"] += 1
+                        self.tags.add(got[0].split(":")[0])
+            finally:
+                await client.close()
+
+        asyncio.run(run())
+
+    def _http(self) -> None:
+        import http.client
+
+        host, port = self.endpoint["http"].removeprefix("http://").split(":")
+        conn = http.client.HTTPConnection(host, int(port), timeout=10)  # one keep-alive connection
+        body = json.dumps({"text_input": "hi", "max_tokens": 3, "stream": True})
+        while not self.stop.is_set():
+            try:
+                conn.request("POST", "/v2/models/ensemble/generate_stream", body,
+                             {"Content-Type": "application/json"})
+                resp = conn.getresponse()
+                raw = resp.read().decode()
+                events = [json.loads(ln[5:]) for ln in raw.splitlines() if ln.startswith("data:")]
+                if resp.status != 200 or len(events) != 3 or any("error" in e for e in events):
+                    self.failures.append(f"http: status {resp.status}, {raw[:200]}")
+                else:
+                    self.ok["http"] += 1
+                    self.tags.add(events[0]["text_output"].split(":")[0])
+            except Exception as exc:  # noqa: BLE001
+                self.failures.append(f"http: {type(exc).__name__}: {exc}")
+                conn.close()
+                conn = http.client.HTTPConnection(host, int(port), timeout=10)
+
+
+def restart_proxy(client, target) -> None:
+    promote.proxy_container(client, target.name).restart(timeout=5)
+    promote.wait_proxy(client, target)

@@ -1,0 +1,163 @@
+"""Clients that stream through a stable endpoint and record every request, for benchmarks/operate.py and the
+long-lived stream test: gRPC (a persistent channel, one stream per request), gRPC over one long-lived bidi stream
+carrying request after request, and HTTP keep-alive SSE.
+
+A record is (protocol, start, end, ok, truncated, error, tag): ok = every response arrived; truncated = the
+answer stopped part-way (some responses, then the end or an error); tag = the build that answered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import queue
+import threading
+import time
+from pathlib import Path
+
+TOKENS = 4
+KEY_ENV = "STOKER_OPERATE_KEY"  # set by --keys; inherited by the load process
+
+
+def auth_headers() -> dict[str, str]:
+    key = os.environ.get(KEY_ENV)
+    return {"authorization": f"Bearer {key}"} if key else {}
+
+
+def _grpc_client(url: str, stop, records: list, interval_s: float = 0.0) -> None:
+    import numpy as np
+    from tritonclient.grpc import InferInput
+    from tritonclient.grpc.aio import InferenceServerClient
+
+    async def run() -> None:
+        client = InferenceServerClient(url)
+        while not stop.is_set():
+            text = InferInput("text_input", [1], "BYTES")
+            text.set_data_from_numpy(np.array([b"hi"], dtype=np.object_))
+            n = InferInput("max_tokens", [1], "INT32")
+            n.set_data_from_numpy(np.array([TOKENS], dtype=np.int32))
+
+            async def one():
+                yield {"model_name": "ensemble", "inputs": [text, n]}
+
+            t0, got, err = time.time(), [], None
+            try:
+                async for result, error in client.stream_infer(one(), headers=auth_headers() or None):
+                    if error is not None:
+                        raise error
+                    got.append(result.as_numpy("text_output")[0].decode())
+                    if len(got) == TOKENS:
+                        break
+            except BaseException as exc:  # noqa: BLE001 - recorded (a cancelled call is CancelledError)
+                err = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
+            records.append(("grpc", t0, time.time(), err is None and len(got) == TOKENS,
+                            err is None and len(got) != TOKENS, err, got[0].split(":")[0] if got else None))
+            if err:
+                await asyncio.sleep(0.05)  # a real client backs off a little after a failure
+            elif interval_s:
+                await asyncio.sleep(interval_s)
+        await client.close()
+
+    asyncio.run(run())
+
+
+def _http_client(url: str, stop, records: list) -> None:
+    import http.client
+
+    host, port = url.removeprefix("http://").split(":")
+    body = json.dumps({"text_input": "hi", "max_tokens": TOKENS, "stream": True})
+    conn = http.client.HTTPConnection(host, int(port), timeout=30)
+    while not stop.is_set():
+        t0, events, err = time.time(), [], None
+        try:
+            conn.request("POST", "/v2/models/ensemble/generate_stream", body,
+                         {"Content-Type": "application/json", **auth_headers()})
+            resp = conn.getresponse()
+            raw = resp.read().decode()
+            events = [json.loads(ln[5:]) for ln in raw.splitlines() if ln.startswith("data:")]
+            bad = [e["error"] for e in events if "error" in e]
+            if resp.status != 200 or bad:
+                err = f"HTTP {resp.status}: {(bad or [raw[:120]])[0]}"
+        except Exception as exc:  # noqa: BLE001 - recorded; reconnect like a real client
+            err = f"{type(exc).__name__}: {exc}"
+            conn.close()
+            conn = http.client.HTTPConnection(host, int(port), timeout=30)
+        tokens = [e.get("text_output", "") for e in events if "text_output" in e]
+        records.append(("http", t0, time.time(), err is None and len(tokens) == TOKENS,
+                        err is None and len(tokens) != TOKENS, err, tokens[0].split(":")[0] if tokens else None))
+        if err:
+            time.sleep(0.05)  # a real client backs off a little after a failure
+
+
+def long_stream_client(url: str, stop, records: list, gap_s: float = 0.3, stats: dict | None = None) -> None:
+    """One gRPC bidi stream carrying request after request, ``gap_s`` apart, as a chat front end keeps one open.
+
+    What the README tells clients: a stream can end between requests (its backend was retired); open a new one
+    and go on. A request whose stream ended before any response is recorded as failed (not truncated) and is
+    not resent here, so the count stays honest. ``stats["reconnects"]`` counts the streams opened after the first.
+    """
+    import numpy as np
+    import tritonclient.grpc as grpcclient
+
+    stats = {} if stats is None else stats
+    stats.setdefault("reconnects", 0)
+    client = grpcclient.InferenceServerClient(url)
+    answers: queue.Queue = queue.Queue()
+
+    def open_stream() -> None:
+        nonlocal answers
+        answers = queue.Queue()
+        mine = answers
+        client.start_stream(callback=lambda result, error: mine.put((result, error)), headers=auth_headers() or None)
+
+    def reopen() -> None:
+        client.stop_stream()
+        open_stream()
+        stats["reconnects"] += 1
+
+    open_stream()
+    while not stop.is_set():
+        ended = False
+        while not answers.empty():  # the stream ended while idle: its error is waiting
+            ended = ended or answers.get_nowait()[1] is not None
+        if ended:
+            reopen()
+        text = grpcclient.InferInput("text_input", [1], "BYTES")
+        text.set_data_from_numpy(np.array([b"hi"], dtype=np.object_))
+        n = grpcclient.InferInput("max_tokens", [1], "INT32")
+        n.set_data_from_numpy(np.array([TOKENS], dtype=np.int32))
+        t0, got, err = time.time(), [], None
+        try:
+            client.async_stream_infer("ensemble", [text, n], enable_empty_final_response=True)
+            while True:
+                result, error = answers.get(timeout=30)
+                if error is not None:
+                    err = f"{type(error).__name__}: {str(error).splitlines()[0][:160] if str(error) else ''}"
+                    break
+                if result.get_response().parameters["triton_final_response"].bool_param:
+                    break
+                got.append(result.as_numpy("text_output")[0].decode())
+        except Exception as exc:  # noqa: BLE001 - recorded (queue.Empty: no answer in 30 s)
+            err = f"{type(exc).__name__}: {exc}"
+        records.append(("grpc-long", t0, time.time(), err is None and len(got) == TOKENS,
+                        (err is None and len(got) != TOKENS) or (err is not None and 0 < len(got)), err,
+                        got[0].split(":")[0] if got else None))
+        if err:
+            reopen()
+        time.sleep(gap_s)
+    client.stop_stream()
+    client.close()
+
+
+def load_process(endpoint: dict, stop, out_path: str, ready) -> None:
+    records: list = []
+    threads = [threading.Thread(target=_grpc_client, args=(endpoint["grpc"], stop, records)) for _ in range(2)]
+    threads.append(threading.Thread(target=long_stream_client, args=(endpoint["grpc"], stop, records)))
+    threads += [threading.Thread(target=_http_client, args=(endpoint["http"], stop, records)) for _ in range(2)]
+    for t in threads:
+        t.start()
+    ready.set()
+    for t in threads:
+        t.join()
+    Path(out_path).write_text(json.dumps(records))
