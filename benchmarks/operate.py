@@ -12,8 +12,10 @@ each naming its build, in TensorRT-LLM's four-model layout so `reload` has every
 
 1. Side by side, before any load: the same 1-token streamed request straight to the backend and through
    the proxy, interleaved, over HTTP (keep-alive, SSE) and gRPC (one stream per request): p50 added latency.
-2. Load for the whole run, in its own process: 2 gRPC clients (one persistent channel each) + 2 HTTP
-   keep-alive SSE clients, each looping one streamed request after another through the stable endpoint.
+2. Load for the whole run, in its own process: 2 gRPC clients (one persistent channel each, a stream per
+   request), 1 gRPC client keeping one bidi stream open and sending a request every 0.3 s on it (reconnecting
+   when a retire ends it between requests), 2 HTTP keep-alive SSE clients, each looping one streamed request
+   after another through the stable endpoint (tests/integration/stream_clients.py).
    A request fails on any error; a stream that ends with fewer than 4 responses is truncated.
 3. Meanwhile: 3x replace, a switch to reload + 3x reload in place, 1x `stoker rollback`, then each fault of
    issue 11: a candidate ready-then-exiting, never ready, failing its smoke inference; an internal port
@@ -391,7 +393,8 @@ def main() -> int:
         time.sleep(3)
         stop.set()
         loader.join(120)
-        records = json.loads(load_out.read_text())
+        loaded = json.loads(load_out.read_text())
+        records, long_stats = loaded["records"], loaded["long_stream"]
     finally:
         engine.remove_deployment(engine.connect(), run.spec.deploy.name, lambda _l: None)
         stop_all(state)
@@ -406,10 +409,15 @@ def main() -> int:
     endpoints = {json.dumps(p["endpoint_after"], sort_keys=True) for p in run.phases}
     data = {
         "added_latency": latency,
-        "load": {"clients": {"grpc": 2, "http_sse": 2}, "tokens_per_request": TOKENS, "backoff_after_failure_s": 0.05,
+        "load": {"clients": {"grpc": 2, "grpc_long_lived_stream": 1, "http_sse": 2}, "tokens_per_request": TOKENS,
+                 "backoff_after_failure_s": 0.05,
+                 "long_lived_stream": {"gap_between_requests_s": 0.3, "reconnects": long_stats.get("reconnects", 0),
+                                       **{k: sum(1 for r in records if r[0] == "grpc-long" and f(r)) for k, f in (
+                                           ("requests", lambda r: True), ("failed", lambda r: not r[3] and not r[4]),
+                                           ("truncated", lambda r: r[4]))}},
                  "requests": len(records), "failed": sum(1 for r in records if not r[3] and not r[4]),
                  "truncated": sum(1 for r in records if r[4]),
-                 "by_protocol": {proto: sum(1 for r in records if r[0] == proto) for proto in ("grpc", "http")}},
+                 "by_protocol": {proto: sum(1 for r in records if r[0] == proto) for proto in ("grpc", "grpc-long", "http")}},
         "targets": {
             "zero_failed_and_truncated_outside_proxy_and_dockerd_kills": {
                 "requests": len(in_rollouts), "failed": sum(1 for r in in_rollouts if not r[3] and not r[4]),

@@ -151,13 +151,16 @@ def long_stream_client(url: str, stop, records: list, gap_s: float = 0.3, stats:
 
 
 def load_process(endpoint: dict, stop, out_path: str, ready) -> None:
+    """2 gRPC clients (a stream per request), 1 long-lived bidi stream, 2 HTTP SSE clients; writes
+    {"records": [...], "long_stream": {"reconnects": N}} to ``out_path`` when ``stop`` is set."""
     records: list = []
+    long_stats: dict = {}
     threads = [threading.Thread(target=_grpc_client, args=(endpoint["grpc"], stop, records)) for _ in range(2)]
-    threads.append(threading.Thread(target=long_stream_client, args=(endpoint["grpc"], stop, records)))
+    threads.append(threading.Thread(target=long_stream_client, args=(endpoint["grpc"], stop, records, 0.3, long_stats)))
     threads += [threading.Thread(target=_http_client, args=(endpoint["http"], stop, records)) for _ in range(2)]
     for t in threads:
         t.start()
     ready.set()
     for t in threads:
         t.join()
-    Path(out_path).write_text(json.dumps(records))
+    Path(out_path).write_text(json.dumps({"records": records, "long_stream": long_stats}))
