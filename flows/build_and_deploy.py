@@ -2,9 +2,9 @@
 evaluate → gate → promote.
 
 The target (stoker/targets/) supplies the steps between fetch and promote. reference: quantize → build
-→ package, then "deploy" stages a candidate behind the deployment's stable endpoint, the benchmark and
-its gate run on the candidate's own ports, and only a candidate that passed them gets traffic
-("switch"). GPU targets: one cached GPU "build" step, then one serving container.
+→ package; GPU targets: one cached GPU "build" step, then package. Then, for every target, "deploy" stages a
+candidate behind the deployment's stable endpoint, the benchmark and its gates run on the candidate's own ports,
+and only a candidate that passed them gets traffic ("switch"): stoker/serving, one path.
 """
 
 from __future__ import annotations
@@ -98,7 +98,7 @@ def run_steps(spec: Spec, ctx: RunContext, steps: Steps) -> None:
             if name in steps:
                 mark_routed(steps[name], routed)
     else:
-        with target.heavy_slot():  # a global concurrency limit per GPU (stoker/gpu_slot.py); CPU: no slot
+        with target.heavy_slot(spec):  # a global concurrency limit per GPU (stoker/gpu_slot.py); CPU: no slot
             built = target.build(steps, spec, fetched, ctx)
     packaged = target.package(steps, spec, fetched, built, ctx)
     uploaded = steps.run("upload", upload_repository, spec, packaged, ctx)

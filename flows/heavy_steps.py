@@ -38,7 +38,7 @@ def heavy_steps(spec: Spec, run_id: str) -> dict:
     steps, error = Steps(), None
     try:
         fetched = steps.run("fetch", fetch_weights, spec, ctx)
-        with target.heavy_slot():  # the per-GPU global concurrency limit is taken where the GPU is
+        with target.heavy_slot(spec):  # the per-GPU global concurrency limit is taken where the GPU is
             target.build(steps, spec, fetched, ctx)
     except Exception as exc:
         error = one_line(exc)

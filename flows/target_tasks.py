@@ -15,7 +15,7 @@ _HOMES: dict[str, ModuleType] = {
     "stage_candidate": rollout, "switch_traffic": rollout, "abandon_candidate": rollout, "scrape_metrics": rollout,
     "benchmark_endpoint": triton_client, "gate_benchmark": gate,
     "evaluate_candidate": evaluate, "baseline_reference": evaluate, "baseline_recorded": evaluate,
-    "build_gpu": trtllm, "package_gpu": trtllm, "deploy_gpu": trtllm,
+    "build_gpu": trtllm, "package_gpu": trtllm,
 }
 
 

@@ -24,7 +24,7 @@ import docker
 import docker.errors
 import requests
 from docker.models.containers import Container
-from docker.types import Ulimit
+from docker.types import DeviceRequest, Ulimit
 
 from .errors import StokerError
 from .serving.ports import Ports
@@ -83,6 +83,14 @@ class BackendSpec:
     ready_timeout_s: float = 120.0
     extra_args: list[str] = field(default_factory=list)
     run_id: str = ""
+    # What a GPU target supplies beyond the CPU image's defaults (stoker/targets/gpu.py): the serve command on a
+    # backend's ports (None: the image's entrypoint is tritonserver and gets triton_args), an entrypoint to use
+    # instead of the image's ("" clears it), host folders mounted read-only (host -> container), GPUs, labels.
+    command: Callable[[Ports, list[str]], list[str]] | None = field(default=None, repr=False)
+    entrypoint: str | None = None
+    mounts: dict[str, str] = field(default_factory=dict)
+    device_ids: tuple[int, ...] = ()
+    labels: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not _NAME_RE.match(self.name):
@@ -177,13 +185,22 @@ def admin_headers(container: Container) -> dict[str, str]:
 
 def start_backend(client: docker.DockerClient, spec: BackendSpec, slot: str, ports: Ports) -> Container:
     """Run Triton for ``spec`` in ``slot`` on ``ports``. No restart policy until it is promoted."""
-    labels = {LABEL_MANAGED: "true", LABEL_DEPLOYMENT: spec.name, LABEL_ROLE: ROLE_BACKEND,
+    labels = {**spec.labels, LABEL_MANAGED: "true", LABEL_DEPLOYMENT: spec.name, LABEL_ROLE: ROLE_BACKEND,
               LABEL_DIGEST: spec.repo_digest, LABEL_SLOT: slot, LABEL_PORTS: ports.label(), LABEL_RUN: spec.run_id}
-    args = triton_args(spec.repository_uri, ports, [*spec.extra_args, *restricted_args(secrets.token_hex(16))])
+    extra = [*spec.extra_args, *restricted_args(secrets.token_hex(16))]
+    args = spec.command(ports, extra) if spec.command else triton_args(spec.repository_uri, ports, extra)
+    kwargs: dict = {}
+    if spec.entrypoint is not None:
+        kwargs["entrypoint"] = spec.entrypoint
+    if spec.mounts:
+        kwargs["volumes"] = {host: {"bind": inside, "mode": "ro"} for host, inside in spec.mounts.items()}
+    if spec.device_ids:
+        kwargs["device_requests"] = [DeviceRequest(device_ids=[str(i) for i in spec.device_ids],
+                                                   capabilities=[["gpu"]])]
     return _run(client, spec.image, args,
                 name=backend_name(spec.name, slot), labels=labels, environment=dict(spec.env),
                 shm_size=spec.shm_size,
-                ulimits=[Ulimit(name=k, soft=s, hard=h) for k, (s, h) in spec.ulimits.items()])
+                ulimits=[Ulimit(name=k, soft=s, hard=h) for k, (s, h) in spec.ulimits.items()], **kwargs)
 
 
 def start_proxy(client: docker.DockerClient, deployment: str, image: str, listen: Ports, state_dir: Path,

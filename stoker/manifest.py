@@ -8,6 +8,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from . import standin
 from .run import STEPS, RunContext, StepResult
 from .spec import Spec
 from .versions import tool_versions
@@ -23,7 +24,7 @@ def build_manifest(spec: Spec, ctx: RunContext, steps: dict[str, StepResult], so
                    evaluation: dict | None = None) -> dict:
     deploy = steps.get("deploy")
     switch = steps.get("switch")
-    # What serves is this run's build only once traffic is on it (GPU targets have no switch step).
+    # What serves is this run's build only once traffic is on it.
     live = bool(deploy and deploy.status == "completed"
                 and (switch.status == "completed" if switch else "switch" not in steps and not error))
     bench = steps.get("benchmark")
@@ -53,6 +54,10 @@ def build_manifest(spec: Spec, ctx: RunContext, steps: dict[str, StepResult], so
                      **({"switch": switch.detail} if switch and switch.status == "completed" else {})}
                     if deploy and deploy.status == "completed" else None),
         "rollback": rollback,  # set when a failure after deploy returned the endpoint to what served before
+        # STOKER_STANDIN=1 replaced the engine build and the serving image (stoker/standin.py): said on every run
+        # of a target that has a stand-in, so a manifest never leaves it open.
+        **({"standin": {"ran": standin.applies(spec), "note": standin.NOTE if standin.applies(spec) else
+                        "the real engine build and serving image"}} if spec.target in standin.TARGETS else {}),
         "triton_metrics": metrics or [],  # per model, cumulative since the server started
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started_at)),
         "runner": ctx.runner,

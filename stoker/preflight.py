@@ -65,16 +65,24 @@ def check_shared_cache(spec: Spec) -> None:
         raise s3.failure(err, f"storage.shared_cache: s3://{st.bucket}/{st.prefix}/cache/", st) from None
 
 
-def check_docker(spec: Spec) -> None:
-    """The daemon answers, both images are there, and the endpoint's ports are free or already ours."""
+def check_docker(spec: Spec, log: Callable[[str], None] = print) -> str:
+    """The daemon answers, the serving image (the one the target's backends run) and the proxy's are there, and
+    the endpoint's ports are free or already ours; returns the serving image."""
+    from . import standin, targets
     from .rollout import target_for
     from .serving import promote
 
     d = spec.deploy
     client = docker_engine.connect(d.docker_host, timeout_s=30)
-    docker_engine.require_image(client, d.image)
+    image = targets.get(spec.target).backend(spec, "", ())["image"]
+    if standin.applies(spec):  # one layer on the CPU image: built here when its recipe changed (seconds)
+        from .stack.standin_image import ensure_standin_image
+
+        ensure_standin_image(image, d.docker_host, log)
+    docker_engine.require_image(client, image)
     docker_engine.require_image(client, d.proxy_image)
     promote.check_listen_ports(client, target_for(spec))
+    return image
 
 
 def check_endpoint(spec: Spec, log: Callable[[str], None]) -> None:
@@ -107,5 +115,5 @@ def preflight(spec: Spec, log: Callable[[str], None]) -> None:
         log(f"preflight: heavy steps routed to {route.deployment} on pool {route.pool!r} "
             f"(online: {', '.join(route.workers)})")
     check_endpoint(spec, log)
-    check_docker(spec)
-    log(f"preflight: Docker daemon, images {spec.deploy.image} and {spec.deploy.proxy_image}, ports ok")
+    image = check_docker(spec, log)
+    log(f"preflight: Docker daemon, images {image} and {spec.deploy.proxy_image}, ports ok")

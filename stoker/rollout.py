@@ -30,9 +30,10 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable
 
+import docker.errors
 from botocore.exceptions import ClientError
 
-from . import credentials, docker_engine, s3
+from . import credentials, docker_engine, s3, targets
 from .errors import StokerError
 from .run import stoker_home
 from .serving import api_keys, openai_service, probe, promote
@@ -42,13 +43,11 @@ from .triton_config import ENSEMBLE_NAME, MODEL_NAME
 
 Log = Callable[[str], None]
 LIVE_STATE = "stoker-live.json"
+GPUS_LABEL = "ai.stoker.gpus"  # stoker.targets.gpu.GPUS_LABEL: the device ids a backend holds
 # Composing models before the ensemble, so the ensemble's first request after its
 # reload already meets the new versions.
 LOAD_ORDER = ("preprocessing", MODEL_NAME, "postprocessing", ENSEMBLE_NAME)
 EXPLICIT_ARGS = ["--model-control-mode=explicit", "--load-model=*"]
-# The CPU image's tritonserver is a GPU build: unasked, it tries pinned memory and GPU metrics at
-# every start and logs each failure as a warning.
-CPU_ARGS = ["--allow-gpu-metrics=false", "--pinned-memory-pool-byte-size=0"]
 
 
 class RolloutError(StokerError):
@@ -93,18 +92,37 @@ def target_for(spec: Spec) -> promote.Target:
 
 
 def backend_spec(spec: Spec, repository_uri: str, digest: str, env: dict[str, str], run_id: str = "",
-                 reload: bool | None = None) -> docker_engine.BackendSpec:
-    """The backend for this spec; reload mode always serves the live repository, explicitly."""
+                 reload: bool | None = None, gpus: tuple[int, ...] = ()) -> docker_engine.BackendSpec:
+    """The backend for this spec: what its target supplies (image, command, mounts, devices: stoker/targets/) and
+    what every backend shares; reload mode always serves the live repository, explicitly."""
     d = spec.deploy
-    extra: list[str] = list(CPU_ARGS) if spec.target == "reference" else []
+    fields = targets.get(spec.target).backend(spec, repository_uri, gpus)
+    extra = list(fields.pop("extra_args", []))
+    env = fields.pop("env", env)  # a target that reads no S3 (a mounted repository) is given no credentials
     if d.rollout == "reload" if reload is None else reload:
-        repository_uri = s3.triton_uri(spec.storage, f"{live_prefix(spec.storage, d.name)}/model_repository")
+        fields["repository_uri"] = s3.triton_uri(spec.storage, f"{live_prefix(spec.storage, d.name)}/model_repository")
         digest = live_digest(spec.storage, d.name)
         extra += EXPLICIT_ARGS
     return docker_engine.BackendSpec(
-        name=d.name, image=d.image, repository_uri=repository_uri, repo_digest=digest, env=env,
-        shm_size=d.shm_size, ulimits={k: (v.soft, v.hard) for k, v in d.ulimits.items()},
-        ready_timeout_s=d.ready_timeout_s, extra_args=extra, run_id=run_id)
+        name=d.name, repo_digest=digest, env=env, shm_size=d.shm_size,
+        ulimits={k: (v.soft, v.hard) for k, v in d.ulimits.items()}, ready_timeout_s=d.ready_timeout_s,
+        extra_args=extra, run_id=run_id, **fields)
+
+
+def candidate_gpus(client, spec: Spec, live: promote.topology.Backend | None) -> tuple[int, ...]:
+    """The device ids a new backend gets: under surge the set the live backend does not hold (blue/green across
+    GPU sets), else the one set; () on CPU."""
+    sets = targets.get(spec.target).gpu_sets(spec)
+    if not sets:
+        return ()
+    held: tuple[int, ...] = ()
+    if live is not None:
+        try:
+            label = client.containers.get(live.container).labels.get(GPUS_LABEL, "")
+            held = tuple(int(i) for i in label.split(",") if i)
+        except docker.errors.NotFound:
+            pass
+    return next((s for s in sets if s != held), sets[0])
 
 
 def container_env(spec: Spec) -> dict[str, str]:
@@ -279,8 +297,10 @@ def stage(spec: Spec, repository_uri: str, digest: str, run_id: str, log: Log) -
         log(f"{live.container} already serves digest {digest[:12]}; reusing it")
         out.update(candidate=previous, reused=True)
         return out
-    cand = promote.stage(client, target, backend_spec(spec, repository_uri, digest, env, run_id), live,
-                         d.settle_s, log)
+    bspec = backend_spec(spec, repository_uri, digest, env, run_id, gpus=candidate_gpus(client, spec, live))
+    out.update(image=bspec.image, gpus=list(bspec.labels.get(GPUS_LABEL, "").split(",")) if GPUS_LABEL in bspec.labels
+               else [])
+    cand = promote.stage(client, target, bspec, live, d.settle_s, log)
     out["candidate"] = cand.to_dict()
     return out
 

@@ -28,11 +28,15 @@ FAILED_EVENT = "stoker.run.failed"
 
 
 @step_task("deploy", retries=0)
-def stage_candidate(spec: Spec, uploaded: StepResult, ctx: RunContext) -> StepResult:
-    """Reconcile the deployment, then start and prove a candidate for the uploaded repository (no traffic yet)."""
+def stage_candidate(spec: Spec, uploaded: StepResult, ctx: RunContext, repository: str | None = None) -> StepResult:
+    """Reconcile the deployment, then start and prove a candidate for the uploaded repository (no traffic yet).
+
+    ``repository``: where the backend loads it from, as the target says (stoker/targets/: S3, or the package
+    step's folder mounted into a GPU backend); the upload's S3 URI by default."""
     logger = get_run_logger()
     t0 = time.perf_counter()
-    staged = rollout.stage(spec, uploaded.detail["repository_uri"], uploaded.digest, ctx.run_id, logger.info)
+    staged = rollout.stage(spec, repository or uploaded.detail["repository_uri"], uploaded.digest, ctx.run_id,
+                           logger.info)
     cand = staged["candidate"]
     # http/grpc/metrics: the candidate's own ports, which the benchmark and gates use before the switch.
     detail = {**staged, "http": cand["http"], "grpc": cand["grpc"], "metrics": cand["metrics"],

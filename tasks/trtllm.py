@@ -1,4 +1,5 @@
-"""GPU steps (TensorRT-LLM engine and LLM-API targets): container steps in the pinned serving image.
+"""GPU steps (TensorRT-LLM engine and LLM-API targets): build and package, container steps in the pinned serving
+image. Their backends are deployed by stoker/serving like every target's (stoker/targets/gpu.py says what differs).
 
 Not run on stoker's machines (no GPU, no TensorRT-LLM): these tasks are what a GPU host
 runs; their commands and configs are contract-tested (tests/contract), and the container
@@ -7,7 +8,6 @@ executor they use is tested for real with the CPU image (tests/integration/test_
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 from prefect import get_run_logger
@@ -46,7 +46,7 @@ def build_gpu(spec: Spec, fetched: StepResult, ctx: RunContext) -> StepResult:
     def produce(out: Path) -> dict:
         ws = _workspace(spec, fetched, out)
         detail: dict = {"target": spec.target, "image": planning.image_summary(spec), "steps": []}
-        for step in trtllm.gpu_steps(spec, facts, ws)[:-1]:  # the last one serves
+        for step in trtllm.gpu_steps(spec, facts, ws):
             log_file = out / f"{step.name}.log"
             with open(log_file, "w") as fh:
                 def log(line: str, fh=fh) -> None:
@@ -79,40 +79,3 @@ def package_gpu(spec: Spec, fetched: StepResult, built: StepResult, ctx: RunCont
         return info | {"pending": []}
 
     return cached_step(ctx, "package", gpu_package_key(spec, built.digest), produce, logger.info)
-
-
-@step_task("deploy", retries=0)
-def deploy_gpu(spec: Spec, packaged: StepResult, ctx: RunContext) -> StepResult:
-    """Serve the repository on the spec's GPUs (device requests, shm, ulimits; MPI launch for TP×PP > 1)."""
-
-    from stoker import docker_engine
-    from stoker.gpu import openai_frontend
-    from stoker.serving import probe
-
-    logger = get_run_logger()
-    t0 = time.perf_counter()
-    ws = trtllm.Workspace(hf=Path("/"), calibration=Path("/"), unified=Path("/"), checkpoint=Path("/"),
-                          engine=Path("/"), timing_cache=Path("/"), repository=packaged.path,
-                          stoker_src=planning.stoker_src())
-    serve = trtllm.gpu_steps(spec, planning.model_facts(spec), ws)[-1]
-    client = docker_engine.connect(spec.deploy.docker_host)
-    name = f"stoker-{spec.deploy.name}-gpu"
-    for old in client.containers.list(all=True, filters={"name": name}):
-        old.remove(force=True)
-    from stoker.container_exec import DockerExecutor
-
-    kwargs = DockerExecutor(client, labels={"ai.stoker.deployment": spec.deploy.name}).create_kwargs(serve, {})
-    container = client.containers.run(**kwargs, name=name, ports=trtllm.serve_ports(spec))
-    http = f"http://127.0.0.1:{spec.deploy.ports.http}"
-    try:
-        waited = probe.wait_ready(f"{http}/v2/health/ready", spec.deploy.ready_timeout_s)
-        logger.info(f"deploy: {name} ready after {waited:.1f}s")
-    except Exception:
-        container.remove(force=True)
-        raise
-    endpoint = {"http": http, "grpc": f"127.0.0.1:{spec.deploy.ports.grpc}"}
-    if openai_frontend.renders(spec):  # Triton's own OpenAI frontend serves on the metrics role's port
-        endpoint["openai"] = f"http://127.0.0.1:{spec.deploy.ports.metrics}/v1"
-    return StepResult(name="deploy", duration_s=time.perf_counter() - t0, key=packaged.digest[:24],
-                      digest=packaged.digest, detail={"container": name, "http": http, "grpc": endpoint["grpc"],
-                                                      "endpoint": endpoint, "image": trtllm.serving_image(spec)})

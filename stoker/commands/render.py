@@ -51,7 +51,8 @@ def render(spec_path: Path, outdir: Path) -> dict:
                   "facts": asdict(facts) if facts else None},
         "workspace": {k: str(v) for k, v in asdict(ws).items()},
         "steps": [s.to_json() for s in steps],
-        "serve_ports": trtllm.serve_ports(spec),
+        # Every backend gets its own loopback ports from stoker/serving; shown here on the spec's own ports.
+        "serve_command": trtllm.serve_command(spec, spec.deploy.ports, ["<Triton's restricted admin APIs>"]),
         "repository": packaged,
         "notes": [f.line() for f in findings],
         "rollout": planned.to_dict() if (planned := rollout.plan_rollout(spec, facts)) else None,

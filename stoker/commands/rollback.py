@@ -84,8 +84,12 @@ def rollback_to(name: str, run_id: str | None, log=print) -> dict:
     if warm is None:
         live = promote.reconcile(client, target, log)
         run_spec = parse_spec(chosen["spec"], f"manifest of {chosen['run_id']}")
-        bspec = rollout.backend_spec(run_spec, up["detail"]["repository_uri"], up["digest"],
-                                     rollout.container_env(run_spec), run_id=chosen["run_id"], reload=False)
+        # Where that run's backend loaded its repository (a GPU target mounts the package step's folder), else S3.
+        repository = (chosen["steps"].get("deploy", {}).get("detail") or {}).get("repository_uri") \
+            or up["detail"]["repository_uri"]
+        bspec = rollout.backend_spec(run_spec, repository, up["digest"], rollout.container_env(run_spec),
+                                     run_id=chosen["run_id"], reload=False,
+                                     gpus=rollout.candidate_gpus(client, run_spec, live))
         cand = promote.stage(client, target, bspec, live, spec.deploy.settle_s, log)
     else:
         live, cand = routed, promote.BackendRef.of(warm)

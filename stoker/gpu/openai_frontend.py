@@ -25,7 +25,7 @@ commit 819ee37770df2fcd6d799d2a5d1dacf812f7d62c, per build.py's DEFAULT_TRITON_V
   (streaming, sampling_param_*), so the pytorch target gets no frontend.
 - python/openai/README.md: for TRT-LLM the model is "ensemble" (or "tensorrt_llm_bls"); more than one
   GPU works only in orchestrator mode (TRTLLM_ORCHESTRATOR=1), not in leader mode, which is how
-  stoker launches TP x PP > 1 (launch_triton_server.py, one MPI rank per GPU).
+  stoker launches TP x PP > 1 (mpirun, one rank per GPU, as launch_triton_server.py does).
 Unverified: the README's TRT-LLM section still tells users to pip-install the wheels and clone the
 repository inside the -trtllm-python-py3 image; that its copy at /opt/tritonserver/python/openai runs
 there as is follows from build.py only.
@@ -81,7 +81,7 @@ def findings(spec) -> list[Finding]:
     if spec.parallel.world_size > 1:
         return [Finding("note", f"not rendered for tensor x pipeline = {spec.parallel.world_size}: the frontend "
                                 "hosts Triton in its own process and supports TRT-LLM's orchestrator mode only, "
-                                "while stoker serves several ranks in leader mode (launch_triton_server.py)")]
+                                "while stoker serves several ranks in leader mode (mpirun, one rank per GPU)")]
     out = [Finding("note", f"Triton's OpenAI frontend is the serve command: /v1/ with model {MODEL_NAME!r}, "
                            f"KServe HTTP/gRPC from the same process (rendered by contract, not run here)")]
     if not spec.runtime.decoupled:
@@ -95,20 +95,16 @@ def renders(spec) -> bool:
             and ships_frontend(spec.deploy.image))
 
 
-def argv(kserve_http: int, kserve_grpc: int) -> list[str]:
+def argv(kserve_http: int, kserve_grpc: int, openai_port: int = PORT, host: str = "127.0.0.1") -> list[str]:
     """The serve container's command: Triton with the OpenAI API and KServe HTTP/gRPC, one process.
 
     KServe keeps stoker's readiness probe (/v2/health/ready), benchmark and evaluation working
     unchanged; the tokenizer is the build's own, the one preprocessing tokenizes with, so chat
-    templates and token counts match what the ensemble serves.
+    templates and token counts match what the ensemble serves. stoker/serving runs it on a backend's ports
+    (the OpenAI port takes the metrics role: the same Prometheus text is at its /metrics), on loopback:
+    clients reach it through the deployment's proxy.
     """
     return ["python3", MAIN, "--model-repository", C_MODELS, "--tokenizer", TOKENIZER_DIR,
-            "--backend", "tensorrtllm", "--host", "0.0.0.0", "--openai-port", str(PORT),
+            "--backend", "tensorrtllm", "--host", host, "--openai-port", str(openai_port),
             "--enable-kserve-frontends", "--kserve-http-port", str(kserve_http),
             "--kserve-grpc-port", str(kserve_grpc)]
-
-
-def container_ports(kserve_http: int, kserve_grpc: int) -> dict[str, int]:
-    """Role → container port. The frontend's port takes the metrics role: Triton's metrics port is not
-    served by this process, and the same Prometheus text is at /metrics of the frontend's port."""
-    return {"http": kserve_http, "grpc": kserve_grpc, "metrics": PORT}

@@ -1,7 +1,7 @@
 """The container steps of the GPU targets, as data: quantize/convert, trtllm-build, serve.
 
 Every step runs in the *serving* image (spec.deploy.image), so the TRT-LLM that builds an
-engine is the one that serves it. Quantization route (both targets): stoker's own worker
+engine is the one that serves it (serve_command, run by stoker/serving like every backend). Quantization route (both targets): stoker's own worker
 (`python3 -m stoker.gpu.quantize_worker`, stoker's source mounted read-only at /stoker)
 runs ModelOpt from inside the image — the ModelOpt that TRT-LLM 1.2.1 pins (~=0.37) —
 calibrated on an offline text file. It exports
@@ -117,19 +117,33 @@ def build_argv(spec, facts: ModelFacts | None) -> list[str]:
     return argv
 
 
-def serve_argv(spec) -> list[str]:
-    """tritonserver on one GPU; launch_triton_server.py (one MPI rank per GPU) for TP×PP > 1; Triton's
-    OpenAI frontend (which hosts Triton itself) where deploy.openai asks and the image ships it."""
-    world = spec.parallel.world_size
+def serve_command(spec, ports, extra_args: list[str]) -> list[str]:
+    """The serving container's command on ``ports`` (chosen by stoker/serving: loopback, host network), as the
+    one serving path runs it for every backend of a GPU target; ``extra_args`` (Triton's restricted admin APIs)
+    go to every tritonserver process.
+
+    One GPU: tritonserver on the mounted repository. TP×PP > 1: one MPI rank per GPU (what TensorRT-LLM's
+    launch_triton_server.py starts, written out so each rank gets loopback addresses and the restricted APIs):
+    rank 0 loads every model and serves; the other ranks load only tensorrt_llm and stay inside the backend's
+    worker loop, so they never reach the point of binding the ports. Triton's OpenAI frontend (which hosts
+    Triton itself) where deploy.openai asks and the image ships it: its own port takes the metrics role.
+    """
     if openai_frontend.renders(spec):
-        return openai_frontend.argv(CONTAINER_PORTS["http"], CONTAINER_PORTS["grpc"])
+        return openai_frontend.argv(ports.http, ports.grpc, openai_port=ports.metrics, host="127.0.0.1")
+    world = spec.parallel.world_size
+    common = [f"--http-address=127.0.0.1", f"--http-port={ports.http}", f"--grpc-address=127.0.0.1",
+              f"--grpc-port={ports.grpc}", f"--metrics-address=127.0.0.1", f"--metrics-port={ports.metrics}",
+              *extra_args]
     if world == 1:
-        return ["tritonserver", f"--model-repository={C_MODELS}", f"--http-port={CONTAINER_PORTS['http']}",
-                f"--grpc-port={CONTAINER_PORTS['grpc']}", f"--metrics-port={CONTAINER_PORTS['metrics']}"]
-    # The launcher starts mpirun and may return at once; the container must outlive it, and
-    # readiness is judged by /v2/health/ready, not by this process.
-    launch = f"python3 /app/scripts/launch_triton_server.py --world_size={world} --model_repo={C_MODELS}"
-    return ["/bin/bash", "-c", f"{launch} && exec sleep infinity"]
+        return ["tritonserver", f"--model-repository={C_MODELS}", *common]
+    argv = ["mpirun", "--allow-run-as-root"]
+    for rank in range(world):
+        only_engine = ["--model-control-mode=explicit", "--load-model=tensorrt_llm"] if rank else []
+        argv += ["-n", "1", "tritonserver", f"--model-repository={C_MODELS}", *only_engine, *common,
+                 "--disable-auto-complete-config", f"--backend-config=python,shm-region-prefix-name=prefix{rank}_"]
+        if rank < world - 1:
+            argv.append(":")
+    return argv
 
 
 def _gpu_base(spec, name: str, argv: list[str], mounts: list[Mount], timeout_s: float) -> ContainerStep:
@@ -141,7 +155,7 @@ def _gpu_base(spec, name: str, argv: list[str], mounts: list[Mount], timeout_s: 
 
 
 def gpu_steps(spec, facts: ModelFacts | None, ws: Workspace) -> list[ContainerStep]:
-    """Every container step a GPU host runs for this spec, in order (serve last)."""
+    """The container steps that build on a GPU host, in order; serving is stoker/serving's (serve_command)."""
     steps: list[ContainerStep] = []
     if needs_quantize_step(spec) and spec.build.engine_dir is None:
         mounts = [Mount(str(ws.stoker_src), C_STOKER), Mount(str(ws.hf), C_HF),
@@ -155,19 +169,4 @@ def gpu_steps(spec, facts: ModelFacts | None, ws: Workspace) -> list[ContainerSt
         mounts = [Mount(str(ws.checkpoint), C_CKPT), Mount(str(ws.engine), C_ENGINE, False),
                   Mount(str(ws.timing_cache), C_TIMING, False)]
         steps.append(_gpu_base(spec, "build", build_argv(spec, facts), mounts, 4 * 3600))
-    serve = _gpu_base(spec, "serve", serve_argv(spec), [Mount(str(ws.repository), C_MODELS)], 0)
-    steps.append(ContainerStep(**{**serve.__dict__, "env": {}, "gpus": spec.gpus.ids[:spec.parallel.world_size]}))
     return steps
-
-
-def serve_container_ports(spec) -> dict[str, int]:
-    """Role (http, grpc, metrics) → the port the serve container listens on for it."""
-    if openai_frontend.renders(spec):
-        return openai_frontend.container_ports(CONTAINER_PORTS["http"], CONTAINER_PORTS["grpc"])
-    return dict(CONTAINER_PORTS)
-
-
-def serve_ports(spec) -> dict[str, int]:
-    """container port → host port, published for the serve step."""
-    p = spec.deploy.ports
-    return {f"{port}/tcp": getattr(p, role) for role, port in serve_container_ports(spec).items()}

@@ -18,7 +18,7 @@ from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Callable, ClassVar, Literal, Protocol
 
 from .. import model_checks
-from ..errors import EvaluationFailed
+from ..errors import EvaluationFailed, one_line
 
 if TYPE_CHECKING:
     from ..gpu.facts import ModelFacts
@@ -55,7 +55,6 @@ class Tasks(Protocol):
     baseline_recorded: Callable[..., StepResult]
     build_gpu: Callable[..., StepResult]
     package_gpu: Callable[..., StepResult]
-    deploy_gpu: Callable[..., StepResult]
 
 
 class StepRunner(Protocol):
@@ -112,7 +111,7 @@ class Target(ABC):
 
     # The flow's steps: each runs its Prefect tasks through `steps`, which records them by name.
 
-    def heavy_slot(self) -> AbstractContextManager:
+    def heavy_slot(self, spec: Spec | None = None) -> AbstractContextManager:
         """Held around the build: one GPU step per GPU at a time (stoker/gpu_slot.py); CPU needs none."""
         if self.runs_on == "gpu":
             from ..gpu_slot import gpu_slot
@@ -129,13 +128,38 @@ class Target(ABC):
                 ctx: RunContext) -> StepResult:
         """Write the Triton model repository (`layout`) that the upload step sends to S3."""
 
+    # Serving: what differs per target; stoker/serving does the rest for every target (reconcile, stage, gates,
+    # switch, watch, retire or switch back, rollback, status, down).
+
     @abstractmethod
+    def backend(self, spec: Spec, repository: str, gpus: tuple[int, ...]) -> dict:
+        """What one backend of this target runs: BackendSpec fields (image, command, entrypoint, mounts,
+        device_ids, extra_args, env, ready_timeout_s, labels) for the repository at ``repository`` (what
+        `repository_of` returned), on the GPUs ``gpus`` (stoker/serving picks them per slot; () on CPU)."""
+
+    @abstractmethod
+    def repository_of(self, packaged: StepResult, uploaded: StepResult) -> str:
+        """Where a backend loads the build's repository from (an S3 URI, or a folder on the Docker host)."""
+
+    def gpu_sets(self, spec: Spec) -> tuple[tuple[int, ...], ...]:
+        """The device-id sets backends take turns on (surge: two; shared/reload: one); () on CPU."""
+        return ()
+
     def deploy(self, steps: StepRunner, spec: Spec, ctx: RunContext, built: StepResult, packaged: StepResult,
                uploaded: StepResult) -> StepResult:
-        """Serve the build and run `evaluate` on it; returns the benchmark that the promote step records.
-
-        Raises when the build must not be promoted; whatever served before keeps serving where the
-        target can promise it."""
+        """stage → evaluate on the candidate → switch, for every target; returns the benchmark that the promote
+        step records. A failure before the switch abandons the candidate: the old backend never stopped serving
+        (a GPU `reload` rollout, which stops it first, starts it again)."""
+        baseline = self.start_baseline(steps, spec, ctx)
+        staged = steps.run("deploy", steps.tasks.stage_candidate, spec, uploaded, ctx,
+                           self.repository_of(packaged, uploaded))  # proven, no traffic yet
+        try:
+            benchmarked = self.evaluate(steps, spec, staged, built, ctx, baseline)
+        except Exception as exc:
+            steps.tasks.abandon_candidate(spec, staged, ctx, one_line(exc))
+            raise
+        steps.run("switch", steps.tasks.switch_traffic, spec, staged, ctx)  # switch, watch, retire (or switch back)
+        return benchmarked
 
     def start_baseline(self, steps: StepRunner, spec: Spec, ctx: RunContext) -> Callable[[], StepResult] | None:
         """Start the accuracy baseline in the background; returns what joins it (None: no evaluation).
@@ -150,8 +174,7 @@ class Target(ABC):
         against the unquantized build of the same revision (when `baseline` was started), then the
         benchmark's regression gate.
 
-        reference runs it on the staged candidate before traffic switches to it; GPU targets on their
-        serving container before the promote step makes the run the baseline.
+        Every target runs it on the staged candidate, on its own ports, before traffic switches to it.
         """
         joined = steps.run("baseline", baseline) if baseline is not None else None
         benchmarked = steps.run("benchmark", steps.tasks.benchmark_endpoint, spec, served, built, ctx)

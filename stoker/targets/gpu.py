@@ -1,16 +1,26 @@
-"""What the GPU targets share: one cached build step in the pinned serving image, one serving container.
+"""What the GPU targets share: one cached build step in the pinned serving image, and what a backend runs.
 
 Quantize, checkpoint and engine run as container steps of a single "build" (one cache key, so a hit
 skips all GPU work); `stoker plan` runs the version matrix and GPU rules (stoker/gpu/rules.py) before
-any GPU time. A subclass says what its build leaves behind and what goes into its repository.
+any GPU time. Serving is stoker/serving's, as for every target: this module supplies only what differs (the
+serving image, its command, the repository mounted from the package step, the device ids per backend).
+A subclass says what its build leaves behind and what goes into its repository.
+
+With STOKER_STANDIN=1 (stoker/standin.py; `tensorrt` only) two things are replaced, nothing else: the build runs
+the reference path's quantize + build and its artifact goes where the engine would, and backends run the
+stand-in image with their device requests dropped (still rendered and labelled).
 """
 
 from __future__ import annotations
 
 from abc import abstractmethod
+from contextlib import nullcontext
 from pathlib import Path
 
+from .. import standin
 from .base import StepRunner, Target
+
+GPUS_LABEL = "ai.stoker.gpus"  # the device ids a backend was given (or, under the stand-in, would have been)
 
 
 class GpuTarget(Target):
@@ -25,19 +35,68 @@ class GpuTarget(Target):
     def plan(self, spec, ctx) -> list:
         from ..gpu.planning import plan_gpu
 
-        return plan_gpu(spec, ctx)
+        standin.check(spec)
+        rows = plan_gpu(spec, ctx)
+        if standin.applies(spec):
+            from ..plan_steps import PlannedStep
+
+            rows.insert(0, PlannedStep("standin", None, "ON", standin.NOTE + "; needs a GPU host for the real run: "
+                                       "the build (ModelOpt export, trtllm-build) and the TensorRT-LLM backend"))
+        return rows
+
+    def check_model(self, spec, facts) -> None:
+        standin.check(spec)  # before any download, like every refusal of the model
+        super().check_model(spec, facts)
+
+    def heavy_slot(self, spec=None):
+        # STAND-IN: the build runs on the CPU, so no GPU slot is held.
+        return nullcontext() if spec is not None and standin.applies(spec) else super().heavy_slot(spec)
 
     def build(self, steps: StepRunner, spec, fetched, ctx):
+        if standin.applies(spec):
+            # STAND-IN: the reference path's quantize + build (CPU child processes) instead of ModelOpt's export
+            # and trtllm-build; fill_repository puts the artifact where the engine goes.
+            quantized = steps.run("quantize", steps.tasks.quantize_weights, spec, fetched, ctx)
+            return steps.run("build", steps.tasks.build_reference, spec, quantized, ctx)
         return steps.run("build", steps.tasks.build_gpu, spec, fetched, ctx)
 
     def package(self, steps: StepRunner, spec, fetched, built, ctx):
         return steps.run("package", steps.tasks.package_gpu, spec, fetched, built, ctx)
 
-    def deploy(self, steps: StepRunner, spec, ctx, built, packaged, uploaded):
-        """One container on the spec's GPUs (device requests, shm, ulimits, MPI launch for TP×PP > 1),
-        serving the local repository; evaluated on its ports; no staged candidate."""
-        deployed = steps.run("deploy", steps.tasks.deploy_gpu, spec, packaged, ctx)
-        return self.evaluate(steps, spec, deployed, built, ctx, self.start_baseline(steps, spec, ctx))
+    def repository_of(self, packaged, uploaded) -> str:
+        # The engine's backend reads gpt_model_path as an absolute path in the container: the repository is
+        # mounted there from the package step's folder on the Docker host, not loaded from S3 (which Triton
+        # copies to a temporary folder of its own).
+        return str(packaged.path)
+
+    def backend(self, spec, repository: str, gpus: tuple[int, ...]) -> dict:
+        from ..gpu import trtllm
+
+        labels = {GPUS_LABEL: ",".join(map(str, gpus))}
+        fields = {"image": trtllm.serving_image(spec), "repository_uri": trtllm.C_MODELS,
+                  "mounts": {repository: trtllm.C_MODELS}, "device_ids": tuple(gpus),
+                  "command": lambda ports, extra: trtllm.serve_command(spec, ports, extra)}
+        if standin.applies(spec):
+            from ..stack.standin_image import DEFAULT_STANDIN_IMAGE, STANDIN_LABEL
+
+            # STAND-IN: the CPU image (its entrypoint is tritonserver itself: cleared, the command names it) and
+            # no device requests; the labels still say which GPUs a GPU host would have given.
+            fields.update(image=DEFAULT_STANDIN_IMAGE, entrypoint="", device_ids=())
+            labels[STANDIN_LABEL] = "true"
+        return fields | {"labels": labels}
+
+    def gpu_sets(self, spec) -> tuple[tuple[int, ...], ...]:
+        planned = self.rollout_plan(spec)
+        world = spec.parallel.world_size
+        if planned is None:
+            return (tuple(spec.gpus.ids[:world]),)
+        return (planned.blue, planned.green) if planned.choice == "surge" else (planned.blue,)
+
+    def rollout_plan(self, spec):
+        from ..gpu.planning import model_facts
+        from ..gpu.rollout import plan_rollout
+
+        return plan_rollout(spec, model_facts(spec))
 
     def start_baseline(self, steps: StepRunner, spec, ctx):
         if not spec.evaluation.enabled:

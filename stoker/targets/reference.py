@@ -7,9 +7,11 @@ stable endpoint and evaluated on its own ports; only then does traffic switch to
 
 from __future__ import annotations
 
-from ..errors import one_line
 from .base import StepRunner, Target
 
+# The CPU image's tritonserver is a GPU build: unasked, it tries pinned memory and GPU metrics at every start and
+# logs each failure as a warning.
+CPU_ARGS = ("--allow-gpu-metrics=false", "--pinned-memory-pool-byte-size=0")
 # export_hf_checkpoint asserts "Invalid KV cache quantization format" for int8 KV (CPU, nvidia-modelopt 0.47).
 _KV_UNEXPORTABLE = {"int8": "kv_cache_dtype 'int8' cannot be exported by nvidia-modelopt 0.47; use 'fp8'"}
 
@@ -68,18 +70,11 @@ class Reference(Target):
             return None
         return steps.tasks.baseline_reference.submit(spec, steps["fetch"], steps["eval-data"], ctx).result
 
-    def deploy(self, steps: StepRunner, spec, ctx, built, packaged, uploaded):
-        """stage → evaluate on the candidate → switch; a failure before the switch abandons the candidate."""
-        # Triton loads the repository straight from S3, so the candidate is staged from the upload.
-        baseline = self.start_baseline(steps, spec, ctx)
-        staged = steps.run("deploy", steps.tasks.stage_candidate, spec, uploaded, ctx)  # proven, no traffic yet
-        try:
-            benchmarked = self.evaluate(steps, spec, staged, built, ctx, baseline)
-        except Exception as exc:
-            steps.tasks.abandon_candidate(spec, staged, ctx, one_line(exc))  # the old backend never stopped serving
-            raise
-        steps.run("switch", steps.tasks.switch_traffic, spec, staged, ctx)  # switch, watch, retire (or switch back)
-        return benchmarked
+    def repository_of(self, packaged, uploaded) -> str:
+        return uploaded.detail.get("repository_uri", "")  # Triton loads the repository straight from S3
+
+    def backend(self, spec, repository: str, gpus: tuple[int, ...]) -> dict:
+        return {"image": spec.deploy.image, "repository_uri": repository, "extra_args": list(CPU_ARGS)}
 
 
 TARGET = Reference()

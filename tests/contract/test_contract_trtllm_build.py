@@ -25,7 +25,7 @@ def _step(doc: dict, name: str) -> dict | None:
 @pytest.mark.targets("pytorch")
 def test_llmapi_target_builds_no_engine(rendered):
     assert _step(rendered["doc"], "build") is None, "the LLM-API target builds no engine"
-    assert [s["name"] for s in rendered["doc"]["steps"]][-1] == "serve"
+    assert [s["name"] for s in rendered["doc"]["steps"]] == ["quantize"]  # serving is stoker/serving's
 
 
 @pytest.mark.targets("tensorrt")
@@ -75,19 +75,22 @@ def test_steps_request_gpus_shm_and_no_secret_values(rendered):
         assert step["gpus"] == doc["gpus"]["device_ids"][:doc["gpus"]["tensor_parallel"] * doc["gpus"]["pipeline_parallel"]]
         assert step["shm_size"] == "2g"
         assert step["ulimits"]["memlock"] == {"soft": -1, "hard": -1}
-    serve = doc["steps"][-1]
-    assert serve["name"] == "serve"
-    assert any(m["container"] == "/models" for m in serve["mounts"])
+    # Serving is not a container step: stoker/serving runs it on a backend's own ports (serve_command).
+    assert "serve" not in [s["name"] for s in doc["steps"]]
+    assert "--model-repository=/models" in doc["serve_command"] or "/models" in doc["serve_command"]
 
 
-@pytest.mark.parametrize("world, expect", [(1, "tritonserver"), (2, "launch_triton_server.py --world_size=2")])
-def test_multi_rank_serve_uses_the_image_launcher(world, expect):
-    from stoker.gpu.trtllm import serve_argv
+@pytest.mark.parametrize("world, expect", [(1, "tritonserver --model-repository=/models"),
+                                          (2, "mpirun --allow-run-as-root -n 1 tritonserver")])
+def test_multi_rank_serve_runs_one_mpi_rank_per_gpu(world, expect):
+    from stoker.gpu.trtllm import serve_command
+    from stoker.serving.ports import Ports
     from stoker.spec_load import parse_spec
 
     spec = parse_spec({"model": {"repo_id": "a/b"}, "storage": {"bucket": "bkt"}, "target": "tensorrt",
-                       "gpus": {"type": "h100-80gb", "count": world}, "parallel": {"tensor": world}})
-    assert expect in " ".join(serve_argv(spec))
+                       "gpus": {"type": "h100-80gb", "count": world}, "parallel": {"tensor": world},
+                       "deploy": {"openai": False}})
+    assert " ".join(serve_command(spec, Ports(1, 2, 3), [])).startswith(expect)
 
 
 def test_gather_context_logits_flag_is_upstreams(build_flags):

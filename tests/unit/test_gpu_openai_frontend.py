@@ -10,10 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from stoker import triton_config
+from stoker import targets, triton_config
 from stoker.gpu import inflight, matrix, openai_frontend, repository, rules, trtllm
 from stoker.gpu.facts import known
 from stoker.gpu.rules import PlanRefused
+from stoker.serving.ports import Ports
 from stoker.spec_load import load_spec, parse_spec
 
 SPECS = Path(__file__).resolve().parents[2] / "deployments" / "specs"
@@ -42,18 +43,16 @@ def openai_findings(spec) -> list[tuple[str, str]]:
 def test_engine_spec_serves_through_the_frontend_exactly():
     spec = load_spec(SPECS / "llama3-8b-fp8-h100-engine.yaml")
     assert spec.deploy.openai  # the default
-    ws = trtllm.Workspace(*(Path(f"/host/{n}") for n in ("hf", "cal", "uni", "ckpt", "eng", "tc", "repo", "src")))
-    serve = trtllm.gpu_steps(spec, LLAMA, ws)[-1]
-    assert serve.name == "serve" and serve.image == CURRENT
-    assert serve.argv == [
+    # A backend's own loopback ports (stoker/serving chooses them): KServe HTTP/gRPC on theirs, the frontend's
+    # port (OpenAI + /metrics) takes the metrics role.
+    assert trtllm.serve_command(spec, Ports(21000, 21001, 21002), ["--x"]) == [
         "python3", "/opt/tritonserver/python/openai/openai_frontend/main.py", "--model-repository", "/models",
-        "--tokenizer", "/models/preprocessing/1/tokenizer", "--backend", "tensorrtllm", "--host", "0.0.0.0",
-        "--openai-port", "9000", "--enable-kserve-frontends", "--kserve-http-port", "8000",
-        "--kserve-grpc-port", "8001"]
-    assert [(m.host, m.container) for m in serve.mounts] == [("/host/repo", "/models")]
-    # KServe HTTP/gRPC keep their ports; the frontend's port (OpenAI + /metrics) is published as metrics.
-    p = spec.deploy.ports
-    assert trtllm.serve_ports(spec) == {"8000/tcp": p.http, "8001/tcp": p.grpc, "9000/tcp": p.metrics}
+        "--tokenizer", "/models/preprocessing/1/tokenizer", "--backend", "tensorrtllm", "--host", "127.0.0.1",
+        "--openai-port", "21002", "--enable-kserve-frontends", "--kserve-http-port", "21000",
+        "--kserve-grpc-port", "21001"]
+    backend = targets.get("tensorrt").backend(spec, "/host/repo", (0,))
+    assert backend["image"] == CURRENT and backend["mounts"] == {"/host/repo": "/models"}
+    assert backend["device_ids"] == (0,) and backend["labels"] == {"ai.stoker.gpus": "0"}
 
 
 def test_rendered_flags_exist_in_every_supported_image():
@@ -82,22 +81,32 @@ def test_the_plan_says_what_serves():
 def test_openai_off_keeps_tritonserver():
     spec = gpu_spec(gpus={"count": 1}, deploy={"openai": False})
     assert not openai_frontend.renders(spec) and openai_findings(spec) == []
-    assert trtllm.serve_argv(spec)[0] == "tritonserver"
-    assert trtllm.serve_ports(spec) == {"8000/tcp": 8000, "8001/tcp": 8001, "8002/tcp": 8002}
+    assert trtllm.serve_command(spec, Ports(21000, 21001, 21002), ["--x"]) == [
+        "tritonserver", "--model-repository=/models", "--http-address=127.0.0.1", "--http-port=21000",
+        "--grpc-address=127.0.0.1", "--grpc-port=21001", "--metrics-address=127.0.0.1", "--metrics-port=21002", "--x"]
 
 
 def test_llmapi_target_is_not_rendered_and_says_why():
     spec = load_spec(SPECS / "llama3-8b-fp8-llmapi-h100.yaml")
     assert spec.deploy.openai and not openai_frontend.renders(spec)
-    assert trtllm.serve_argv(spec)[0] == "tritonserver"
+    assert trtllm.serve_command(spec, Ports(1, 2, 3), [])[0] == "tritonserver"
     [(level, message)] = openai_findings(spec)
     assert level == "note" and message.startswith("not rendered for target 'pytorch'")
 
 
-def test_several_ranks_keep_the_mpi_launcher():
+def test_several_ranks_run_one_mpi_rank_per_gpu_on_loopback_with_the_restricted_apis():
     spec = gpu_spec(parallel={"tensor": 2})
     assert not openai_frontend.renders(spec)
-    assert "launch_triton_server.py --world_size=2" in " ".join(trtllm.serve_argv(spec))
+    argv = trtllm.serve_command(spec, Ports(21000, 21001, 21002), ["--restricted"])
+    assert argv[:2] == ["mpirun", "--allow-run-as-root"]
+    ranks = " ".join(argv[2:]).split(" : ")
+    assert len(ranks) == 2
+    for i, rank in enumerate(ranks):
+        assert rank.startswith("-n 1 tritonserver --model-repository=/models")
+        assert "--http-address=127.0.0.1 --http-port=21000" in rank and "--restricted" in rank
+        assert f"shm-region-prefix-name=prefix{i}_" in rank
+        # Rank 0 serves every model; the others load only the engine (they stay in the backend's worker loop).
+        assert ("--load-model=tensorrt_llm" in rank) is (i > 0)
     [(level, message)] = openai_findings(spec)
     assert level == "note" and "orchestrator mode" in message
 
@@ -119,7 +128,7 @@ def test_an_image_without_it_is_refused_at_plan_time_in_one_line(monkeypatch):
     assert str(err.value) == (f"deploy.openai: {old} does not ship Triton's OpenAI frontend (first in "
                               "nvcr.io/nvidia/tritonserver:24.12-trtllm-python-py3); use "
                               f"{CURRENT} or set deploy.openai: false")
-    assert not openai_frontend.renders(spec) and trtllm.serve_argv(spec)[0] == "tritonserver"
+    assert not openai_frontend.renders(spec) and trtllm.serve_command(spec, Ports(1, 2, 3), [])[0] == "tritonserver"
     assert openai_findings(gpu_spec(gpus={"count": 1}, deploy={"image": old, "openai": False})) == []
 
 

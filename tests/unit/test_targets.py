@@ -49,9 +49,12 @@ class Dummy(Target):
     def package(self, steps, spec, fetched, built, ctx):
         return steps.run("package", fake("package", self.calls), spec, built, ctx)
 
-    def deploy(self, steps, spec, ctx, built, packaged, uploaded):
-        served = steps.run("deploy", fake("deploy", self.calls), spec, uploaded, ctx)
-        return self.evaluate(steps, spec, served, built, ctx)
+    # Serving: only what differs; the deploy path (stage, gates, switch) is the base class's, as for every target.
+    def repository_of(self, packaged, uploaded) -> str:
+        return "s3://dummy"
+
+    def backend(self, spec, repository, gpus) -> dict:
+        return {"image": "dummy:1", "repository_uri": repository}
 
 
 def fake(name: str, calls: list[str], fail: bool = False):
@@ -99,7 +102,7 @@ def calls(monkeypatch) -> list[str]:
         (tasks.rollout, "switch_traffic", "switch"),
         (tasks.triton_client, "benchmark_endpoint", "benchmark"), (tasks.gate, "gate_benchmark", "gate"),
         (tasks.trtllm, "build_gpu", "build"), (tasks.trtllm, "package_gpu", "package"),
-        (tasks.trtllm, "deploy_gpu", "deploy"), (flow_module, "evaluation_data", "eval-data"),
+        (flow_module, "evaluation_data", "eval-data"),
         (tasks.evaluate, "evaluate_candidate", "evaluate"), (tasks.evaluate, "baseline_recorded", "baseline"),
     ]:
         monkeypatch.setattr(module, attr, fake(step, seen))
@@ -168,12 +171,22 @@ def test_reference_abandons_a_candidate_that_fails_its_gate(calls, monkeypatch, 
 
 
 @pytest.mark.parametrize("target", ["tensorrt", "pytorch"])
-def test_gpu_step_order_is_unchanged(calls, tmp_path, target):
+def test_gpu_targets_take_the_one_serving_path(calls, tmp_path, target):
+    """Stage a candidate, gate it on its own ports, then switch: the reference's serving steps, after the GPU build."""
     steps = run({"target": target, "gpus": GPUS}, tmp_path)
     assert calls == ["preflight", "fetch", "eval-data", "gpu slot", "build", "gpu slot released", "package",
-                     "upload", "deploy", "baseline", "benchmark", "metrics", "evaluate", "gate", "promote"]
+                     "upload", "deploy", "baseline", "benchmark", "metrics", "evaluate", "gate", "switch", "promote"]
     assert list(steps) == ["fetch", "eval-data", "build", "package", "upload", "deploy", "baseline", "benchmark",
-                           "evaluate", "gate", "promote"]
+                           "evaluate", "gate", "switch", "promote"]
+
+
+def test_a_gpu_candidate_that_fails_its_gate_is_abandoned_like_any_other(calls, monkeypatch, tmp_path):
+    import tasks.gate
+
+    monkeypatch.setattr(tasks.gate, "gate_benchmark", fake("gate", calls, fail=True))
+    with pytest.raises(RuntimeError, match="gate refused"):
+        run({"target": "tensorrt", "gpus": GPUS}, tmp_path)
+    assert calls[-2:] == ["gate", "abandon: RuntimeError: gate refused"] and "switch" not in calls
 
 
 def test_a_fourth_target_is_one_module_the_spec_plan_and_flow_dispatch_to(dummy, calls, tmp_path):
@@ -188,7 +201,7 @@ def test_a_fourth_target_is_one_module_the_spec_plan_and_flow_dispatch_to(dummy,
     assert calls == ["check_model"]
 
     steps = run({"target": "dummy", "evaluation": {"enabled": False}}, tmp_path)
-    assert list(steps) == ["fetch", "convert", "package", "upload", "deploy", "benchmark", "gate", "promote"]
+    assert list(steps) == ["fetch", "convert", "package", "upload", "deploy", "benchmark", "gate", "switch", "promote"]
     assert "gpu slot" not in calls  # runs_on cpu: no GPU slot
 
 
