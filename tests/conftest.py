@@ -146,3 +146,12 @@ def triton_image(session_state):
     name = Deploy().image
     ensure_proxy_image(Deploy().proxy_image, None, lambda _l: None, base=name)  # builds the Triton image first
     return name
+
+
+@pytest.fixture(scope="session")
+def standin_image(triton_image):
+    """STAND-IN, NOT TensorRT-LLM: the CPU Triton image with stoker's reference model as the backend `tensorrtllm`
+    (stoker/stack/standin_image.py; one layer, seconds), for `target: tensorrt` runs with STOKER_STANDIN=1."""
+    from stoker.stack.standin_image import ensure_standin_image
+
+    return ensure_standin_image(log=lambda _l: None)

@@ -15,7 +15,7 @@ import pytest
 
 SERVICE_MARKERS = ("docker", "triton", "s3", "hub", "prefect", "slow")
 # Fixtures that start or reach a service (tests/conftest.py, tests/integration/*).
-SERVICE_FIXTURES = {"local_stack", "s3_server", "triton_image", "prefect_api", "moto", "mirror", "storage_server"}
+SERVICE_FIXTURES = {"local_stack", "s3_server", "triton_image", "standin_image", "prefect_api", "moto", "mirror", "storage_server"}
 # Programs that are services or containers; a fast test must not start them.
 SERVICE_PROGRAMS = {"docker", "dockerd", "tritonserver", "moto_server", "haproxy", "postgres", "initdb"}
 

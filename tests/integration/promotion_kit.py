@@ -21,7 +21,7 @@ from stoker.serving import promote
 from stoker.serving.ports import Ports
 from stoker.stack.services import free_port
 
-from serving_models import publish, write_repo
+from serving_models import publish, repo_digest, write_repo
 
 ROOT = Path(__file__).resolve().parents[2]
 SECRET = f"stoker-test-secret-{uuid.uuid4().hex}"
@@ -77,9 +77,45 @@ class Build:
                                   env={**env, "AWS_DEFAULT_REGION": "us-east-1"}, ready_timeout_s=ready_timeout_s,
                                   run_id=f"run-{tag}")
 
+    def source(self, b: engine.BackendSpec) -> str:
+        """Python that makes ``b`` again in another process (which imports json and stoker's docker_engine)."""
+        return f"engine.BackendSpec(**json.loads({json.dumps({**b.__dict__, 'env': b.env})!r}))"
 
-@pytest.fixture
-def build(s3, images, tmp_path, target):
+
+class GpuBuild(Build):
+    """The same test builds, served by the backends `target: tensorrt` supplies (stoker/targets/gpu.py) on the
+    STAND-IN (STOKER_STANDIN=1): its image, its serve command, the repository mounted from a folder on this host
+    at /models, device ids labelled (and dropped). Only the repository's models are the scripted fault models."""
+
+    def __call__(self, tag: str, ready_timeout_s: float = 60, **model) -> engine.BackendSpec:
+        from stoker import rollout
+        from stoker.spec_load import parse_spec
+
+        root = write_repo(self.tmp / f"{tag}-{uuid.uuid4().hex[:6]}", tag, **model)
+        data = {"model": {"repo_id": "a/b"}, "storage": {"bucket": "unused"}, "target": "tensorrt",
+                "gpus": {"type": "h100-80gb", "count": 2, "rollout": "surge"},
+                "deploy": {"name": self.name, "image": "nvcr.io/nvidia/tritonserver:26.07-trtllm-python-py3",
+                           "ready_timeout_s": ready_timeout_s, "openai": False}}
+        args = (str(root), repo_digest(root), f"run-{tag}")
+        b = rollout.backend_spec(parse_spec(data), args[0], args[1], {}, run_id=args[2], reload=False, gpus=(0,))
+        self.made = {**getattr(self, "made", {}), b.repo_digest: (data, args)}
+        return b
+
+    def source(self, b: engine.BackendSpec) -> str:
+        data, (root, digest, run_id) = self.made[b.repo_digest]
+        return (f"__import__('stoker.rollout').rollout.backend_spec(__import__('stoker.spec_load').spec_load.parse_spec("
+                f"json.loads({json.dumps(data)!r})), {root!r}, {digest!r}, {{}}, run_id={run_id!r}, reload=False, "
+                "gpus=(0,))")
+
+
+@pytest.fixture(params=["reference"])
+def build(request, s3, images, tmp_path, target, monkeypatch):
+    """Builds for the reference target; ``@pytest.mark.parametrize("build", ["reference", "tensorrt"],
+    indirect=True)`` runs a test for the tensorrt target's backends (on the stand-in) too."""
+    if request.param == "tensorrt":
+        request.getfixturevalue("standin_image")
+        monkeypatch.setenv("STOKER_STANDIN", "1")
+        return GpuBuild(s3, images, tmp_path, target.name)
     return Build(s3, images, tmp_path, target.name)
 
 

@@ -2,6 +2,9 @@
 
 Every fault ends the same way: the old build still serves at the same address, and the error is one
 line naming the cause. Load during a replace streams through the proxy over gRPC and HTTP at once.
+The tests marked with ``build`` ["reference", "tensorrt"] run twice: with the reference target's backends, and with
+the backends `target: tensorrt` supplies on the STAND-IN (its image, serve command, mounted repository, labelled
+device ids): one serving path, the same assertions.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from promotion_kit import build, client, images, s3, target  # noqa: F401 -- fix
 pytestmark = [pytest.mark.docker, pytest.mark.s3]
 
 
+@pytest.mark.parametrize("build", ["reference", "tensorrt"], indirect=True)
 def test_replace_under_streaming_load_keeps_the_address_and_drops_nothing(client, target, build):
     a, b = build("A"), build("B", interval_s=0.01)
     staged, done = deploy(client, target, a)
@@ -60,6 +64,7 @@ def test_replace_under_streaming_load_keeps_the_address_and_drops_nothing(client
 # ------------------------------------------------------------------ faults: the old build keeps serving
 
 
+@pytest.mark.parametrize("build", ["reference", "tensorrt"], indirect=True)
 def test_candidate_ready_then_exits_is_caught_by_the_settle_window(client, target, build):
     """Regression: Triton answered ready once, then exited (its metrics port was taken); the old one was gone."""
     deploy(client, target, build("A"))
@@ -72,6 +77,7 @@ def test_candidate_ready_then_exits_is_caught_by_the_settle_window(client, targe
     assert_one_live(client, target, "A")
 
 
+@pytest.mark.parametrize("build", ["reference", "tensorrt"], indirect=True)
 def test_candidate_that_never_becomes_ready(client, target, build):
     deploy(client, target, build("A"))
     t0 = time.monotonic()
@@ -83,6 +89,7 @@ def test_candidate_that_never_becomes_ready(client, target, build):
     assert_one_live(client, target, "A")
 
 
+@pytest.mark.parametrize("build", ["reference", "tensorrt"], indirect=True)
 def test_candidate_whose_smoke_inference_fails(client, target, build):
     deploy(client, target, build("A"))
     with pytest.raises(engine.NotReady) as err:
@@ -92,6 +99,7 @@ def test_candidate_whose_smoke_inference_fails(client, target, build):
     assert_one_live(client, target, "A")
 
 
+@pytest.mark.parametrize("build", ["reference", "tensorrt"], indirect=True)
 def test_new_backend_dying_in_the_watch_window_switches_back(client, target, build):
     deploy(client, target, build("A"))
     lines = Lines()
@@ -157,6 +165,7 @@ def test_killed_proxy_comes_back_and_a_removed_one_is_recreated(client, target, 
     assert_one_live(client, target, "B")
 
 
+@pytest.mark.parametrize("build", ["reference", "tensorrt"], indirect=True)
 def test_sigkill_of_the_deploy_midway_then_a_rerun(client, target, build, tmp_path):
     deploy(client, target, build("A"))
     b = build("B")
@@ -170,7 +179,7 @@ from stoker.serving import promote
 from stoker.serving.ports import Ports
 t = promote.Target({target.name!r}, Ports(*{list(target.listen.values())!r}), {target.proxy_image!r},
                    Path({str(target.state_dir)!r}))
-spec = engine.BackendSpec(**json.loads({json.dumps({**b.__dict__, 'env': b.env})!r}))
+spec = {build.source(b)}
 promote.prepare(engine.connect(None), t, spec, 30.0, lambda l: print(l, flush=True))
 """)
     proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)

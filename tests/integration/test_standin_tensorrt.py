@@ -43,13 +43,6 @@ def spec_data(local_stack, standin_image):
     engine.remove_deployment(engine.connect(), data["deploy"]["name"], lambda _m: None)
 
 
-@pytest.fixture(scope="module")
-def standin_image(triton_image):
-    from stoker.stack.standin_image import ensure_standin_image
-
-    return ensure_standin_image(log=lambda _l: None)
-
-
 def _stoker(args, env, timeout=1200):
     return subprocess.run([sys.executable, "-m", "stoker.cli", *args], env=env, capture_output=True, text=True,
                           timeout=timeout)
@@ -105,3 +98,11 @@ def test_a_tensorrt_spec_runs_end_to_end_on_the_standin_and_a_rebuild_switches_g
     assert m2["status"] == "completed" and m2["steps"]["switch"]["status"] == "completed"
     [backend2] = engine.containers(client, spec_data["deploy"]["name"], role=engine.ROLE_BACKEND)
     assert backend2.labels["ai.stoker.gpus"] == "1" and backend2.id != backend.id
+
+    # `stoker rollback`: the first run's build again, staged from the folder its backend mounted, on the GPU set
+    # the live backend does not hold, switched through the same proxy.
+    back = _stoker(["rollback", spec_data["deploy"]["name"]], env, timeout=600)
+    assert back.returncode == 0, back.stdout[-3000:] + back.stderr[-3000:]
+    [backend3] = engine.containers(client, spec_data["deploy"]["name"], role=engine.ROLE_BACKEND)
+    assert backend3.labels[engine.LABEL_DIGEST] == m1["steps"]["deploy"]["digest"]
+    assert backend3.labels["ai.stoker.gpus"] == "0" and backend3.labels["ai.stoker.standin"] == "true"
