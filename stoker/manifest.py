@@ -50,6 +50,10 @@ def build_manifest(spec: Spec, ctx: RunContext, steps: dict[str, StepResult], so
         # the run stopped before it); present also when its gate failed.
         "evaluation": evaluation,
         "rollout": ({"strategy": deploy.detail.get("strategy"), "previous": deploy.detail.get("previous"),
+                     # GPU targets: surge, shared or reload as planned, the GPUs this build got, and (reload) the
+                     # gap: expected by the plan, measured in the switch record ("gap_s")
+                     **({"gpu": {**deploy.detail["gpu_rollout"], "gpus": deploy.detail.get("gpus")}}
+                        if deploy.detail.get("gpu_rollout") else {}),
                      "version": deploy.detail.get("version"), "reused": deploy.detail.get("reused"),
                      **({"switch": switch.detail} if switch and switch.status == "completed" else {})}
                     if deploy and deploy.status == "completed" else None),

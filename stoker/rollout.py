@@ -36,7 +36,7 @@ from botocore.exceptions import ClientError
 from . import credentials, docker_engine, s3, targets
 from .errors import StokerError
 from .run import stoker_home
-from .serving import api_keys, openai_service, probe, promote
+from .serving import api_keys, openai_service, probe, promote, stop_first
 from .serving.ports import Ports
 from .spec import Spec, Storage
 from .triton_config import ENSEMBLE_NAME, MODEL_NAME
@@ -300,6 +300,22 @@ def stage(spec: Spec, repository_uri: str, digest: str, run_id: str, log: Log) -
     bspec = backend_spec(spec, repository_uri, digest, env, run_id, gpus=candidate_gpus(client, spec, live))
     out.update(image=bspec.image, gpus=list(bspec.labels.get(GPUS_LABEL, "").split(",")) if GPUS_LABEL in bspec.labels
                else [])
+    gpu_rollout = targets.get(spec.target).gpu_rollout(spec)
+    if gpu_rollout is not None:
+        out["gpu_rollout"] = {"choice": gpu_rollout.choice, "expected_gap_s": gpu_rollout.gap_s}
+    if live is not None and gpu_rollout is not None and gpu_rollout.choice == "reload":
+        # Neither fits beside the other: the live backend drains and stops (kept) before the candidate starts.
+        log(f"GPU rollout reload: expected gap ~{gpu_rollout.gap_s:.0f} s (stoker plan)")
+        out["gpu_rollout"]["stopped_at"] = stop_first.stop(client, target, promote.BackendRef.of(live),
+                                                           d.drain_timeout_s, log)
+        try:
+            cand = promote.stage(client, target, bspec, None, d.settle_s, log,
+                                 slot=promote.topology.other_slot(live.slot))
+        except Exception:
+            stop_first.restart(client, target, promote.BackendRef.of(live), d.ready_timeout_s, log)
+            raise
+        out["candidate"] = cand.to_dict()
+        return out
     cand = promote.stage(client, target, bspec, live, d.settle_s, log)
     out["candidate"] = cand.to_dict()
     return out
@@ -324,7 +340,28 @@ def go_live(spec: Spec, staged: dict, log: Log) -> dict:
         prune_versions(s3.client(spec.storage), spec.storage, d.name)
         return {"switched": False, "reason": f"loaded in place as version {staged.get('version')}"}
     client = docker_engine.connect(d.docker_host)
-    return promote.go_live(client, target_for(spec), staged, d.watch_s, d.max_error_rate_pct, d.drain_timeout_s, log)
+    target = target_for(spec)
+    gap = staged.get("gpu_rollout") or {}
+    if "stopped_at" not in gap:
+        return promote.go_live(client, target, staged, d.watch_s, d.max_error_rate_pct, d.drain_timeout_s, log)
+    # GPU reload: the old backend is stopped, so there is nothing warm to return to during the watch window.
+    old = promote.BackendRef.from_dict(staged["previous"])
+    try:
+        done = promote.go_live(client, target, {**staged, "previous": None}, d.watch_s, d.max_error_rate_pct,
+                               d.drain_timeout_s, log)
+    except Exception:
+        stop_first.restart(client, target, old, d.ready_timeout_s, log)
+        raise
+    done["gap_s"] = round(time.time() - gap["stopped_at"], 2)
+    log(f"GPU rollout reload: the endpoint answered 503 for {done['gap_s']:.1f} s (expected "
+        f"~{gap.get('expected_gap_s') or 0:.0f} s)")
+    watched = promote.watch(client, promote.BackendRef.from_dict(done["live"]), d.watch_s, d.max_error_rate_pct, log)
+    if not watched.healthy:
+        promote.discard(client, promote.BackendRef.from_dict(done["live"]), log)
+        stop_first.restart(client, target, old, d.ready_timeout_s, log)
+        raise promote.PromotionFailed(f"{watched.cause}; {old.container} started again and serves")
+    stop_first.remove(client, old, log)
+    return done
 
 
 def abandon(spec: Spec, staged: dict, log: Log) -> str:
@@ -345,4 +382,7 @@ def abandon(spec: Spec, staged: dict, log: Log) -> str:
     client = docker_engine.connect(d.docker_host)
     promote.discard(client, promote.BackendRef.from_dict(staged["candidate"]), log)
     prev = staged.get("previous")
+    if "stopped_at" in (staged.get("gpu_rollout") or {}) and prev:
+        stop_first.restart(client, target_for(spec), promote.BackendRef.from_dict(prev), d.ready_timeout_s, log)
+        return f"candidate removed; {prev['container']} started again and serves"
     return f"candidate removed; {prev['container']} kept serving" if prev else "candidate removed"

@@ -69,9 +69,13 @@ def build_gpu(spec: Spec, fetched: StepResult, ctx: RunContext) -> StepResult:
 
 @step_task("package", retries=0)
 def package_gpu(spec: Spec, fetched: StepResult, built: StepResult, ctx: RunContext) -> StepResult:
-    """inflight_batcher_llm (engine) or llmapi (LLM-API) repository; the target puts its model files inside."""
+    """inflight_batcher_llm (engine) or llmapi (LLM-API) repository; the target puts its model files inside.
+
+    Under a `shared` GPU rollout both backends hold the same GPUs during the overlap: the repository carries the
+    plan's cap (max_tokens_in_paged_kv_cache), so the backend that starts alone leaves the candidate room."""
     logger = get_run_logger()
     facts = planning.model_facts(spec)
+    spec = planning.with_rollout_cap(spec, facts)
 
     def produce(out: Path) -> dict:
         info = repository.write_repository(spec, facts, out, tokenizer_src=fetched.path)

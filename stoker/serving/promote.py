@@ -151,12 +151,13 @@ def wait_proxy(client: docker.DockerClient, target: Target, timeout_s: float = P
 
 
 def stage(client: docker.DockerClient, target: Target, spec: engine.BackendSpec, live: topology.Backend | None,
-          settle_s: float, log: Log) -> BackendRef:
+          settle_s: float, log: Log, slot: str | None = None) -> BackendRef:
     """Start a candidate next to ``live`` and prove it: ready, still ready after ``settle_s``, smoke inference.
 
-    On any failure the candidate is removed and ``live`` was never touched.
+    On any failure the candidate is removed and ``live`` was never touched. ``slot``: where it goes when nothing
+    serves but a backend still holds the other slot (a GPU reload rollout's stopped backend).
     """
-    slot = topology.next_slot(live)
+    slot = slot or topology.next_slot(live)
     claimed = {p for b in observe_backends(client, target.name) for p in b.ports.values()}
     avoid: set[int] = set(target.listen.values())
     last_error = ""

@@ -145,6 +145,10 @@ class Target(ABC):
         """The device-id sets backends take turns on (surge: two; shared/reload: one); () on CPU."""
         return ()
 
+    def gpu_rollout(self, spec: Spec):
+        """The plan's GPU rollout (stoker.gpu.rollout.Rollout: surge, shared or reload); None on CPU or unknown."""
+        return None
+
     def deploy(self, steps: StepRunner, spec: Spec, ctx: RunContext, built: StepResult, packaged: StepResult,
                uploaded: StepResult) -> StepResult:
         """stage → evaluate on the candidate → switch, for every target; returns the benchmark that the promote

@@ -86,13 +86,13 @@ class GpuTarget(Target):
         return fields | {"labels": labels}
 
     def gpu_sets(self, spec) -> tuple[tuple[int, ...], ...]:
-        planned = self.rollout_plan(spec)
+        planned = self.gpu_rollout(spec)
         world = spec.parallel.world_size
         if planned is None:
             return (tuple(spec.gpus.ids[:world]),)
         return (planned.blue, planned.green) if planned.choice == "surge" else (planned.blue,)
 
-    def rollout_plan(self, spec):
+    def gpu_rollout(self, spec):
         from ..gpu.planning import model_facts
         from ..gpu.rollout import plan_rollout
 

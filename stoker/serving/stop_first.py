@@ -1,0 +1,62 @@
+"""A GPU `reload` rollout: neither backend fits next to the other, so the live one stops before the candidate starts.
+
+The plan chose it (stoker/gpu/rollout.py) and stated the expected gap; these steps make it happen and keep the
+way back: the old backend drains (no new requests, its open ones finish, up to drain_timeout_s), then its
+container is *stopped, not removed*, so its GPUs are free and it can start again as it was. The candidate is
+staged and gated as usual; after the switch the stopped backend is removed. A candidate that fails before or
+during the watch window is removed and the stopped backend starts again (a second gap) and takes traffic back.
+"""
+
+from __future__ import annotations
+
+import time
+
+import docker
+import docker.errors
+
+from .. import docker_engine as engine
+from . import haproxy, probe
+from .deployment import BackendRef, Log, Target, proxy_container, runtime_for, write_config
+
+
+def stop(client: docker.DockerClient, target: Target, live: BackendRef, drain_timeout_s: float, log: Log) -> float:
+    """Drain ``live`` and stop its container (kept); returns the time.time() the gap began (traffic stopped)."""
+    rt = runtime_for(target, proxy_container(client, target.name))
+    began = time.time()
+    rt.maint(live.slot)  # no new request goes anywhere until the candidate is switched in: the gap begins
+    deadline = time.monotonic() + drain_timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if rt.sessions(live.slot) == 0:
+                break
+        except haproxy.ProxyApiError:
+            break
+        time.sleep(0.2)
+    write_config(target, {}, None)
+    c = client.containers.get(live.container)
+    c.stop(timeout=engine.STOP_TIMEOUT_S)
+    log(f"GPU rollout reload: {live.container} stopped (kept, to start again on a failure); its GPUs are free for "
+        "the candidate; the endpoint answers 503 until the switch")
+    return began
+
+
+def restart(client: docker.DockerClient, target: Target, old: BackendRef, ready_timeout_s: float, log: Log) -> None:
+    """Start the stopped backend again and route traffic to it (the way back of a failed reload rollout)."""
+    try:
+        c = client.containers.get(old.container)
+    except docker.errors.NotFound:
+        log(f"GPU rollout reload: {old.container} is gone; nothing serves until the next deploy")
+        return
+    c.start()
+    waited = probe.wait_ready(f"{old.http}/v2/health/ready", ready_timeout_s, exit_reason=lambda: engine.exit_reason(c))
+    write_config(target, {old.slot: old.p}, old.slot)
+    runtime_for(target, proxy_container(client, target.name)).switch(old.slot, old.p, drain=None)
+    engine.keep_running(c)
+    log(f"GPU rollout reload: {old.container} started again (ready after {waited:.1f} s) and serves")
+
+
+def remove(client: docker.DockerClient, old: BackendRef, log: Log) -> None:
+    try:
+        engine.stop_and_remove(client.containers.get(old.container), log)
+    except docker.errors.NotFound:
+        pass
