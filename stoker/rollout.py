@@ -36,6 +36,7 @@ from botocore.exceptions import ClientError
 from . import credentials, docker_engine, s3, targets
 from .errors import StokerError
 from .run import stoker_home
+from .gpu import openai_frontend
 from .serving import api_keys, openai_service, probe, promote, stop_first
 from .serving.ports import Ports
 from .spec import Spec, Storage
@@ -87,8 +88,10 @@ def target_for(spec: Spec) -> promote.Target:
                           proxy_image=d.proxy_image, state_dir=stoker_home() / "proxy" / d.name, address=d.listen,
                           keys=api_keys.load(d.api_keys) if d.api_keys else None,
                           tls=(d.tls.cert_file, d.tls.key_file) if d.tls else None,
-                          # The OpenAI service runs on the CPU image's Python; GPU images are not built here.
-                          openai_image=d.image if d.openai and spec.target == "reference" else "")
+                          # The OpenAI service runs on the CPU image's Python; GPU images are not built here: the
+                          # engine target's backends host Triton's own frontend instead, on their metrics port.
+                          openai_image=d.image if d.openai and spec.target == "reference" else "",
+                          openai_on_metrics=openai_frontend.renders(spec))
 
 
 def backend_spec(spec: Spec, repository_uri: str, digest: str, env: dict[str, str], run_id: str = "",

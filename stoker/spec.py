@@ -328,14 +328,6 @@ class Spec(_Section):
         return g
 
     @model_validator(mode="after")
-    def _stable_endpoint_only(self) -> Spec:
-        d = self.deploy
-        if self.target != DEFAULT_TARGET and (d.api_keys or d.tls):
-            raise ValueError(f"deploy.api_keys and deploy.tls are checked by the stable endpoint's proxy, which target "
-                             f"{self.target!r} does not deploy behind yet (only target {DEFAULT_TARGET!r} does)")
-        return self
-
-    @model_validator(mode="after")
     def _routed_needs_shared_cache(self) -> Spec:
         if self.routing.heavy and not self.storage.shared_cache:
             raise ValueError("routing.heavy needs storage.shared_cache: true (the routed steps' results reach this "

@@ -44,6 +44,9 @@ class Target:
     address: str = engine.BACKEND_ADDRESS  # where the stable endpoint binds (deploy.listen); loopback by default
     keys: api_keys.KeySet | None = None  # the API keys' digests the proxy asks for (deploy.api_keys)
     tls: tuple[Path, Path] | None = None  # certificate and key files (deploy.tls)
+    # The backends host Triton's own OpenAI frontend on their metrics-role port (a GPU target's, by contract):
+    # the proxy's metrics frontend then routes /v1/ too.
+    openai_on_metrics: bool = False
 
     @property
     def endpoint(self) -> dict:
@@ -53,6 +56,8 @@ class Target:
                "metrics": f"{scheme}://{host}:{self.listen.metrics}/metrics"}
         if self.openai_image:
             out["openai"] = f"{scheme}://{host}:{self.listen.http}/v1"
+        elif self.openai_on_metrics:
+            out["openai"] = f"{scheme}://{host}:{self.listen.metrics}/v1"
         return out
 
     def tls_pem(self) -> str | None:
@@ -86,6 +91,8 @@ class Target:
         parts = ["keys"] if self.keys else []
         if self.openai_image:
             parts.append("openai-uds")  # the gRPC frontend's second bind, for the OpenAI service
+        if self.openai_on_metrics:
+            parts.append("openai-metrics")
         pem = self.tls_pem()
         if pem is not None:
             parts.append("tls:" + hashlib.sha256(pem.encode()).hexdigest()[:16])
@@ -191,7 +198,7 @@ def render_config(target: Target, slots: dict[str, Ports | None], live: str | No
                                               openai=openai_service.socket_path() if target.openai_image else None,
                                               openai_grpc=(openai_service.grpc_socket_path() if target.openai_image
                                                            else None),
-                                              address=target.address,
+                                              address=target.address, metrics_openai=target.openai_on_metrics,
                                               keys=keys_file() if target.keys else None,
                                               tls=f"{haproxy.MOUNT}/{TLS_NAME}" if target.tls else None))
 

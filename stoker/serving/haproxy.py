@@ -84,6 +84,7 @@ class ProxyLayout:
     address: str = "127.0.0.1"  # where the frontends bind (deploy.listen)
     keys: str | None = None  # the file of API key digests (as the proxy sees it); None: no key asked
     tls: str | None = None  # the PEM (certificate + key) the frontends serve TLS with; None: cleartext
+    metrics_openai: bool = False  # the backends' metrics-role port also serves /v1/ (Triton's OpenAI frontend)
 
 
 def _quoted(text: str) -> str:
@@ -119,7 +120,8 @@ def render(layout: ProxyLayout, mount: str = MOUNT) -> str:
                   f"    bind {_bind(layout.address)}:{getattr(layout.listen, attr)}{proto}{_tls(section, layout.tls)}",
                   *([f"    bind unix@{layout.openai_grpc} mode 600 proto h2"]
                     if section == "grpc" and layout.openai_grpc else []),
-                  *(_keyed(section, layout.keys) if layout.keys else []), *_public_only(section, bool(layout.openai))]
+                  *(_keyed(section, layout.keys) if layout.keys else []),
+                  *_public_only(section, bool(layout.openai), layout.metrics_openai)]
         if section == "http" and layout.openai:
             lines += [f"    use_backend {OPENAI_BACKEND} if openai"]
         lines += [f"    default_backend {section}", ""]
@@ -171,8 +173,9 @@ def _keyed(section: str, digests_file: str) -> list[str]:
             f"string {_quoted(UNAUTHORIZED)} if !bearer or !key_ok"]
 
 
-def _public_only(section: str, openai: bool) -> list[str]:
-    """The frontend lines that refuse every route but the public ones (see PUBLIC_*; /v1/ with an OpenAI service)."""
+def _public_only(section: str, openai: bool, metrics_openai: bool = False) -> list[str]:
+    """The frontend lines that refuse every route but the public ones (see PUBLIC_*; /v1/ with an OpenAI service,
+    on the metrics port where the backends host Triton's OpenAI frontend there)."""
     if section == "http":
         return [f"    acl public path {' '.join(PUBLIC_HTTP_EXACT)}",
                 f"    acl public path_reg {PUBLIC_HTTP_MODEL}",
@@ -185,6 +188,10 @@ def _public_only(section: str, openai: bool) -> list[str]:
         return [f"    acl public path {' '.join(GRPC_SERVICE + m for m in PUBLIC_GRPC)}",
                 "    http-request return status 200 hdr grpc-status 7 "
                 f"hdr grpc-message {_quoted(REFUSED_GRPC.replace(' ', '%%20'))} if !public"]  # log-format: %% is %
+    if metrics_openai:
+        return [f"    acl openai path_beg {OPENAI_PATH}",
+                "    http-request return status 403 content-type text/plain string \"only /metrics and /v1/ are served "
+                "here\" if !{ path /metrics } !openai"]
     return ["    http-request return status 403 content-type text/plain string \"only /metrics is served here\" "
             "if !{ path /metrics }"]
 

@@ -54,7 +54,7 @@ def _spec_keys(tmp_path):
     return parse_spec({**BASE, "deploy": {"api_keys": {"file": str(tmp_path / "keys.txt")}}}).deploy.api_keys
 
 
-def test_spec_opens_a_public_address_with_keys_and_refuses_what_it_cannot_serve(tmp_path):
+def test_spec_opens_a_public_address_with_keys_and_refuses_malformed_keys(tmp_path):
     keyed = parse_spec({**BASE, "deploy": {"listen": "0.0.0.0", "api_keys": {"file": "/etc/stoker/keys"}}})
     assert keyed.deploy.api_keys.file.name == "keys"
     assert "api_keys" not in parse_spec(BASE).model_dump()["deploy"]  # off: manifests and digests as before
@@ -64,9 +64,10 @@ def test_spec_opens_a_public_address_with_keys_and_refuses_what_it_cannot_serve(
         with pytest.raises(SpecError) as exc:
             parse_spec({**BASE, "deploy": deploy})
         assert says in str(exc.value) and "\n" not in str(exc.value)
-    with pytest.raises(SpecError, match="target 'tensorrt' does not deploy behind yet"):
-        parse_spec({**BASE, "target": "tensorrt", "gpus": {"type": "h100-80gb", "count": 1},
-                    "deploy": {"api_keys": {"secret_block": "keys"}}})
+    # Every target deploys behind the proxy that checks them (one serving path).
+    gpu = parse_spec({**BASE, "target": "tensorrt", "gpus": {"type": "h100-80gb", "count": 1},
+                      "deploy": {"api_keys": {"secret_block": "keys"}}})
+    assert gpu.deploy.api_keys.secret_block == "keys"
 
 
 def _layout(**kw) -> haproxy.ProxyLayout:

@@ -38,3 +38,26 @@ def test_every_frontend_refuses_what_is_not_public():
     grpc = cfg[cfg.index("frontend grpc"):cfg.index("backend grpc")]
     assert "hdr grpc-status 7" in grpc and "/inference.GRPCInferenceService/ModelStreamInfer" in grpc
     assert "RepositoryModelUnload" not in grpc and "ModelStatistics" not in grpc
+
+
+def test_the_metrics_port_serves_v1_only_where_the_backends_host_tritons_openai_frontend():
+    import dataclasses
+
+    plain = haproxy.render(LAYOUT)
+    metrics = plain[plain.index("frontend metrics"):plain.index("backend metrics")]
+    assert "/v1/" not in metrics and '"only /metrics is served here" if !{ path /metrics }' in metrics
+    hosted = haproxy.render(dataclasses.replace(LAYOUT, metrics_openai=True))
+    metrics = hosted[hosted.index("frontend metrics"):hosted.index("backend metrics")]
+    assert "acl openai path_beg /v1/" in metrics and "if !{ path /metrics } !openai" in metrics
+
+
+def test_an_engine_spec_with_the_frontend_names_its_openai_endpoint_on_the_stable_metrics_port():
+    from pathlib import Path
+
+    from stoker.rollout import target_for
+    from stoker.spec_load import load_spec
+
+    spec = load_spec(Path(__file__).resolve().parents[2] / "deployments/specs/llama3-8b-fp8-h100-engine.yaml")
+    target = target_for(spec)
+    assert target.openai_on_metrics and not target.openai_image and "openai-metrics" in target.front
+    assert target.endpoint["openai"] == f"http://127.0.0.1:{spec.deploy.ports.metrics}/v1"
