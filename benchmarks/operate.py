@@ -1,7 +1,14 @@
 """Promotion under load, through the stable endpoint: every request counted; writes JSON.
 
-    .venv/bin/python benchmarks/operate.py [OUT.json] [--no-dockerd-restart] [--keys]
-    (default OUT: benchmarks/results/operate.json, with --keys operate_keys.json; ~6 min on 2 cores)
+    .venv/bin/python benchmarks/operate.py [OUT.json] [--no-dockerd-restart] [--keys] [--target tensorrt]
+    (default OUT: benchmarks/results/operate.json, with --keys operate_keys.json, with --target tensorrt
+    operate_tensorrt_standin.json; ~6 min on 2 cores)
+
+--target tensorrt: the deployment is a `target: tensorrt` spec (2 GPUs listed, gpus.rollout surge) on the STAND-IN
+(STOKER_STANDIN=1): its backends are those the tensorrt target supplies (the stand-in image, the serve command, the
+repository mounted from a folder, the GPU set per backend, labelled; device requests dropped) serving the same
+scripted models. Not TensorRT-LLM: it measures stoker's serving path for that target. The S3 `reload` phases do
+not apply (a GPU backend mounts its repository); the rest runs as for the reference target.
 
 --keys: the deployment asks for an API key (deploy.api_keys, a file of two keys): every client sends one,
 so the side-by-side latency is the proxy checking keys, and the load's requests all pass the check.
@@ -132,6 +139,10 @@ class Run:
                                                                       "metrics": listen.metrics},
                        "settle_s": 1, "watch_s": 3, "drain_timeout_s": 15, "ready_timeout_s": 60},
         }
+        if os.environ.get("STOKER_STANDIN"):  # --target tensorrt: what a GPU spec says, the stand-in replaces
+            self.data.update(model={"repo_id": "meta-llama/Meta-Llama-3-8B-Instruct"}, target="tensorrt",
+                             gpus={"type": "h100-80gb", "count": 2, "rollout": "surge"})
+            self.data["deploy"].update(image="nvcr.io/nvidia/tritonserver:26.07-trtllm-python-py3", openai=False)
         if os.environ.get(KEY_ENV):
             keys = state / "api-keys.txt"
             keys.write_text(f"operate-old-{uuid.uuid4().hex}\n{os.environ[KEY_ENV]}\n")
@@ -154,6 +165,8 @@ class Run:
 
         root = write_repo(self.state / "repos" / f"{tag}-{uuid.uuid4().hex[:6]}", tag, full_layout=True, **model)
         digest = repo_digest(root)
+        if self.spec.target != "reference":  # a GPU target's backend mounts the package step's folder
+            return str(root), digest
         prefix = f"{s3.repo_prefix(self.spec.storage, digest)}/model_repository"
         for p in sorted(root.rglob("*")):
             if p.is_file():
@@ -210,6 +223,12 @@ class Run:
             rec["cause"] = f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
         rec["end"] = time.time()
         rec["serving_after"], rec["endpoint_after"] = self.serving()
+        if self.spec.target != "reference":  # the GPU set each running backend holds (surge alternates them)
+            from stoker import docker_engine as engine
+
+            rec["gpus_after"] = [c.labels.get("ai.stoker.gpus") for c in
+                                 engine.containers(engine.connect(), self.spec.deploy.name, role=engine.ROLE_BACKEND)
+                                 if c.status == "running"]
         rec["as_expected"] = (rec["outcome"] == "error") == expect_error
         print(f"  -> {rec['outcome']} {rec.get('cause', '')} | serving {rec['serving_after']}", flush=True)
         self.phases.append(rec)
@@ -335,14 +354,23 @@ def main() -> int:
     keyed = "--keys" in sys.argv
     if keyed:
         os.environ[KEY_ENV] = f"operate-{uuid.uuid4().hex}"
-    out = Path(next((a for a in sys.argv[1:] if not a.startswith("--")), ROOT / "benchmarks" / "results" /
-                    ("operate_keys.json" if keyed else "operate.json"))).resolve()
+    gpu = "--target" in sys.argv and sys.argv[sys.argv.index("--target") + 1] == "tensorrt"
+    if gpu:
+        os.environ["STOKER_STANDIN"] = "1"
+    args = [a for a in sys.argv[1:] if a != "tensorrt"]
+    out = Path(next((a for a in args if not a.startswith("--")), ROOT / "benchmarks" / "results" /
+                    ("operate_tensorrt_standin.json" if gpu else "operate_keys.json" if keyed else "operate.json"))
+               ).resolve()
     with_dockerd = "--no-dockerd-restart" not in sys.argv
     from stoker.spec import Deploy
     from stoker.stack.image import ensure_proxy_image
     from stoker.stack.services import stop_all
 
     ensure_proxy_image(Deploy().proxy_image, None, lambda _l: None, base=Deploy().image)
+    if gpu:
+        from stoker.stack.standin_image import ensure_standin_image
+
+        ensure_standin_image(log=lambda _l: None)
     state = Path(tempfile.mkdtemp(prefix="stoker-operate-"))
     run = Run(state)
     t_start = time.time()
@@ -364,9 +392,10 @@ def main() -> int:
         time.sleep(3)
         for tag in ("B", "C", "D"):
             run.phase(f"replace -> {tag}", lambda tag=tag: run.deploy(tag, interval_s=0.005))
-        run.phase("switch to reload (reload backend staged)", lambda: run.deploy("E", "reload"))
-        for tag in ("F", "G", "H"):
-            run.phase(f"reload -> {tag} (in place)", lambda tag=tag: run.deploy(tag, "reload"))
+        if not gpu:
+            run.phase("switch to reload (reload backend staged)", lambda: run.deploy("E", "reload"))
+            for tag in ("F", "G", "H"):
+                run.phase(f"reload -> {tag} (in place)", lambda tag=tag: run.deploy(tag, "reload"))
 
         def rollback():
             from stoker.commands.rollback import rollback_to
@@ -434,7 +463,10 @@ def main() -> int:
                    | {"seconds": round(p["end"] - p["start"], 2), "from_s": round(p["start"] - t_start, 2)}
                    for p in run.phases],
         "meta": {"machine": f"{platform.node()} ({os.cpu_count()} CPUs)", "wall_s": round(time.time() - t_start, 1),
-                 "api_keys": keyed,
+                 "api_keys": keyed, "target": run.spec.target,
+                 "standin": ("STAND-IN (STOKER_STANDIN=1): the tensorrt target's backends on stoker/triton-standin "
+                             "serving scripted models; stoker's serving path for that target, not TensorRT-LLM")
+                            if gpu else False,
                  "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                  "note": "switch_over_s is the proxy's runtime-API switch (candidate proven -> new requests routed "
                          "to it). Killing the proxy or restarting dockerd takes the endpoint itself down until "

@@ -116,10 +116,14 @@ def render(layout: ProxyLayout, mount: str = MOUNT) -> str:
         "",
     ]
     for section, attr, proto in SECTIONS:
+        # /v1/ is named once per frontend: keys answer it in OpenAI's shape, the public rules let it through.
+        names_v1 = ((section == "http" and (layout.keys or layout.openai))
+                    or (section == "metrics" and layout.metrics_openai))
         lines += [f"frontend {section}",
                   f"    bind {_bind(layout.address)}:{getattr(layout.listen, attr)}{proto}{_tls(section, layout.tls)}",
                   *([f"    bind unix@{layout.openai_grpc} mode 600 proto h2"]
                     if section == "grpc" and layout.openai_grpc else []),
+                  *([f"    acl openai path_beg {OPENAI_PATH}"] if names_v1 else []),
                   *(_keyed(section, layout.keys) if layout.keys else []),
                   *_public_only(section, bool(layout.openai), layout.metrics_openai)]
         if section == "http" and layout.openai:
@@ -159,9 +163,8 @@ def _keyed(section: str, digests_file: str) -> list[str]:
              f"    acl key_ok req.fhdr(authorization),bytes({len(BEARER)}),sha2(256),hex,lower -f {digests_file}"]
     if section == "http":
         return [*lines, f"    acl health path {' '.join(HEALTH_HTTP)}",
-                f"    acl openai_path path_beg {OPENAI_PATH}",
                 "    http-request return status 401 content-type application/json hdr www-authenticate Bearer "
-                f"string {_quoted(UNAUTHORIZED_OPENAI)} if openai_path !bearer or openai_path !key_ok",
+                f"string {_quoted(UNAUTHORIZED_OPENAI)} if openai !bearer or openai !key_ok",
                 "    http-request return status 401 content-type application/json hdr www-authenticate Bearer "
                 f"string {_quoted(UNAUTHORIZED_KSERVE)} if !health !bearer or !health !key_ok"]
     if section == "grpc":
@@ -179,7 +182,6 @@ def _public_only(section: str, openai: bool, metrics_openai: bool = False) -> li
     if section == "http":
         return [f"    acl public path {' '.join(PUBLIC_HTTP_EXACT)}",
                 f"    acl public path_reg {PUBLIC_HTTP_MODEL}",
-                *([f"    acl openai path_beg {OPENAI_PATH}"] if openai else []),
                 f"    http-request return status 403 content-type application/json string {_quoted(REFUSED_HTTP)} "
                 f"if !public{' !openai' if openai else ''}"]
     if section == "grpc":
@@ -189,8 +191,7 @@ def _public_only(section: str, openai: bool, metrics_openai: bool = False) -> li
                 "    http-request return status 200 hdr grpc-status 7 "
                 f"hdr grpc-message {_quoted(REFUSED_GRPC.replace(' ', '%%20'))} if !public"]  # log-format: %% is %
     if metrics_openai:
-        return [f"    acl openai path_beg {OPENAI_PATH}",
-                "    http-request return status 403 content-type text/plain string \"only /metrics and /v1/ are served "
+        return ["    http-request return status 403 content-type text/plain string \"only /metrics and /v1/ are served "
                 "here\" if !{ path /metrics } !openai"]
     return ["    http-request return status 403 content-type text/plain string \"only /metrics is served here\" "
             "if !{ path /metrics }"]

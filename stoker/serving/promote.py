@@ -164,7 +164,9 @@ def stage(client: docker.DockerClient, target: Target, spec: engine.BackendSpec,
     for attempt in range(1, PORT_RETRIES + 1):
         ports = choose_backend_ports(is_port_free, claimed, seed=f"{target.name}/{attempt}", avoid=avoid)
         name = engine.backend_name(target.name, slot)
-        log(f"staging {name}: digest {spec.repo_digest[:12]} from {spec.repository_uri}, ports "
+        source = spec.repository_uri + "".join(f" (mounted from {h})" for h, c in spec.mounts.items()
+                                               if c == spec.repository_uri)
+        log(f"staging {name}: digest {spec.repo_digest[:12]} from {source}, ports "
             f"http={ports.http} grpc={ports.grpc} metrics={ports.metrics}")
         try:
             stale = client.containers.get(name)

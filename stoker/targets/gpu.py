@@ -46,6 +46,12 @@ class GpuTarget(Target):
 
     def check_model(self, spec, facts) -> None:
         standin.check(spec)  # before any download, like every refusal of the model
+        if spec.deploy.rollout == "reload":
+            from ..errors import PlanRefused
+
+            raise PlanRefused("deploy.rollout: reload loads a new version from S3 into the live backend; a GPU backend "
+                              "mounts its engine from the host: use deploy.rollout: replace with gpus.rollout "
+                              "(surge, shared or reload)")
         super().check_model(spec, facts)
 
     def heavy_slot(self, spec=None):

@@ -17,9 +17,9 @@ def test_proxy_routes_v1_to_the_service_socket_and_everything_else_to_triton():
                                              openai_service.socket_path()))
     http = cfg[cfg.index("frontend http"):cfg.index("\nbackend http") + 1]
     assert http == ("frontend http\n    bind 127.0.0.1:8000\n"
+                    "    acl openai path_beg /v1/\n"
                     f"    acl public path {' '.join(haproxy.PUBLIC_HTTP_EXACT)}\n"
                     f"    acl public path_reg {haproxy.PUBLIC_HTTP_MODEL}\n"
-                    "    acl openai path_beg /v1/\n"
                     f"    http-request return status 403 content-type application/json string "
                     f"{haproxy._quoted(haproxy.REFUSED_HTTP)} if !public !openai\n"
                     "    use_backend openai if openai\n"
