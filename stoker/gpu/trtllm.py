@@ -33,7 +33,6 @@ C_CKPT = "/workspace/trtllm_checkpoint"
 C_ENGINE = "/workspace/engine"
 C_TIMING = "/workspace/timing"
 C_MODELS = "/models"
-CONTAINER_PORTS = {"http": 8000, "grpc": 8001, "metrics": 8002}
 
 # trtllm-build: plugin switches take enable/disable (TRT-LLM's add_plugin_argument), limits take ints.
 _ON = {True: "enable", False: "disable"}

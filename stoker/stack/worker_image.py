@@ -73,29 +73,41 @@ def context_digest(folder: Path, base_id: str) -> str:
 def ensure_worker_image(image: str = DEFAULT_WORKER_IMAGE, docker_host: str | None = None,
                         log: Callable[[str], None] = print, base: str = DEFAULT_IMAGE) -> str:
     """Return the id of the worker image, building it (and its base) when its recipe changed."""
+    # pip in the build uses this machine's index settings, minus host-only file:// indexes.
+    settings = pip_settings(read_pip_config(), os.environ)
+    args = {k: " ".join(u for u in v.split() if not u.startswith("file:"))
+            for k, v in settings.items() if k in ("PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_TRUSTED_HOST")}
+    return ensure_derived_image(image, base, docker_host, log, assemble_context, "worker",
+                                f"from {base}, pip install prefect + stoker, ~2 min",
+                                buildargs={k: v for k, v in args.items() if v}, network_mode="host")
+
+
+def ensure_derived_image(image: str, base: str, docker_host: str | None, log: Callable[[str], None],
+                         assemble: Callable[[Path], None], tag: str, cost: str, buildargs: dict[str, str] | None = None,
+                         network_mode: str | None = None, labels: dict[str, str] | None = None) -> str:
+    """An image FROM the CPU image this machine built, its context made by ``assemble``: built (and its base) when
+    the context's digest, with the base image's id, is not the one its recipe label records; returns its id.
+    ``labels``: what the built image must also carry (set by its Dockerfile)."""
     base_id = ensure_image(base, docker_host, log)
     client = connect(docker_host)
-    with tempfile.TemporaryDirectory(prefix="stoker-worker-image-") as tmp:
+    with tempfile.TemporaryDirectory(prefix=f"stoker-{tag}-image-") as tmp:
         ctx = Path(tmp)
-        assemble_context(ctx)
+        assemble(ctx)
         want = context_digest(ctx, base_id)
-        current, old_id = _current(client, image, want, f"from {base}, pip install prefect + stoker, ~2 min", log)
+        current, old_id = _current(client, image, want, cost, log)
         if current:
             return current
-        # pip in the build uses this machine's index settings, minus host-only file:// indexes.
-        settings = pip_settings(read_pip_config(), os.environ)
-        args = {k: " ".join(u for u in v.split() if not u.startswith("file:"))
-                for k, v in settings.items() if k in ("PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_TRUSTED_HOST")}
-        log(f"[worker] docker build (base {base})")
-        _docker_build(client, image, {"BASE_IMAGE": base_id, **{k: v for k, v in args.items() if v}},
-                      {RECIPE_LABEL: want, BASE_LABEL: base_id}, log, path=ctx, network_mode="host")
+        log(f"[{tag}] docker build (base {base})")
+        _docker_build(client, image, {"BASE_IMAGE": base_id, **(buildargs or {})},
+                      {RECIPE_LABEL: want, BASE_LABEL: base_id}, log, path=ctx, network_mode=network_mode)
     new = client.images.get(image)
-    if (new.labels or {}).get(RECIPE_LABEL) != want:
-        raise ImageBuildFailed(f"built {image} but its {RECIPE_LABEL} label is not {want[:12]}")
+    have = new.labels or {}
+    if have.get(RECIPE_LABEL) != want or any(have.get(k) != v for k, v in (labels or {}).items()):
+        raise ImageBuildFailed(f"built {image} but its labels are not the recipe's ({want[:12]})")
     if old_id and old_id != new.id:
         try:  # best effort: a running container may still use it
             client.images.remove(old_id)
         except Exception:  # noqa: BLE001
             pass
-    log(f"[worker] done: {image} {new.id[:19]}")
+    log(f"[{tag}] done: {image} {new.id[:19]}")
     return new.id
