@@ -43,7 +43,10 @@ def describe(client, name: str) -> dict:
                          "run_id": b.run_id, "state": c.status if c is not None else "?",
                          "health": "ready" if b.ready else "not ready",
                          "live": view.running and b.slot == view.live and b.ports.http == view.http_ports.get(b.slot),
-                         "uptime": _uptime(engine.started_at(c)) if c is not None and b.running else "-"})
+                         "uptime": _uptime(engine.started_at(c)) if c is not None and b.running else "-",
+                         # GPU targets: the device ids it holds; the stand-in says so (stoker/standin.py)
+                         "gpus": (c.labels.get("ai.stoker.gpus") if c is not None else None) or None,
+                         "standin": c is not None and c.labels.get("ai.stoker.standin") == "true"})
     live = next((b for b in backends if b["live"]), None)
     service = openai_service.container(client, name)
     # What listens where: the proxy on its deploy.listen address (older proxies: every interface), every
@@ -105,7 +108,9 @@ def _handler(args) -> int:
         for b in d["backends"]:
             print(f"  {'*' if b['live'] else ' '} {b['container']:<28} slot {b['slot'] or '-':<5} "
                   f"{b['listen']} ports {b['ports']:<17} "
-                  f"digest {b['digest'][:12]:<12} {b['state']:<8} {b['health']:<9} up {b['uptime']}")
+                  f"digest {b['digest'][:12]:<12} {b['state']:<8} {b['health']:<9} up {b['uptime']}"
+                  + (f" GPUs {b['gpus']}" if b.get("gpus") else "")
+                  + (" STAND-IN (not TensorRT-LLM)" if b.get("standin") else ""))
     return 0
 
 

@@ -106,3 +106,5 @@ def test_a_tensorrt_spec_runs_end_to_end_on_the_standin_and_a_rebuild_switches_g
     [backend3] = engine.containers(client, spec_data["deploy"]["name"], role=engine.ROLE_BACKEND)
     assert backend3.labels[engine.LABEL_DIGEST] == m1["steps"]["deploy"]["digest"]
     assert backend3.labels["ai.stoker.gpus"] == "0" and backend3.labels["ai.stoker.standin"] == "true"
+    shown = _stoker(["status", spec_data["deploy"]["name"]], env, timeout=120)
+    assert shown.returncode == 0 and "GPUs 0 STAND-IN (not TensorRT-LLM)" in shown.stdout, shown.stdout
