@@ -1,8 +1,12 @@
 """Promotion under load, through the stable endpoint: every request counted; writes JSON.
 
     .venv/bin/python benchmarks/operate.py [OUT.json] [--no-dockerd-restart] [--keys] [--target tensorrt]
+                                           [--replicas N]
     (default OUT: benchmarks/results/operate.json, with --keys operate_keys.json, with --target tensorrt
-    operate_tensorrt_standin.json; ~6 min on 2 cores)
+    operate_tensorrt_standin.json, with --replicas N operate_replicas_N.json; ~6 min on 2 cores)
+
+--replicas N: deploy.replicas N (reference target): N backends behind the address; each phase also records the
+fewest proxy servers taking new requests seen during it (polled every 50 ms); the S3 `reload` phases do not apply.
 
 --target tensorrt: the deployment is a `target: tensorrt` spec (2 GPUs listed, gpus.rollout surge) on the STAND-IN
 (STOKER_STANDIN=1): its backends are those the tensorrt target supplies (the stand-in image, the serve command, the
@@ -139,6 +143,8 @@ class Run:
                                                                       "metrics": listen.metrics},
                        "settle_s": 1, "watch_s": 3, "drain_timeout_s": 15, "ready_timeout_s": 60},
         }
+        if os.environ.get("STOKER_OPERATE_REPLICAS"):
+            self.data["deploy"]["replicas"] = int(os.environ["STOKER_OPERATE_REPLICAS"])
         if os.environ.get("STOKER_STANDIN"):  # --target tensorrt: what a GPU spec says, the stand-in replaces
             self.data.update(model={"repo_id": "meta-llama/Meta-Llama-3-8B-Instruct"}, target="tensorrt",
                              gpus={"type": "h100-80gb", "count": 2, "rollout": "surge"})
@@ -215,6 +221,7 @@ class Run:
         print(f"[{name}]", flush=True)
         t0 = time.time()
         rec: dict = {"phase": name, "start": t0}
+        poll = ReadyPoll(self.spec) if self.spec.deploy.replicas > 1 else None
         try:
             rec["result"] = fn()
             rec["outcome"] = "ok"
@@ -222,6 +229,8 @@ class Run:
             rec["outcome"] = "error"
             rec["cause"] = f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
         rec["end"] = time.time()
+        if poll is not None:
+            rec["fewest_ready_servers"] = poll.done()
         rec["serving_after"], rec["endpoint_after"] = self.serving()
         if self.spec.target != "reference":  # the GPU set each running backend holds (surge alternates them)
             from stoker import docker_engine as engine
@@ -233,6 +242,36 @@ class Run:
         print(f"  -> {rec['outcome']} {rec.get('cause', '')} | serving {rec['serving_after']}", flush=True)
         self.phases.append(rec)
         return rec
+
+
+class ReadyPoll:
+    """The fewest proxy http servers taking new requests (ready, not draining) seen while a phase runs."""
+
+    def __init__(self, spec) -> None:
+        from stoker import rollout
+
+        self.target, self.fewest, self.stop = rollout.target_for(spec), None, threading.Event()
+        self.thread = threading.Thread(target=self._poll, daemon=True)
+        self.thread.start()
+
+    def _poll(self) -> None:
+        from stoker import docker_engine as engine
+        from stoker.serving import haproxy, promote
+
+        client = engine.connect()
+        while not self.stop.is_set():
+            try:
+                rt = promote.runtime_for(self.target, promote.proxy_container(client, self.target.name))
+                n = sum(1 for s in rt.servers().get("http", {}).values() if s.ready)
+                self.fewest = n if self.fewest is None else min(self.fewest, n)
+            except (haproxy.ProxyApiError, OSError, AttributeError):
+                pass  # the proxy-kill phase: no runtime to read
+            time.sleep(0.05)
+
+    def done(self) -> int | None:
+        self.stop.set()
+        self.thread.join(timeout=5)
+        return self.fewest
 
 
 def kill_deploy_midway(run: Run, tag: str) -> dict:
@@ -357,10 +396,13 @@ def main() -> int:
     gpu = "--target" in sys.argv and sys.argv[sys.argv.index("--target") + 1] == "tensorrt"
     if gpu:
         os.environ["STOKER_STANDIN"] = "1"
-    args = [a for a in sys.argv[1:] if a != "tensorrt"]
-    out = Path(next((a for a in args if not a.startswith("--")), ROOT / "benchmarks" / "results" /
-                    ("operate_tensorrt_standin.json" if gpu else "operate_keys.json" if keyed else "operate.json"))
-               ).resolve()
+    replicas = int(sys.argv[sys.argv.index("--replicas") + 1]) if "--replicas" in sys.argv else 1
+    if replicas > 1:
+        os.environ["STOKER_OPERATE_REPLICAS"] = str(replicas)
+    args = [a for i, a in enumerate(sys.argv[1:], 1) if a != "tensorrt" and sys.argv[i - 1] != "--replicas"]
+    default = ("operate_tensorrt_standin.json" if gpu else f"operate_replicas_{replicas}.json" if replicas > 1
+               else "operate_keys.json" if keyed else "operate.json")
+    out = Path(next((a for a in args if not a.startswith("--")), ROOT / "benchmarks" / "results" / default)).resolve()
     with_dockerd = "--no-dockerd-restart" not in sys.argv
     from stoker.spec import Deploy
     from stoker.stack.image import ensure_proxy_image
@@ -392,7 +434,7 @@ def main() -> int:
         time.sleep(3)
         for tag in ("B", "C", "D"):
             run.phase(f"replace -> {tag}", lambda tag=tag: run.deploy(tag, interval_s=0.005))
-        if not gpu:
+        if not gpu and replicas == 1:
             run.phase("switch to reload (reload backend staged)", lambda: run.deploy("E", "reload"))
             for tag in ("F", "G", "H"):
                 run.phase(f"reload -> {tag} (in place)", lambda tag=tag: run.deploy(tag, "reload"))
@@ -457,13 +499,20 @@ def main() -> int:
                               "median": statistics.median(switches) if switches else None,
                               "met": bool(switches) and max(switches) <= 1.0},
             "proxy_added_p50_ms": {k: v["added_p50_ms"] for k, v in latency.items()},
+            **({"never_fewer_than_n_minus_1_ready_in_rollouts": {
+                "replicas": replicas,
+                "fewest": min((p["fewest_ready_servers"] for p in rollout_phases
+                               if p.get("fewest_ready_servers") is not None
+                               and p["phase"] != "deploy A (first backend)"), default=None),
+                "met": all((p.get("fewest_ready_servers") or 0) >= replicas - 1 for p in rollout_phases
+                           if p["phase"] != "deploy A (first backend)")}} if replicas > 1 else {}),
             "every_fault_ended_with_the_old_build_serving": all(p["as_expected"] for p in run.phases),
         },
         "phases": [{k: v for k, v in p.items() if k not in ("start", "end")}
                    | {"seconds": round(p["end"] - p["start"], 2), "from_s": round(p["start"] - t_start, 2)}
                    for p in run.phases],
         "meta": {"machine": f"{platform.node()} ({os.cpu_count()} CPUs)", "wall_s": round(time.time() - t_start, 1),
-                 "api_keys": keyed, "target": run.spec.target,
+                 "api_keys": keyed, "target": run.spec.target, "replicas": replicas,
                  "standin": ("STAND-IN (STOKER_STANDIN=1): the tensorrt target's backends on stoker/triton-standin "
                              "serving scripted models; stoker's serving path for that target, not TensorRT-LLM")
                             if gpu else False,

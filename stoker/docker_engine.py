@@ -36,6 +36,7 @@ LABEL_DEPLOYMENT = "ai.stoker.deployment"
 LABEL_ROLE = "ai.stoker.role"  # backend | proxy
 LABEL_DIGEST = "ai.stoker.repo_digest"
 LABEL_SLOT = "ai.stoker.slot"
+LABEL_REPLICA = "ai.stoker.replica"  # deploy.replicas: which of its slot's replicas (absent: 0)
 LABEL_RUN = "ai.stoker.run_id"
 # With host networking Docker does not know a container's ports: they are read back from here.
 LABEL_PORTS = "ai.stoker.ports"
@@ -149,8 +150,8 @@ def created_key(c: Container) -> tuple[str, int]:
     return whole, int(frac.ljust(9, "0")[:9] or 0)
 
 
-def backend_name(deployment: str, slot: str) -> str:
-    return f"stoker-{deployment}-{slot}"
+def backend_name(deployment: str, slot: str, replica: int = 0) -> str:
+    return f"stoker-{deployment}-{slot}" + (f"-{replica}" if replica else "")
 
 
 def proxy_name(deployment: str) -> str:
@@ -183,10 +184,11 @@ def admin_headers(container: Container) -> dict[str, str]:
     return {}
 
 
-def start_backend(client: docker.DockerClient, spec: BackendSpec, slot: str, ports: Ports) -> Container:
-    """Run Triton for ``spec`` in ``slot`` on ``ports``. No restart policy until it is promoted."""
+def start_backend(client: docker.DockerClient, spec: BackendSpec, slot: str, ports: Ports, replica: int = 0) -> Container:
+    """Run Triton for ``spec`` in ``slot`` (its replica ``replica``) on ``ports``. No restart policy until promoted."""
     labels = {**spec.labels, LABEL_MANAGED: "true", LABEL_DEPLOYMENT: spec.name, LABEL_ROLE: ROLE_BACKEND,
-              LABEL_DIGEST: spec.repo_digest, LABEL_SLOT: slot, LABEL_PORTS: ports.label(), LABEL_RUN: spec.run_id}
+              LABEL_DIGEST: spec.repo_digest, LABEL_SLOT: slot, LABEL_PORTS: ports.label(), LABEL_RUN: spec.run_id,
+              **({LABEL_REPLICA: str(replica)} if replica else {})}
     extra = [*spec.extra_args, *restricted_args(secrets.token_hex(16))]
     args = spec.command(ports, extra) if spec.command else triton_args(spec.repository_uri, ports, extra)
     kwargs: dict = {}
@@ -198,7 +200,7 @@ def start_backend(client: docker.DockerClient, spec: BackendSpec, slot: str, por
         kwargs["device_requests"] = [DeviceRequest(device_ids=[str(i) for i in spec.device_ids],
                                                    capabilities=[["gpu"]])]
     return _run(client, spec.image, args,
-                name=backend_name(spec.name, slot), labels=labels, environment=dict(spec.env),
+                name=backend_name(spec.name, slot, replica), labels=labels, environment=dict(spec.env),
                 shm_size=spec.shm_size,
                 ulimits=[Ulimit(name=k, soft=s, hard=h) for k, (s, h) in spec.ulimits.items()], **kwargs)
 

@@ -91,7 +91,7 @@ def target_for(spec: Spec) -> promote.Target:
                           # The OpenAI service runs on the CPU image's Python; GPU images are not built here: the
                           # engine target's backends host Triton's own frontend instead, on their metrics port.
                           openai_image=d.image if d.openai and spec.target == "reference" else "",
-                          openai_on_metrics=openai_frontend.renders(spec))
+                          openai_on_metrics=openai_frontend.renders(spec), replicas=d.replicas)
 
 
 def backend_spec(spec: Spec, repository_uri: str, digest: str, env: dict[str, str], run_id: str = "",
@@ -112,20 +112,30 @@ def backend_spec(spec: Spec, repository_uri: str, digest: str, env: dict[str, st
         extra_args=extra, run_id=run_id, **fields)
 
 
-def candidate_gpus(client, spec: Spec, live: promote.topology.Backend | None) -> tuple[int, ...]:
-    """The device ids a new backend gets: under surge the set the live backend does not hold (blue/green across
-    GPU sets), else the one set; () on CPU."""
+def candidate_gpus(client, spec: Spec, live: promote.topology.Backend | None) -> list[tuple[int, ...]]:
+    """The device ids each replica of a new backend gets (one tuple per replica): under surge the set the live
+    backend does not hold (blue/green across GPU sets), else the one set, split evenly over deploy.replicas;
+    () each on CPU."""
+    n = spec.deploy.replicas
     sets = targets.get(spec.target).gpu_sets(spec)
     if not sets:
-        return ()
+        return [()] * n
     held: tuple[int, ...] = ()
     if live is not None:
         try:
-            label = client.containers.get(live.container).labels.get(GPUS_LABEL, "")
-            held = tuple(int(i) for i in label.split(",") if i)
+            held = tuple(int(i) for m in (live, *live.members)
+                         for i in client.containers.get(m.container).labels.get(GPUS_LABEL, "").split(",") if i)
         except docker.errors.NotFound:
             pass
-    return next((s for s in sets if s != held), sets[0])
+    chosen = next((s for s in sets if tuple(sorted(s)) != tuple(sorted(held))), sets[0])
+    each = max(1, len(chosen) // n)
+    return [tuple(chosen[r * each:(r + 1) * each]) for r in range(n)]
+
+
+def backend_specs(spec: Spec, repository_uri: str, digest: str, env: dict[str, str], run_id: str,
+                  gpus: list[tuple[int, ...]], reload: bool | None = None) -> list[docker_engine.BackendSpec]:
+    """One BackendSpec per replica (deploy.replicas), each with its own GPUs."""
+    return [backend_spec(spec, repository_uri, digest, env, run_id, reload=reload, gpus=g) for g in gpus]
 
 
 def container_env(spec: Spec) -> dict[str, str]:
@@ -300,9 +310,9 @@ def stage(spec: Spec, repository_uri: str, digest: str, run_id: str, log: Log) -
         log(f"{live.container} already serves digest {digest[:12]}; reusing it")
         out.update(candidate=previous, reused=True)
         return out
-    bspec = backend_spec(spec, repository_uri, digest, env, run_id, gpus=candidate_gpus(client, spec, live))
-    out.update(image=bspec.image, gpus=list(bspec.labels.get(GPUS_LABEL, "").split(",")) if GPUS_LABEL in bspec.labels
-               else [])
+    bspec = backend_specs(spec, repository_uri, digest, env, run_id, candidate_gpus(client, spec, live))
+    out.update(image=bspec[0].image, gpus=[i for b in bspec for i in b.labels.get(GPUS_LABEL, "").split(",") if i],
+               replicas=len(bspec))
     gpu_rollout = targets.get(spec.target).gpu_rollout(spec)
     if gpu_rollout is not None:
         out["gpu_rollout"] = {"choice": gpu_rollout.choice, "expected_gap_s": gpu_rollout.gap_s}

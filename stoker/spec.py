@@ -232,11 +232,22 @@ class Deploy(_Section):
     # Checked by the proxy on every route but health (HTTP `authorization: Bearer`, gRPC metadata alike).
     api_keys: ApiKeys | None = Field(None, description="API keys the stable endpoint requires (Bearer)")
     tls: Tls | None = Field(None, description="serve the stable endpoint over TLS (https, gRPC with TLS)")
+    # Identical backends behind the one address (HAProxy leastconn), each proven before it joins; a rollout stages
+    # all N of the new build beside the old ones and switches them together (surge), so N stay ready throughout.
+    replicas: int = Field(1, ge=1, le=16, description="identical backends behind the stable endpoint (leastconn)")
 
     @model_serializer(mode="wrap")
     def _omit_listen_defaults(self, handler):
         # Left at their defaults, the listen fields stay out of dumps: manifests and the spec digest read as before.
-        return _without_defaults(self, handler(self), ("listen", "allow_unauthenticated", "api_keys", "tls"))
+        return _without_defaults(self, handler(self), ("listen", "allow_unauthenticated", "api_keys", "tls",
+                                                       "replicas"))
+
+    @model_validator(mode="after")
+    def _replicas_replace(self) -> Deploy:
+        if self.replicas > 1 and self.rollout == "reload":
+            raise ValueError(f"replicas {self.replicas} with rollout reload: an in-place reload loads one backend; "
+                             "use rollout replace (the new build's replicas are staged beside the old ones)")
+        return self
 
     @field_validator("listen")
     @classmethod

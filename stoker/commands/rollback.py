@@ -87,9 +87,8 @@ def rollback_to(name: str, run_id: str | None, log=print) -> dict:
         # Where that run's backend loaded its repository (a GPU target mounts the package step's folder), else S3.
         repository = (chosen["steps"].get("deploy", {}).get("detail") or {}).get("repository_uri") \
             or up["detail"]["repository_uri"]
-        bspec = rollout.backend_spec(run_spec, repository, up["digest"], rollout.container_env(run_spec),
-                                     run_id=chosen["run_id"], reload=False,
-                                     gpus=rollout.candidate_gpus(client, run_spec, live))
+        bspec = rollout.backend_specs(run_spec, repository, up["digest"], rollout.container_env(run_spec),
+                                      chosen["run_id"], rollout.candidate_gpus(client, run_spec, live), reload=False)
         cand = promote.stage(client, target, bspec, live, spec.deploy.settle_s, log)
     else:
         live, cand = routed, promote.BackendRef.of(warm)

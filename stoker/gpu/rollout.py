@@ -124,11 +124,19 @@ def reload_gap_s(engine_bytes: int, settle_s: float, target: str = "tensorrt") -
 
 def choose(requested: str, gpu: matrix.GpuInfo, device_ids: list[int], world: int, backend: Backend,
            fraction: float, max_tokens: int | None = None, settle_s: float = 3.0,
-           target: str = "tensorrt") -> Rollout:
+           target: str = "tensorrt", replicas: int = 1) -> Rollout:
     """The rollout for `requested` (auto: surge, else shared, else reload: the first without a gap, then the one
-    without a KV cost); PlanRefused when the spec's own choice, or any, cannot work."""
+    without a KV cost); PlanRefused when the spec's own choice, or any, cannot work.
+
+    ``replicas`` (deploy.replicas): a generation is that many backends of ``world`` GPUs each, on GPUs of their own;
+    the sets below are then a generation's GPUs (replica r takes the r-th ``world`` of them)."""
     memory = gpu.memory_mib << 20
     gib = _gib
+    if replicas > 1 and len(device_ids) < world * replicas:
+        raise PlanRefused(f"deploy.replicas: {replicas} replicas of {world} GPU(s) each (tensor x pipeline) need "
+                          f"{world * replicas} GPUs but gpus lists {len(device_ids)} ({list(device_ids)}): list more "
+                          "device ids or lower deploy.replicas")
+    world = world * replicas
     if backend.min_bytes > memory:
         raise PlanRefused(f"gpus.type: one backend needs ~{gib(backend.min_bytes)} per GPU (engine "
                           f"{gib(backend.engine_bytes)} + activations + one {backend.seq_len}-token sequence of KV) but "
@@ -187,7 +195,7 @@ def plan_rollout(spec, facts) -> Rollout | None:
         return None
     return choose(spec.gpus.rollout, gpu, spec.gpus.ids, spec.parallel.world_size, backend_of(spec, facts),
                   spec.runtime.kv_cache_free_gpu_mem_fraction, spec.runtime.max_tokens_in_paged_kv_cache,
-                  spec.deploy.settle_s, spec.target)
+                  spec.deploy.settle_s, spec.target, spec.deploy.replicas)
 
 
 def _gib(n: int) -> str:

@@ -47,6 +47,7 @@ class Target:
     # The backends host Triton's own OpenAI frontend on their metrics-role port (a GPU target's, by contract):
     # the proxy's metrics frontend then routes /v1/ too.
     openai_on_metrics: bool = False
+    replicas: int = 1  # deploy.replicas: backends per slot behind the proxy
 
     @property
     def endpoint(self) -> dict:
@@ -93,6 +94,8 @@ class Target:
             parts.append("openai-uds")  # the gRPC frontend's second bind, for the OpenAI service
         if self.openai_on_metrics:
             parts.append("openai-metrics")
+        if self.replicas > 1:
+            parts.append(f"replicas:{self.replicas}")  # its server lines per slot: HAProxy reads them at start
         pem = self.tls_pem()
         if pem is not None:
             parts.append("tls:" + hashlib.sha256(pem.encode()).hexdigest()[:16])
@@ -108,10 +111,21 @@ class BackendRef:
     ports: tuple[int, int, int]
     digest: str
     run_id: str = ""
+    # deploy.replicas: the siblings (replicas 1..N-1) as (container, ports); this one is replica 0
+    replicas: tuple[tuple[str, tuple[int, int, int]], ...] = ()
 
     @property
     def p(self) -> Ports:
         return Ports(*self.ports)
+
+    @property
+    def all_ports(self) -> list[Ports]:
+        """One Ports per replica, replica 0 first (what the proxy's slot servers point at)."""
+        return [self.p, *(Ports(*ports) for _, ports in self.replicas)]
+
+    def members(self) -> list[BackendRef]:
+        """Every replica as a BackendRef of its own, replica 0 first."""
+        return [self, *(BackendRef(c, self.slot, tuple(ports), self.digest, self.run_id) for c, ports in self.replicas)]
 
     @property
     def http(self) -> str:
@@ -132,11 +146,13 @@ class BackendRef:
     def from_dict(cls, d: dict | None) -> BackendRef | None:
         if not d:
             return None
-        return cls(d["container"], d["slot"], tuple(d["ports"]), d["digest"], d.get("run_id", ""))
+        return cls(d["container"], d["slot"], tuple(d["ports"]), d["digest"], d.get("run_id", ""),
+                   tuple((c, tuple(p)) for c, p in d.get("replicas", ())))
 
     @classmethod
     def of(cls, b: topology.Backend) -> BackendRef:
-        return cls(b.container, b.slot, b.ports.values(), b.digest, b.run_id)
+        return cls(b.container, b.slot, b.ports.values(), b.digest, b.run_id,
+                   tuple((m.container, m.ports.values()) for m in b.members))
 
 
 # ---------------------------------------------------------------- observe
@@ -155,7 +171,8 @@ def observe_backends(client: docker.DockerClient, name: str) -> list[topology.Ba
             digest=c.labels.get(engine.LABEL_DIGEST, ""), running=running,
             ready=running and probe.is_ready(f"http://127.0.0.1:{ports.http}", timeout_s=5.0, attempts=2),
             created=engine.created_key(c),
-            run_id=c.labels.get(engine.LABEL_RUN, ""), legacy=engine.LABEL_ROLE not in c.labels))
+            run_id=c.labels.get(engine.LABEL_RUN, ""), legacy=engine.LABEL_ROLE not in c.labels,
+            replica=int(c.labels.get(engine.LABEL_REPLICA, "0") or 0)))
     return out
 
 
@@ -166,7 +183,7 @@ def proxy_container(client: docker.DockerClient, name: str):
 
 def runtime_for(target: Target, container=None) -> haproxy.Runtime:
     state_dir = (engine.state_mount(container, haproxy.MOUNT) if container is not None else None) or target.state_dir
-    return haproxy.Runtime(state_dir)
+    return haproxy.Runtime(state_dir, target.replicas)
 
 
 def observe_proxy(client: docker.DockerClient, target: Target) -> tuple[topology.ProxyView, object]:
@@ -199,6 +216,7 @@ def render_config(target: Target, slots: dict[str, Ports | None], live: str | No
                                               openai_grpc=(openai_service.grpc_socket_path() if target.openai_image
                                                            else None),
                                               address=target.address, metrics_openai=target.openai_on_metrics,
+                                              replicas=target.replicas,
                                               keys=keys_file() if target.keys else None,
                                               tls=f"{haproxy.MOUNT}/{TLS_NAME}" if target.tls else None))
 

@@ -28,6 +28,8 @@ from pathlib import Path
 from .ports import Ports
 
 SLOTS = ("blue", "green")
+# deploy.replicas: a slot's replica r is server `<slot>` (r = 0, the name a single backend always had) or `<slot>_<r>`;
+# a slot's replicas share its traffic by least connections.
 # (section name, the Ports attribute it forwards, HAProxy bind/server options)
 SECTIONS = (("http", "http", ""), ("grpc", "grpc", " proto h2"), ("metrics", "metrics", ""))
 CONFIG_NAME = "haproxy.cfg"
@@ -68,6 +70,21 @@ UNAUTHORIZED_OPENAI = ('{"error": {"message": "Incorrect or missing API key: sen
 UNAUTHORIZED_KSERVE = '{"error": "an API key is required: authorization: Bearer KEY"}'
 
 
+def server_name(slot: str, replica: int = 0) -> str:
+    return slot if replica == 0 else f"{slot}_{replica}"
+
+
+def slot_of(server: str) -> str:
+    return server.split("_", 1)[0]
+
+
+def _replica_ports(ports: Ports | list[Ports] | tuple[Ports, ...] | None) -> list[Ports]:
+    """A slot's ports, one per replica (a single Ports is one replica). Pure."""
+    if ports is None:
+        return []
+    return [ports] if isinstance(ports, Ports) else list(ports)
+
+
 class ProxyApiError(Exception):
     """The proxy's runtime API is unreachable or refused a command."""
 
@@ -84,6 +101,7 @@ class ProxyLayout:
     address: str = "127.0.0.1"  # where the frontends bind (deploy.listen)
     keys: str | None = None  # the file of API key digests (as the proxy sees it); None: no key asked
     tls: str | None = None  # the PEM (certificate + key) the frontends serve TLS with; None: cleartext
+    replicas: int = 1  # server lines per slot (deploy.replicas); slots then map to one Ports per replica
     metrics_openai: bool = False  # the backends' metrics-role port also serves /v1/ (Triton's OpenAI frontend)
 
 
@@ -130,10 +148,14 @@ def render(layout: ProxyLayout, mount: str = MOUNT) -> str:
             lines += [f"    use_backend {OPENAI_BACKEND} if openai"]
         lines += [f"    default_backend {section}", ""]
         lines.append(f"backend {section}")
+        if layout.replicas > 1:
+            lines.append("    balance leastconn")  # long streams: count open ones, not turns
         for slot in SLOTS:
-            ports = layout.slots.get(slot) or PLACEHOLDER
-            off = "" if slot == layout.live else " disabled"
-            lines.append(f"    server {slot} 127.0.0.1:{getattr(ports, attr)}{proto}{off}")
+            given = _replica_ports(layout.slots.get(slot))
+            for r in range(layout.replicas):
+                ports = given[r] if r < len(given) else PLACEHOLDER
+                off = "" if slot == layout.live and r < len(given) else " disabled"
+                lines.append(f"    server {server_name(slot, r)} 127.0.0.1:{getattr(ports, attr)}{proto}{off}")
         lines.append("")
     if layout.openai:
         lines.append(f"backend {OPENAI_BACKEND}")
@@ -239,24 +261,33 @@ def command(sock_path: Path, cmd: str, timeout_s: float = 5.0) -> str:
     return answer
 
 
-def switch_commands(to_slot: str, ports: Ports, drain: str | None) -> str:
-    """Point ``to_slot`` at ``ports`` and make it the only ready server; ``drain`` finishes its requests. Pure."""
+def switch_commands(to_slot: str, ports: Ports | list[Ports], drain: str | None, replicas: int = 1) -> str:
+    """Point ``to_slot``'s replicas at ``ports`` (one per replica) and make them the only ready servers; ``drain``'s
+    replicas finish their requests; a replica with no ports goes to maint. Pure."""
+    given = _replica_ports(ports)
     cmds = []
     for section, attr, _ in SECTIONS:
-        cmds.append(f"set server {section}/{to_slot} addr 127.0.0.1 port {getattr(ports, attr)}")
-        cmds.append(f"set server {section}/{to_slot} state ready")
+        for r in range(replicas):
+            server = f"{section}/{server_name(to_slot, r)}"
+            if r < len(given):
+                cmds.append(f"set server {server} addr 127.0.0.1 port {getattr(given[r], attr)}")
+                cmds.append(f"set server {server} state ready")
+            else:
+                cmds.append(f"set server {server} state maint")
         if drain:
-            cmds.append(f"set server {section}/{drain} state drain")
+            cmds += [f"set server {section}/{server_name(drain, r)} state drain" for r in range(replicas)]
     return "; ".join(cmds)
 
 
-def maint_commands(slot: str) -> str:
-    return "; ".join(f"set server {section}/{slot} state maint" for section, _, _ in SECTIONS)
+def maint_commands(slot: str, replicas: int = 1) -> str:
+    return "; ".join(f"set server {section}/{server_name(slot, r)} state maint"
+                     for section, _, _ in SECTIONS for r in range(replicas))
 
 
-def end_sessions_commands(slot: str) -> str:
+def end_sessions_commands(slot: str, replicas: int = 1) -> str:
     """Close every stream the proxy holds open to ``slot`` (its clients see the stream end and reconnect). Pure."""
-    return "; ".join(f"shutdown sessions server {section}/{slot}" for section, _, _ in SECTIONS)
+    return "; ".join(f"shutdown sessions server {section}/{server_name(slot, r)}"
+                     for section, _, _ in SECTIONS for r in range(replicas))
 
 
 @dataclass(frozen=True)
@@ -299,7 +330,7 @@ def parse_stat_sessions(text: str) -> dict[tuple[str, str], int]:
     out = {}
     for line in lines[1:]:
         f = line.split(",")
-        if len(f) > i_cur and f[i_sv] in SLOTS:
+        if len(f) > i_cur and slot_of(f[i_sv]) in SLOTS:
             out[(f[i_px], f[i_sv])] = int(f[i_cur] or 0)
     return out
 
@@ -314,22 +345,23 @@ def live_slot(states: dict[str, dict[str, ServerState]]) -> str | None:
 class Runtime:
     """The runtime API of one running proxy (a unix socket in its state folder)."""
 
-    def __init__(self, state_dir: Path) -> None:
+    def __init__(self, state_dir: Path, replicas: int = 1) -> None:
         self.sock = state_dir / SOCKET_NAME
+        self.replicas = replicas
 
     def servers(self) -> dict[str, dict[str, ServerState]]:
         return parse_servers_state(command(self.sock, "show servers state"))
 
     def sessions(self, slot: str) -> int:
-        """Requests/streams the proxy has open to ``slot``'s backend, over all sections."""
+        """Requests/streams the proxy has open to ``slot``'s backends (every replica), over all sections."""
         stats = parse_stat_sessions(command(self.sock, "show stat"))
-        return sum(n for (_, srv), n in stats.items() if srv == slot)
+        return sum(n for (_, srv), n in stats.items() if slot_of(srv) == slot)
 
-    def switch(self, to_slot: str, ports: Ports, drain: str | None) -> None:
-        command(self.sock, switch_commands(to_slot, ports, drain))
+    def switch(self, to_slot: str, ports: Ports | list[Ports], drain: str | None) -> None:
+        command(self.sock, switch_commands(to_slot, ports, drain, self.replicas))
 
     def maint(self, slot: str) -> None:
-        command(self.sock, maint_commands(slot))
+        command(self.sock, maint_commands(slot, self.replicas))
 
     def end_sessions(self, slot: str) -> None:
-        command(self.sock, end_sessions_commands(slot))
+        command(self.sock, end_sessions_commands(slot, self.replicas))

@@ -49,7 +49,7 @@ def reconcile(client: docker.DockerClient, target: Target, log: Log) -> topology
         if b.container in by_name:
             engine.stop_and_remove(by_name[b.container], log)
     live = repair.live
-    slots = {live.slot: live.ports} if live else {}
+    slots = {live.slot: [live.ports, *(m.ports for m in live.members)]} if live else {}
     if repair.proxy in ("create", "recreate", "start"):
         if proxy_c is not None and repair.proxy == "recreate":
             engine.stop_and_remove(proxy_c, log)
@@ -67,7 +67,7 @@ def reconcile(client: docker.DockerClient, target: Target, log: Log) -> topology
     elif repair.reroute:
         rt = runtime_for(target, proxy_c)
         if live:
-            rt.switch(live.slot, live.ports, drain=None)
+            rt.switch(live.slot, slots[live.slot], drain=None)
         for slot in haproxy.SLOTS:
             if not live or slot != live.slot:
                 rt.maint(slot)
@@ -79,8 +79,8 @@ def reconcile(client: docker.DockerClient, target: Target, log: Log) -> topology
                                      target.keys):
         log(f"reconcile {target.name}: the proxy now accepts the {len(target.keys)} API key(s) of "
             f"{target.keys.source}")
-    if live is not None:
-        c = by_name.get(live.container)
+    for b in ([live, *live.members] if live is not None else []):
+        c = by_name.get(b.container)
         if c is not None and not (c.attrs.get("HostConfig") or {}).get("RestartPolicy", {}).get("Name"):
             engine.keep_running(c)
     reconcile_openai(client, target, live, log)
@@ -150,20 +150,39 @@ def wait_proxy(client: docker.DockerClient, target: Target, timeout_s: float = P
 # ---------------------------------------------------------------- stage
 
 
-def stage(client: docker.DockerClient, target: Target, spec: engine.BackendSpec, live: topology.Backend | None,
-          settle_s: float, log: Log, slot: str | None = None) -> BackendRef:
+def stage(client: docker.DockerClient, target: Target, spec: engine.BackendSpec | list[engine.BackendSpec],
+          live: topology.Backend | None, settle_s: float, log: Log, slot: str | None = None) -> BackendRef:
     """Start a candidate next to ``live`` and prove it: ready, still ready after ``settle_s``, smoke inference.
 
-    On any failure the candidate is removed and ``live`` was never touched. ``slot``: where it goes when nothing
-    serves but a backend still holds the other slot (a GPU reload rollout's stopped backend).
+    ``spec``: one per replica (deploy.replicas; a GPU target gives each its own GPUs): every replica is started and
+    proven before the candidate counts as staged. On any failure every replica started is removed and ``live`` was
+    never touched. ``slot``: where it goes when nothing serves but a backend still holds the other slot (a GPU
+    reload rollout's stopped backend).
     """
+    specs = spec if isinstance(spec, list) else [spec]
     slot = slot or topology.next_slot(live)
+    started: list[BackendRef] = []
+    try:
+        for replica, one in enumerate(specs):
+            started.append(_stage_one(client, target, one, slot, replica, live, settle_s, log))
+    except BaseException:
+        for ref in started:
+            discard(client, ref, log)
+        raise
+    first = started[0]
+    return BackendRef(first.container, first.slot, first.ports, first.digest, first.run_id,
+                      tuple((b.container, b.ports) for b in started[1:]))
+
+
+def _stage_one(client: docker.DockerClient, target: Target, spec: engine.BackendSpec, slot: str, replica: int,
+               live: topology.Backend | None, settle_s: float, log: Log) -> BackendRef:
     claimed = {p for b in observe_backends(client, target.name) for p in b.ports.values()}
     avoid: set[int] = set(target.listen.values())
     last_error = ""
     for attempt in range(1, PORT_RETRIES + 1):
-        ports = choose_backend_ports(is_port_free, claimed, seed=f"{target.name}/{attempt}", avoid=avoid)
-        name = engine.backend_name(target.name, slot)
+        seed = f"{target.name}/{attempt}" if replica == 0 else f"{target.name}/{replica}/{attempt}"
+        ports = choose_backend_ports(is_port_free, claimed, seed=seed, avoid=avoid)
+        name = engine.backend_name(target.name, slot, replica)
         source = spec.repository_uri + "".join(f" (mounted from {h})" for h, c in spec.mounts.items()
                                                if c == spec.repository_uri)
         log(f"staging {name}: digest {spec.repo_digest[:12]} from {source}, ports "
@@ -173,7 +192,7 @@ def stage(client: docker.DockerClient, target: Target, spec: engine.BackendSpec,
             engine.stop_and_remove(stale, log)
         except docker.errors.NotFound:
             pass
-        c = engine.start_backend(client, spec, slot, ports)
+        c = engine.start_backend(client, spec, slot, ports, replica)
         pump = engine.LogPump(c, log, f"[{name}]", keep=triton_log.shown)
         try:
             url = f"http://127.0.0.1:{ports.http}"
@@ -181,7 +200,7 @@ def stage(client: docker.DockerClient, target: Target, spec: engine.BackendSpec,
                                       exit_reason=lambda: engine.exit_reason(c))
             probe.hold_ready(f"{url}/v2/health/ready", settle_s, exit_reason=lambda: engine.exit_reason(c))
             smoke = probe.smoke(url)
-            if target.openai_image:
+            if target.openai_image and replica == 0:
                 openai_service.prefetch(target.state_dir, c, log)
             log(f"{name} proven: ready after {waited:.1f} s, stayed ready {settle_s:g} s, smoke inference "
                 f"streamed {smoke['events']} responses in {smoke['seconds']:.2f} s (Triton's log: docker logs {name})")
@@ -205,12 +224,13 @@ def stage(client: docker.DockerClient, target: Target, spec: engine.BackendSpec,
 
 
 def discard(client: docker.DockerClient, candidate: BackendRef, log: Log) -> None:
-    """Remove a candidate that never took traffic."""
-    try:
-        engine.stop_and_remove(client.containers.get(candidate.container), log)
-        log(f"removed candidate {candidate.container}")
-    except docker.errors.NotFound:
-        pass
+    """Remove a candidate that never took traffic (every replica)."""
+    for member in candidate.members():
+        try:
+            engine.stop_and_remove(client.containers.get(member.container), log)
+            log(f"removed candidate {member.container}")
+        except docker.errors.NotFound:
+            pass
 
 
 # ---------------------------------------------------------------- switch, watch, retire
@@ -223,13 +243,14 @@ def switch(client: docker.DockerClient, target: Target, to: BackendRef, old: Bac
     # The file first: a crash between the two leaves a file that routes to the proven candidate, and reconcile
     # makes file and runtime agree again (sync_config). Runtime first could leave a file routing to a backend
     # that reconcile later removes: the next proxy restart would route to a dead port.
-    slots = {to.slot: to.p, **({old.slot: old.p} if old else {})}
+    slots = {to.slot: to.all_ports, **({old.slot: old.all_ports} if old else {})}
     write_config(target, slots, to.slot)
-    rt.switch(to.slot, to.p, drain=old.slot if old else None)
+    rt.switch(to.slot, to.all_ports, drain=old.slot if old else None)
     took = time.perf_counter() - t0
     if target.openai_image:
         openai_service.follow(client, target.state_dir, to.container, log)
-    engine.keep_running(client.containers.get(to.container))
+    for member in to.members():
+        engine.keep_running(client.containers.get(member.container))
     log(f"switched {target.name}: traffic on {to.container} (digest {to.digest[:12]}) in {took * 1000:.0f} ms"
         + (f"; {old.container} drains and stays warm" if old else ""))
     return took
@@ -246,27 +267,34 @@ class WatchResult:
 
 def watch(client: docker.DockerClient, live: BackendRef, window_s: float, max_error_rate_pct: float,
           log: Log, interval_s: float = 0.5) -> WatchResult:
-    """Watch the new backend for ``window_s``: alive, ready, error rate within the threshold."""
+    """Watch the new backend (every replica) for ``window_s``: alive, ready, error rate within the threshold."""
     t0 = time.monotonic()
+    members = live.members()
     try:
-        c = client.containers.get(live.container)
-    except docker.errors.NotFound:
-        return WatchResult(False, f"{live.container} was removed", 0.0, 0, 0)
+        containers = [client.containers.get(m.container) for m in members]
+    except docker.errors.NotFound as err:
+        return WatchResult(False, f"{live.container} was removed ({err.explanation or err})", 0.0, 0, 0)
+
+    def counts() -> tuple[float, float]:
+        pairs = [probe.request_counts(m.metrics) for m in members]
+        return sum(p[0] for p in pairs), sum(p[1] for p in pairs)
+
     try:
-        base_ok, base_bad = probe.request_counts(live.metrics)
+        base_ok, base_bad = counts()
     except OSError:
         base_ok = base_bad = 0.0
     ok = bad = 0.0
     while True:
-        reason = engine.exit_reason(c)
-        if reason:
-            return WatchResult(False, f"{live.container} died during the watch window ({reason})",
-                               time.monotonic() - t0, ok, bad)
-        if not probe.is_ready(live.http, timeout_s=5.0, attempts=2):  # under load a probe can be slow
-            return WatchResult(False, f"{live.container} stopped answering ready during the watch window",
-                               time.monotonic() - t0, ok, bad)
+        for m, c in zip(members, containers):
+            reason = engine.exit_reason(c)
+            if reason:
+                return WatchResult(False, f"{m.container} died during the watch window ({reason})",
+                                   time.monotonic() - t0, ok, bad)
+            if not probe.is_ready(m.http, timeout_s=5.0, attempts=2):  # under load a probe can be slow
+                return WatchResult(False, f"{m.container} stopped answering ready during the watch window",
+                                   time.monotonic() - t0, ok, bad)
         try:
-            now_ok, now_bad = probe.request_counts(live.metrics)
+            now_ok, now_bad = counts()
             ok, bad = now_ok - base_ok, now_bad - base_bad
         except OSError:
             pass
@@ -276,7 +304,8 @@ def watch(client: docker.DockerClient, live: BackendRef, window_s: float, max_er
                                f"({100.0 * bad / total:.1f} % > {max_error_rate_pct:g} %) during the watch window",
                                time.monotonic() - t0, ok, bad)
         if time.monotonic() - t0 >= window_s:
-            log(f"watch window {window_s:g} s passed: {live.container} served {total:g} requests, {bad:g} failed")
+            served = live.container + (f" and {len(members) - 1} more replica(s)" if len(members) > 1 else "")
+            log(f"watch window {window_s:g} s passed: {served} served {total:g} requests, {bad:g} failed")
             return WatchResult(True, None, time.monotonic() - t0, ok, bad)
         time.sleep(interval_s)
 
@@ -315,25 +344,33 @@ def retire(client: docker.DockerClient, target: Target, old: BackendRef, drain_t
     if open_ > 0:
         log(f"{old.container} still had {open_} open request(s) after {drain_timeout_s:g} s; retiring it anyway")
     if live is not None:
-        write_config(target, {live.slot: live.p}, live.slot)
+        write_config(target, {live.slot: live.all_ports}, live.slot)
     try:
         rt.maint(old.slot)
     except haproxy.ProxyApiError:
         pass
-    try:
-        engine.stop_and_remove(client.containers.get(old.container), log)
-    except docker.errors.NotFound:
-        pass
-    log(f"retired {old.container} after {time.monotonic() - t0:.1f} s of draining")
+    for member in old.members():
+        try:
+            engine.stop_and_remove(client.containers.get(member.container), log)
+        except docker.errors.NotFound:
+            pass
+    log(f"retired {old.container}" + (f" and {len(old.replicas)} more replica(s)" if old.replicas else "")
+        + f" after {time.monotonic() - t0:.1f} s of draining")
     return time.monotonic() - t0
 
 
 def _in_flight(backend: BackendRef) -> int | None:
-    """What the backend reports in flight; None when it cannot tell (no gauge, metrics unreachable)."""
-    try:
-        return probe.requests_in_flight(backend.metrics)
-    except OSError:
-        return None
+    """What the backend (every replica) reports in flight; None when it cannot tell (no gauge, metrics down)."""
+    total = 0
+    for member in backend.members():
+        try:
+            n = probe.requests_in_flight(member.metrics)
+        except OSError:
+            return None
+        if n is None:
+            return None
+        total += n
+    return total
 
 
 def switch_back(client: docker.DockerClient, target: Target, failed: BackendRef, old: BackendRef | None,
@@ -354,13 +391,14 @@ def switch_back(client: docker.DockerClient, target: Target, failed: BackendRef,
 # ---------------------------------------------------------------- the whole promotion
 
 
-def prepare(client: docker.DockerClient, target: Target, spec: engine.BackendSpec, settle_s: float,
-            log: Log) -> dict:
+def prepare(client: docker.DockerClient, target: Target, spec: engine.BackendSpec | list[engine.BackendSpec],
+            settle_s: float, log: Log) -> dict:
     """Reconcile, then stage ``spec`` unless its digest already serves. Plain data for the next steps."""
     live = reconcile(client, target, log)
     previous = BackendRef.of(live).to_dict() if live else None
-    if live is not None and live.digest == spec.repo_digest:
-        log(f"{live.container} already serves digest {spec.repo_digest[:12]}; reusing it")
+    digest = (spec[0] if isinstance(spec, list) else spec).repo_digest
+    if live is not None and live.digest == digest:
+        log(f"{live.container} already serves digest {digest[:12]}; reusing it")
         return {"candidate": previous, "previous": previous, "reused": True}
     cand = stage(client, target, spec, live, settle_s, log)
     return {"candidate": cand.to_dict(), "previous": previous, "reused": False}

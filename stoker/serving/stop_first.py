@@ -33,30 +33,35 @@ def stop(client: docker.DockerClient, target: Target, live: BackendRef, drain_ti
             break
         time.sleep(0.2)
     write_config(target, {}, None)
-    c = client.containers.get(live.container)
-    c.stop(timeout=engine.STOP_TIMEOUT_S)
-    log(f"GPU rollout reload: {live.container} stopped (kept, to start again on a failure); its GPUs are free for "
+    for member in live.members():
+        client.containers.get(member.container).stop(timeout=engine.STOP_TIMEOUT_S)
+    log(f"GPU rollout reload: {live.container}" + (f" and {len(live.replicas)} more replica(s)" if live.replicas else "")
+        + " stopped (kept, to start again on a failure); its GPUs are free for "
         "the candidate; the endpoint answers 503 until the switch")
     return began
 
 
 def restart(client: docker.DockerClient, target: Target, old: BackendRef, ready_timeout_s: float, log: Log) -> None:
     """Start the stopped backend again and route traffic to it (the way back of a failed reload rollout)."""
-    try:
-        c = client.containers.get(old.container)
-    except docker.errors.NotFound:
-        log(f"GPU rollout reload: {old.container} is gone; nothing serves until the next deploy")
-        return
-    c.start()
-    waited = probe.wait_ready(f"{old.http}/v2/health/ready", ready_timeout_s, exit_reason=lambda: engine.exit_reason(c))
-    write_config(target, {old.slot: old.p}, old.slot)
-    runtime_for(target, proxy_container(client, target.name)).switch(old.slot, old.p, drain=None)
-    engine.keep_running(c)
+    waited = 0.0
+    for member in old.members():
+        try:
+            c = client.containers.get(member.container)
+        except docker.errors.NotFound:
+            log(f"GPU rollout reload: {member.container} is gone; nothing serves until the next deploy")
+            return
+        c.start()
+        waited = max(waited, probe.wait_ready(f"{member.http}/v2/health/ready", ready_timeout_s,
+                                              exit_reason=lambda c=c: engine.exit_reason(c)))
+        engine.keep_running(c)
+    write_config(target, {old.slot: old.all_ports}, old.slot)
+    runtime_for(target, proxy_container(client, target.name)).switch(old.slot, old.all_ports, drain=None)
     log(f"GPU rollout reload: {old.container} started again (ready after {waited:.1f} s) and serves")
 
 
 def remove(client: docker.DockerClient, old: BackendRef, log: Log) -> None:
-    try:
-        engine.stop_and_remove(client.containers.get(old.container), log)
-    except docker.errors.NotFound:
-        pass
+    for member in old.members():
+        try:
+            engine.stop_and_remove(client.containers.get(member.container), log)
+        except docker.errors.NotFound:
+            pass

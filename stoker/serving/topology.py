@@ -8,7 +8,7 @@ repaired to that state before a deploy, a rollback or a status report trusts it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from .haproxy import SLOTS
 from .ports import Ports
@@ -25,6 +25,8 @@ class Backend:
     created: tuple[str, int] = ("", 0)
     run_id: str = ""
     legacy: bool = False
+    replica: int = 0  # deploy.replicas: 0 is the one the proxy's slot server names; 1.. its siblings
+    members: tuple[Backend, ...] = ()  # the live backend's siblings (replicas 1..N-1), set by plan_repair
 
 
 @dataclass(frozen=True)
@@ -73,11 +75,17 @@ def plan_repair(backends: list[Backend], proxy: ProxyView, listen: Ports, openai
     off). Every other backend goes. A proxy whose /v1/ route is not the one wanted (``openai``)
     is recreated: HAProxy reads its routes only at start.
     """
-    routed = next((b for b in backends if b.running and not b.legacy and proxy.running and b.slot == proxy.live
-                   and proxy.http_ports.get(b.slot) == b.ports.http), None)
-    serving = [b for b in backends if b.running and b.ready and not b.legacy]
+    routed = next((b for b in backends if b.replica == 0 and b.running and not b.legacy and proxy.running
+                   and b.slot == proxy.live and proxy.http_ports.get(b.slot) == b.ports.http), None)
+    serving = [b for b in backends if b.replica == 0 and b.running and b.ready and not b.legacy]
     live = routed or max(serving, key=lambda b: b.created, default=None)
-    remove = tuple(b for b in backends if b is not live)
+    # deploy.replicas: the live backend's running siblings (same slot, build and run) stay with it.
+    members = tuple(sorted((b for b in backends if live is not None and b is not live and b.replica > 0 and b.running
+                            and b.slot == live.slot and b.digest == live.digest and b.run_id == live.run_id),
+                           key=lambda b: b.replica))
+    remove = tuple(b for b in backends if b is not live and b not in members)
+    if live is not None and members:
+        live = replace(live, members=members)
     if not proxy.exists:
         action = "create"
     elif proxy.listen is not None and proxy.listen != listen:

@@ -92,8 +92,9 @@ class GpuTarget(Target):
         return fields | {"labels": labels}
 
     def gpu_sets(self, spec) -> tuple[tuple[int, ...], ...]:
+        """A generation's GPUs (every replica's, in order); surge: two such sets."""
         planned = self.gpu_rollout(spec)
-        world = spec.parallel.world_size
+        world = spec.parallel.world_size * spec.deploy.replicas
         if planned is None:
             return (tuple(spec.gpus.ids[:world]),)
         return (planned.blue, planned.green) if planned.choice == "surge" else (planned.blue,)

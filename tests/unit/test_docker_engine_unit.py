@@ -379,3 +379,46 @@ def test_stop_daemon_ignores_a_pid_that_is_not_dockerd(tmp_path: Path):
     finally:
         sleeper.kill()
         sleeper.wait()
+
+
+# ------------------------------------------------------------------ deploy.replicas
+
+
+def test_replicas_render_one_server_per_replica_balanced_by_least_connections():
+    layout = haproxy.ProxyLayout(LISTEN, {"blue": [Ports(20000, 20001, 20002), Ports(20003, 20004, 20005)]}, "blue",
+                                 replicas=2)
+    cfg = haproxy.render(layout)
+    http = cfg[cfg.index("backend http"):cfg.index("frontend grpc")]
+    assert "    balance leastconn" in http
+    assert "    server blue 127.0.0.1:20000\n" in http and "    server blue_1 127.0.0.1:20003\n" in http
+    assert "    server green 127.0.0.1:1 disabled" in http and "    server green_1 127.0.0.1:1 disabled" in http
+    # One backend per slot renders as it always did: no balance line, no sibling servers.
+    single = haproxy.render(haproxy.ProxyLayout(LISTEN, {"blue": Ports(20000, 20001, 20002)}, "blue"))
+    assert "balance" not in single and "blue_1" not in single
+
+
+def test_a_switch_readies_every_new_replica_before_draining_the_old_ones():
+    cmds = haproxy.switch_commands("green", [Ports(1, 2, 3), Ports(4, 5, 6)], drain="blue", replicas=2).split("; ")
+    http = [c for c in cmds if " http/" in c]
+    assert http == ["set server http/green addr 127.0.0.1 port 1", "set server http/green state ready",
+                    "set server http/green_1 addr 127.0.0.1 port 4", "set server http/green_1 state ready",
+                    "set server http/blue state drain", "set server http/blue_1 state drain"]
+    # Fewer ports than replicas (a sibling gone): its server goes to maint, never to a stale port.
+    assert "set server http/green_1 state maint" in haproxy.switch_commands("green", [Ports(1, 2, 3)], None, 2)
+    assert haproxy.maint_commands("blue", 2).count("state maint") == 6
+
+
+def test_sessions_count_every_replica_of_a_slot():
+    csv = "# pxname,svname,qcur,qmax,scur,smax\nhttp,blue,0,0,2,5\nhttp,blue_1,0,0,3,3\ngrpc,green_1,0,0,1,1\n"
+    stats = haproxy.parse_stat_sessions(csv)
+    assert sum(n for (_, s), n in stats.items() if haproxy.slot_of(s) == "blue") == 5
+    assert stats[("grpc", "green_1")] == 1
+
+
+def test_reconcile_keeps_the_live_backends_replicas_and_removes_a_stale_generation():
+    r0 = B("b", "blue", 20000)
+    r1 = Backend("b-1", "blue", Ports(20010, 20011, 20012), "d", True, True, ("t", 1), replica=1)
+    stale = Backend("g-1", "green", Ports(20020, 20021, 20022), "old", True, True, ("t", 0), replica=1)
+    r = plan_repair([r0, r1, stale], ProxyView(True, True, "blue", {"blue": 20000}, LISTEN), LISTEN)
+    assert r.live.container == "b" and [m.container for m in r.live.members] == ["b-1"]
+    assert r.remove == (stale,) and not r.reroute

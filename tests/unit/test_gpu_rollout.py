@@ -240,3 +240,27 @@ def test_the_shared_cap_reaches_the_rendered_config_and_surge_leaves_it_alone():
     surge = spec(count=2)
     assert planning.with_rollout_cap(surge, LLAMA8) is surge
     assert "max_tokens_in_paged_kv_cache" not in inflight.backend_parameters(surge)
+
+
+def test_replicas_take_gpu_sets_of_their_own_and_too_many_are_refused_in_one_line():
+    from stoker.spec_load import parse_spec as parse
+
+    def with_replicas(count, n):
+        return parse({"model": {"repo_id": "meta-llama/Meta-Llama-3-8B-Instruct"}, "storage": {"bucket": "bkt"},
+                      "target": "tensorrt", "gpus": {"type": "h100-80gb", "count": count},
+                      "deploy": {"image": CURRENT, "replicas": n}})
+
+    eight = rollout.plan_rollout(with_replicas(8, 4), LLAMA8)
+    assert (eight.choice, eight.blue, eight.green) == ("surge", (0, 1, 2, 3), (4, 5, 6, 7))
+    assert rollout.plan_rollout(with_replicas(4, 4), LLAMA8).choice == "shared"
+    with pytest.raises(PlanRefused) as err:
+        rollout.plan_rollout(with_replicas(2, 4), LLAMA8)
+    assert str(err.value).startswith("deploy.replicas: 4 replicas of 1 GPU(s) each (tensor x pipeline) need 4 GPUs "
+                                     "but gpus lists 2")
+
+
+def test_replicas_with_an_in_place_reload_are_refused():
+    with pytest.raises(SpecError, match="replicas 2 with rollout reload"):
+        parse_spec({"model": {"repo_id": "a/b"}, "storage": {"bucket": "bkt"},
+                    "deploy": {"replicas": 2, "rollout": "reload"}})
+    assert "replicas" not in parse_spec({"model": {"repo_id": "a/b"}, "storage": {"bucket": "bkt"}}).model_dump()["deploy"]
