@@ -90,7 +90,7 @@ def target_for(spec: Spec) -> promote.Target:
                           tls=(d.tls.cert_file, d.tls.key_file) if d.tls else None,
                           # The OpenAI service runs on the CPU image's Python; GPU images are not built here: the
                           # engine target's backends host Triton's own frontend instead, on their metrics port.
-                          openai_image=d.image if d.openai and spec.target == "reference" else "",
+                          openai_image=d.image if d.openai and targets.get(spec.target).openai_service else "",
                           openai_on_metrics=openai_frontend.renders(spec), replicas=d.replicas)
 
 

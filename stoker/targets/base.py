@@ -78,6 +78,9 @@ class Target(ABC):
     baseline_tolerance: ClassVar[float] = 1e-3  # nats; spec evaluation.baseline_tolerance overrides
     # runtime: the `none` build scored in a child process; recorded: the bf16 build's own measurement, in S3
     baseline_source: ClassVar[Literal["runtime", "recorded"]] = "runtime"
+    # stoker's OpenAI service (a container on the serving image's Python) behind the proxy's /v1/; GPU targets'
+    # images host Triton's own frontend instead (stoker/gpu/openai_frontend.py)
+    openai_service: ClassVar[bool] = False
 
     def scores_perplexity(self, spec: Spec) -> bool:
         """Whether the served build returns context logits (the perplexity windows need them)."""

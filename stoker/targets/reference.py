@@ -21,6 +21,7 @@ class Reference(Target):
     runs_on = "cpu"
     layout = "ensemble"  # preprocessing → tensorrt_llm (stoker runtime, decoupled) → postprocessing
     evaluates = True
+    openai_service = True
 
     def check_quantization(self, q) -> None:
         runs = ("none", *self.formats())
