@@ -52,7 +52,7 @@ MODES = {"a": ("1 worker, cold local and S3 caches", 1, "cold"),
 MATRIX = """
 import json, sys, time
 from flows.build_matrix import build_matrix
-from stoker.spec_load import parse_spec
+from stoker.spec.load import parse_spec
 spec, formats = parse_spec(json.loads(sys.argv[1]), "fleet"), json.loads(sys.argv[2])
 t0 = time.monotonic()
 out = build_matrix(spec, formats, promote=False, max_parallel=len(formats), deployment=sys.argv[3])

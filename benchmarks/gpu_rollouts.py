@@ -19,7 +19,7 @@ sys.path.insert(0, str(ROOT))
 from stoker.errors import PlanRefused  # noqa: E402
 from stoker.gpu import facts as facts_mod  # noqa: E402
 from stoker.gpu import matrix, rollout  # noqa: E402
-from stoker.spec_load import parse_spec  # noqa: E402
+from stoker.spec.load import parse_spec  # noqa: E402
 
 # Meta-Llama-3-70B-Instruct's shapes: the large engine of the table (not in known_models.json: no spec serves it).
 LLAMA70 = facts_mod.from_config({"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 8192,

@@ -124,7 +124,7 @@ class Run:
         import boto3
 
         from stoker.serving.ports import Ports
-        from stoker.spec_load import parse_spec
+        from stoker.spec.load import parse_spec
         from stoker.stack.s3server import ensure_s3, s3_env
         from stoker.stack.services import free_port
 
@@ -160,14 +160,14 @@ class Run:
         self.runs = 0
 
     def spec_for(self, rollout: str = "replace", **deploy):
-        from stoker.spec_load import parse_spec
+        from stoker.spec.load import parse_spec
 
         return parse_spec({**self.data, "deploy": {**self.data["deploy"], "rollout": rollout, **deploy}}, "operate")
 
     def build(self, tag: str, **model) -> tuple[str, str]:
         from serving_models import repo_digest, write_repo
 
-        from stoker import s3
+        from stoker.storage import s3
 
         root = write_repo(self.state / "repos" / f"{tag}-{uuid.uuid4().hex[:6]}", tag, full_layout=True, **model)
         digest = repo_digest(root)
@@ -181,8 +181,8 @@ class Run:
 
     def deploy(self, tag: str, rollout: str = "replace", **model) -> dict:
         """What `stoker run` does after upload: stage, (gates), switch; and the run manifest rollback reads."""
-        from stoker import rollout as ro
-        from stoker.manifest import write_atomic
+        from stoker.serving import rollout as ro
+        from stoker.record.manifest import write_atomic
 
         spec = self.spec_for(rollout)
         uri, digest = self.build(tag, **model)
@@ -233,7 +233,7 @@ class Run:
             rec["fewest_ready_servers"] = poll.done()
         rec["serving_after"], rec["endpoint_after"] = self.serving()
         if self.spec.target != "reference":  # the GPU set each running backend holds (surge alternates them)
-            from stoker import docker_engine as engine
+            from stoker.containers import engine
 
             rec["gpus_after"] = [c.labels.get("ai.stoker.gpus") for c in
                                  engine.containers(engine.connect(), self.spec.deploy.name, role=engine.ROLE_BACKEND)
@@ -248,14 +248,14 @@ class ReadyPoll:
     """The fewest proxy http servers taking new requests (ready, not draining) seen while a phase runs."""
 
     def __init__(self, spec) -> None:
-        from stoker import rollout
+        from stoker.serving import rollout
 
         self.target, self.fewest, self.stop = rollout.target_for(spec), None, threading.Event()
         self.thread = threading.Thread(target=self._poll, daemon=True)
         self.thread.start()
 
     def _poll(self) -> None:
-        from stoker import docker_engine as engine
+        from stoker.containers import engine
         from stoker.serving import haproxy, promote
 
         client = engine.connect()
@@ -280,8 +280,8 @@ def kill_deploy_midway(run: Run, tag: str) -> dict:
     script = f"""
 import json, os, sys
 sys.path.insert(0, {str(ROOT)!r})
-from stoker import rollout
-from stoker.spec_load import parse_spec
+from stoker.serving import rollout
+from stoker.spec.load import parse_spec
 spec = parse_spec(json.loads({json.dumps(json.dumps({**run.data, 'deploy': {**run.data['deploy'], 'settle_s': 60}}))}),
                   "operate")
 rollout.stage(spec, {uri!r}, {digest!r}, "killed", lambda l: print(l, flush=True))
@@ -299,13 +299,13 @@ rollout.stage(spec, {uri!r}, {digest!r}, "killed", lambda l: print(l, flush=True
 
 
 def rollout_backends(run: Run) -> int:
-    from stoker import docker_engine as engine
+    from stoker.containers import engine
 
     return len(engine.containers(engine.connect(), run.spec.deploy.name, role=engine.ROLE_BACKEND))
 
 
 def kill_proxy(run: Run) -> dict:
-    from stoker import docker_engine as engine
+    from stoker.containers import engine
     from stoker.serving import promote
 
     c = promote.proxy_container(engine.connect(), run.spec.deploy.name)
@@ -325,7 +325,7 @@ def kill_proxy(run: Run) -> dict:
 
 
 def take_internal_port(run: Run, tag: str) -> dict:
-    from stoker import docker_engine as engine
+    from stoker.containers import engine
     from stoker.serving import promote
     from stoker.serving.ports import choose_backend_ports, is_port_free
 
@@ -345,7 +345,7 @@ def restart_dockerd_mid_deploy(run: Run, tag: str) -> dict:
     """Stop dockerd (SIGTERM) while a candidate settles, start it again; Docker's restart policy does the rest."""
     pid = int(subprocess.run(["pidof", "dockerd"], capture_output=True, text=True).stdout.split()[0])
     uri, digest = run.build(tag)
-    from stoker import rollout as ro
+    from stoker.serving import rollout as ro
 
     spec = run.spec_for("replace", settle_s=30)
     err: list = []
@@ -404,7 +404,7 @@ def main() -> int:
                else "operate_keys.json" if keyed else "operate.json")
     out = Path(next((a for a in args if not a.startswith("--")), ROOT / "benchmarks" / "results" / default)).resolve()
     with_dockerd = "--no-dockerd-restart" not in sys.argv
-    from stoker.spec import Deploy
+    from stoker.spec.schema import Deploy
     from stoker.stack.image import ensure_proxy_image
     from stoker.stack.services import stop_all
 
@@ -416,7 +416,7 @@ def main() -> int:
     state = Path(tempfile.mkdtemp(prefix="stoker-operate-"))
     run = Run(state)
     t_start = time.time()
-    from stoker import docker_engine as engine
+    from stoker.containers import engine
 
     try:
         first = run.phase("deploy A (first backend)", lambda: run.deploy("A"))

@@ -89,7 +89,7 @@ def row(m: dict, wall: float) -> dict:
 
 def default_verdict(r: dict) -> dict:
     """What the spec's default thresholds would say about these numbers."""
-    from stoker.spec import Evaluation
+    from stoker.spec.schema import Evaluation
 
     d = Evaluation()
     rise = (r["perplexity"] - r["baseline_perplexity"]) / r["baseline_perplexity"] * 100
@@ -114,8 +114,8 @@ def main() -> None:
     from operate_helpers import free_base_port
 
     from stoker.demo import demo_spec, start_stack
-    from stoker.keys import quantize_key
-    from stoker.spec_load import load_spec
+    from stoker.cache.keys import quantize_key
+    from stoker.spec.load import load_spec
 
     hub, s3_url = start_stack(log=lambda _l: None)
     base = demo_spec(hub, s3_url).model_dump(mode="json", exclude_none=True)
@@ -211,7 +211,7 @@ def main() -> None:
 
 
 def cleanup(names: list[str]) -> None:
-    from stoker.docker_engine import connect, remove_deployment
+    from stoker.containers.engine import connect, remove_deployment
 
     client = connect()
     for name in names:

@@ -18,12 +18,12 @@ from prefect.artifacts import create_link_artifact, create_markdown_artifact, cr
 
 from flows.target_tasks import TargetTasks
 from stoker.errors import one_line
-from stoker.exclusive import deploy_lock, exclusive
-from stoker.manifest import build_manifest, write_atomic, write_local
-from stoker.report import benchmark_rows, markdown
+from stoker.orchestration.exclusive import deploy_lock, exclusive
+from stoker.record.manifest import build_manifest, write_atomic, write_local
+from stoker.record.report import benchmark_rows, markdown
 from stoker.run import RunContext, StepResult
-from stoker.spec import Spec
-from stoker.spec_load import target_of
+from stoker.spec.schema import Spec
+from stoker.spec.load import target_of
 from tasks.evaluate import evaluation_data
 from tasks.gate import promote_run
 from tasks.hub import fetch_weights
@@ -98,7 +98,7 @@ def run_steps(spec: Spec, ctx: RunContext, steps: Steps) -> None:
             if name in steps:
                 mark_routed(steps[name], routed)
     else:
-        with target.heavy_slot(spec):  # a global concurrency limit per GPU (stoker/gpu_slot.py); CPU: no slot
+        with target.heavy_slot(spec):  # a global concurrency limit per GPU (stoker/orchestration/gpu_slot.py); CPU: no slot
             built = target.build(steps, spec, fetched, ctx)
     packaged = target.package(steps, spec, fetched, built, ctx)
     uploaded = steps.run("upload", upload_repository, spec, packaged, ctx)

@@ -21,11 +21,11 @@ from prefect import flow, get_run_logger
 from pydantic import Field
 
 from flows.build_and_deploy import build_and_deploy
-from stoker import matrix
+from stoker.plan import matrix
 from stoker.errors import one_line
-from stoker.exclusive import exclusive
+from stoker.orchestration.exclusive import exclusive
 from stoker.run import stoker_home
-from stoker.spec import Spec
+from stoker.spec.schema import Spec
 from tasks.matrix import failed_run_manifest, free_ports, publish_comparison, remove_entry, run_on_deployment
 
 

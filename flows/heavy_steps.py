@@ -14,10 +14,10 @@ from prefect import flow
 
 from flows.build_and_deploy import Steps
 from stoker.errors import one_line
-from stoker.manifest import build_manifest, write_local
+from stoker.record.manifest import build_manifest, write_local
 from stoker.run import RunContext, stoker_home
-from stoker.spec import Spec
-from stoker.spec_load import target_of
+from stoker.spec.schema import Spec
+from stoker.spec.load import target_of
 from tasks.hub import fetch_weights
 from tasks.s3 import store_manifest
 

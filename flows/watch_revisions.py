@@ -22,7 +22,7 @@ from prefect.cache_policies import NO_CACHE
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from stoker.errors import SpecError
-from stoker.spec import Spec
+from stoker.spec.schema import Spec
 from tasks import retry_transient
 
 BUILD, MATRIX = "build_and_deploy/stoker-cpu", "build_matrix/matrix"
@@ -48,7 +48,7 @@ class Watch(BaseModel):
     @model_validator(mode="after")
     def _matrix_entries(self) -> Watch:
         if self.formats:  # a bad entry is refused when the watch is read, not at the next new sha
-            from stoker.matrix import plan_entries
+            from stoker.plan.matrix import plan_entries
 
             if self.deployment.startswith("build_and_deploy/"):
                 raise ValueError(f"formats start a matrix: {self.deployment} builds one format (use {MATRIX})")
@@ -72,8 +72,8 @@ def dedup_key(watch: Watch, sha: str) -> str:
 def resolve_revision(spec: Spec) -> str:
     """The commit sha the watched branch/tag points at now (through the Hub or its mirror), with the Hub token
     of the spec's Prefect Secret block, else of its environment variable."""
-    from stoker.hub import resolve
-    from stoker.source import hub_endpoint, hub_token
+    from stoker.storage.hub import resolve
+    from stoker.storage.source import hub_endpoint, hub_token
 
     return resolve(spec.model.repo_id, spec.model.revision, hub_endpoint(spec.model), hub_token(spec.model))
 
@@ -83,7 +83,7 @@ def start_build(watch: Watch, sha: str) -> dict:
     """Create the build run for this sha (idempotently); says whether this watcher created it."""
     from prefect.deployments.flow_runs import run_deployment
 
-    from stoker.routing import check_route
+    from stoker.orchestration.routing import check_route
 
     # Prefect would leave a run of a pool with no worker Scheduled forever, and start it whenever one appears,
     # maybe long after a newer sha: refuse now, in one line; the next tick after a worker starts builds it.

@@ -13,9 +13,9 @@ from .launch import print_summary, run_flow
 
 
 def _plan(args) -> int:
-    from .plan import plan, render_plan
+    from .plan.compose import plan, render_plan
     from .run import RunContext
-    from .spec_load import load_spec
+    from .spec.load import load_spec
 
     spec = load_spec(args.spec)
     print(f"spec {args.spec}: valid (digest {spec.digest()[:16]})")
@@ -24,7 +24,7 @@ def _plan(args) -> int:
 
 
 def _run(args) -> int:
-    from .spec_load import load_spec
+    from .spec.load import load_spec
 
     spec = load_spec(args.spec)
     manifest, _ = run_flow(spec)
@@ -53,7 +53,7 @@ def _down(args) -> int:
 
 
 def _image(args) -> int:
-    from .spec import Deploy
+    from .spec.schema import Deploy
     from .stack.image import DEFAULT_PROXY_IMAGE, ensure_image, ensure_proxy_image
 
     name = args.name or Deploy().image

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import yaml
 
-from .child import run_module
+from .orchestration.child import run_module
 from .run import stoker_home
-from .spec import Spec
-from .spec_load import parse_spec
+from .spec.schema import Spec
+from .spec.load import parse_spec
 
 DEMO_SPEC = Path(__file__).resolve().parent / "demo.yaml"
 DEMO_REPO = "stoker/tiny-llama"
@@ -64,7 +64,7 @@ def start_stack(log=print) -> tuple[str, str]:
     if ensure_daemon(None, state):
         log("demo: started dockerd")
     spec_image = yaml.safe_load(DEMO_SPEC.read_text()).get("deploy", {}).get("image")
-    from .spec import Deploy
+    from .spec.schema import Deploy
 
     image = spec_image or Deploy().image
     from .stack.image import ensure_proxy_image
@@ -105,7 +105,7 @@ def down() -> list[str]:
     try:
         import docker
 
-        from .docker_engine import remove_deployment
+        from .containers.engine import remove_deployment
 
         client = docker.from_env()
         client.ping()

@@ -29,7 +29,7 @@ def run_flow(spec, before=None) -> tuple[dict, str | None]:
 
 
 def print_summary(manifest: dict, ui: str | None = None) -> None:
-    from .report import level_label
+    from .record.report import level_label
     from .run import RunContext
 
     ctx = RunContext(run_id=manifest["run_id"], home=RunContext.new().home)

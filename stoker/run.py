@@ -11,8 +11,8 @@ from typing import Callable
 
 from pydantic import BaseModel, Field
 
-from .spec import Storage
-from .store import Entry, StepStore
+from .spec.schema import Storage
+from .storage.store import Entry, StepStore
 
 STEPS = ("fetch", "quantize", "build", "package", "upload", "deploy", "benchmark")
 

@@ -25,16 +25,17 @@ from pathlib import Path
 from prefect import get_run_logger
 from prefect.artifacts import create_table_artifact
 
-from stoker import s3, targets
-from stoker.child import run_module
+from stoker import targets
+from stoker.storage import s3
+from stoker.orchestration.child import run_module
 from stoker.errors import EvaluationFailed, StepError
 from stoker.evaluation import metrics
 from stoker.evaluation.data import EvalSet
 from stoker.evaluation.source import evalset as make_evalset
-from stoker.keys import baseline_key, evaluate_key, step_key
-from stoker.manifest import write_atomic
+from stoker.cache.keys import baseline_key, evaluate_key, step_key
+from stoker.record.manifest import write_atomic
 from stoker.run import RunContext, StepResult, cached_step
-from stoker.spec import Spec
+from stoker.spec.schema import Spec
 
 from . import step_task
 

@@ -7,12 +7,12 @@ import time
 from prefect import get_run_logger
 from prefect.artifacts import create_markdown_artifact
 
-from stoker import s3
+from stoker.storage import s3
 from stoker.bench.errors import GateFailed
 from stoker.bench.gate import Thresholds, evaluate
-from stoker.manifest import write_atomic
+from stoker.record.manifest import write_atomic
 from stoker.run import RunContext, StepResult
-from stoker.spec import Spec
+from stoker.spec.schema import Spec
 
 from . import step_task
 

@@ -7,11 +7,11 @@ from pathlib import Path
 
 from prefect import get_run_logger
 
-from stoker import hub
-from stoker.keys import fetch_key
+from stoker.storage import hub
+from stoker.cache.keys import fetch_key
 from stoker.run import RunContext, StepResult, cached_step
-from stoker.source import hub_endpoint, hub_token, local_selection, resolve_source
-from stoker.spec import Spec
+from stoker.storage.source import hub_endpoint, hub_token, local_selection, resolve_source
+from stoker.spec.schema import Spec
 
 from . import step_task
 

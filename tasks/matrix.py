@@ -10,11 +10,11 @@ from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
-from stoker import docker_engine
+from stoker.containers import engine as docker_engine
 from stoker.errors import one_line
-from stoker.manifest import write_atomic
-from stoker.matrix import Entry
-from stoker.spec import Ports, Spec
+from stoker.record.manifest import write_atomic
+from stoker.plan.matrix import Entry
+from stoker.spec.schema import Ports, Spec
 
 
 def free_ports() -> Ports:

@@ -9,11 +9,11 @@ from pathlib import Path
 
 from prefect import get_run_logger
 
-from stoker.child import run_module
-from stoker.keys import calibration_file, quantize_key
-from stoker.quant_check import check_checkpoint
+from stoker.orchestration.child import run_module
+from stoker.cache.keys import calibration_file, quantize_key
+from stoker.plan.quant_check import check_checkpoint
 from stoker.run import RunContext, StepResult, cached_step
-from stoker.spec import Spec
+from stoker.spec.schema import Spec
 
 from . import step_task
 

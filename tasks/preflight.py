@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from prefect import get_run_logger
 
-from stoker.plan import check_evaluation, check_model
-from stoker.preflight import preflight
-from stoker.spec import Spec
+from stoker.plan.compose import check_evaluation, check_model
+from stoker.plan.preflight import preflight
+from stoker.spec.schema import Spec
 
 from . import step_task
 

@@ -7,10 +7,10 @@ from pathlib import Path
 
 from prefect import get_run_logger
 
-from stoker.child import run_module
-from stoker.keys import build_key
+from stoker.orchestration.child import run_module
+from stoker.cache.keys import build_key
 from stoker.run import RunContext, StepResult, cached_step
-from stoker.spec import Spec
+from stoker.spec.schema import Spec
 
 from . import step_task
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from stoker import s3
-from stoker.routing import check_route, run_routed
+from stoker.storage import s3
+from stoker.orchestration.routing import check_route, run_routed
 from stoker.run import RunContext, StepResult
-from stoker.spec import Spec
+from stoker.spec.schema import Spec
 
 
 @task(name="route-heavy-steps", cache_policy=NO_CACHE, persist_result=False)

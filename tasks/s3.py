@@ -7,11 +7,11 @@ import time
 from prefect import get_run_logger
 from prefect.context import TaskRunContext
 
-from stoker import s3
-from stoker.digest import FileRecord
+from stoker.storage import s3
+from stoker.storage.digest import FileRecord
 from stoker.errors import TransientError
 from stoker.run import Output, RunContext, StepResult
-from stoker.spec import Spec, Storage
+from stoker.spec.schema import Spec, Storage
 
 from . import step_task
 

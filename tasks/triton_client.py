@@ -8,14 +8,14 @@ from pathlib import Path
 from prefect import get_run_logger
 from prefect.artifacts import create_link_artifact, create_markdown_artifact
 
-from stoker import s3
+from stoker.storage import s3
 from stoker.bench.output import PLOT_PNG, markdown_table
 from stoker.bench.session import execute, from_spec
-from stoker.digest import tree_records
-from stoker.keys import benchmark_key
+from stoker.storage.digest import tree_records
+from stoker.cache.keys import benchmark_key
 from stoker.run import Output, RunContext, StepResult, cached_step
-from stoker.spec import Spec
-from stoker.triton_config import ENSEMBLE_NAME
+from stoker.spec.schema import Spec
+from stoker.triton.config import ENSEMBLE_NAME
 
 from . import step_task
 

@@ -6,10 +6,10 @@ from pathlib import Path
 
 from prefect import get_run_logger
 
-from stoker.keys import package_key
+from stoker.cache.keys import package_key
 from stoker.run import RunContext, StepResult, cached_step
-from stoker.spec import Spec
-from stoker.triton_repo import assemble, settings_for
+from stoker.spec.schema import Spec
+from stoker.triton.repository import assemble, settings_for
 
 from . import step_task
 

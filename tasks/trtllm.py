@@ -13,13 +13,13 @@ from pathlib import Path
 from prefect import get_run_logger
 
 from stoker import targets
-from stoker.container_exec import choose_executor
+from stoker.containers.execute import choose_executor
 from stoker.errors import StepError
 from stoker.gpu import planning, repository, trtllm
 from stoker.gpu.checkpoint_check import CheckpointError, check_unified_checkpoint
-from stoker.keys import calibration_file, gpu_build_key, gpu_package_key
+from stoker.cache.keys import calibration_file, gpu_build_key, gpu_package_key
 from stoker.run import RunContext, StepResult, cached_step, stoker_home
-from stoker.spec import Spec
+from stoker.spec.schema import Spec
 
 from . import step_task
 

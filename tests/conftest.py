@@ -138,7 +138,7 @@ def local_stack(session_state, s3_server):
 @pytest.fixture(scope="session")
 def triton_image(session_state):
     """The CPU Triton image and the proxy image on a running Docker daemon (built here when missing)."""
-    from stoker.spec import Deploy
+    from stoker.spec.schema import Deploy
     from stoker.stack.dockerd import ensure_daemon
     from stoker.stack.image import ensure_proxy_image
 

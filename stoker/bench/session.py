@@ -98,7 +98,7 @@ def levels_from(concurrency: list[int] | None, rates: list[float] | None, cap: i
 
 def from_spec(bench: Any, grpc_url: str, http_url: str, model: str,
               tokenizer_json: Path | None) -> tuple[BenchConfig, Workload]:
-    """The spec's `benchmark` section (stoker.spec.Benchmark) as a config and workload for `execute`."""
+    """The spec's `benchmark` section (stoker.spec.schema.Benchmark) as a config and workload for `execute`."""
     rates = bench.request_rates if bench.mode == "rate" else None
     config = BenchConfig(
         url=http_url if bench.protocol == "http" else grpc_url, model=model,

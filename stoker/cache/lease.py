@@ -31,8 +31,8 @@ from typing import Callable
 from botocore.exceptions import BotoCoreError, ClientError
 
 from ..errors import StepError, StokerError
-from ..s3 import failure
-from ..spec import Storage
+from ..storage.s3 import failure
+from ..spec.schema import Storage
 
 LEASE = ".lease"
 _LOST_CODES = ("412", "PreconditionFailed", "404", "NoSuchKey", "NotFound", "ConditionalRequestConflict", "409")
@@ -223,7 +223,7 @@ class Heartbeat:
         self._thread.join()
 
     def _run(self) -> None:
-        from ..child import ACTIVITY
+        from ..orchestration.child import ACTIVITY
 
         while not self._stop.wait(self.lease.ttl_s / 3):
             # A hung child (printing nothing for cache_stall_s) must not keep every waiter on this key waiting

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
-from ..manifest import read_manifests
+from ..record.manifest import read_manifests
 
 
 @dataclass(frozen=True)
@@ -125,7 +125,7 @@ def _docker_live() -> Callable[[str], str | None]:
     state: dict = {}  # connect once, on first use; a daemon that did not answer is not asked again
 
     def ask(name: str) -> str | None:
-        from .. import docker_engine
+        from ..containers import engine as docker_engine
         from ..commands.status import describe
 
         if "client" not in state:
@@ -141,8 +141,9 @@ def _docker_live() -> Callable[[str], str | None]:
 
 
 def _s3_live(spec: dict, name: str) -> str | None:
-    from .. import rollout, s3
-    from ..spec import Storage
+    from ..serving import rollout
+    from ..storage import s3
+    from ..spec.schema import Storage
 
     storage = Storage.model_validate(spec["storage"])
     return rollout.read_live(s3.client(storage, attempts=2), storage, name).get("digest")

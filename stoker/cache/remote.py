@@ -23,11 +23,11 @@ from typing import Callable
 from boto3.s3.transfer import TransferConfig
 from botocore.exceptions import BotoCoreError, ClientError
 
-from ..digest import FileRecord, file_sha256, records_digest, records_from_json, records_to_json, unsafe_record
-from ..progress import Progress
-from ..s3 import S3Error, failure
-from ..spec import Storage
-from ..store import Entry
+from ..storage.digest import FileRecord, file_sha256, records_digest, records_from_json, records_to_json, unsafe_record
+from ..record.progress import Progress
+from ..storage.s3 import S3Error, failure
+from ..spec.schema import Storage
+from ..storage.store import Entry
 from .sweep import remote_litter, stale_upload
 
 RECORD = "record.json"
@@ -129,7 +129,7 @@ def upload(s3, storage: Storage, entry: Entry, log: Callable[[str], None]) -> bo
     """Blobs first (those already there with their size are skipped), then the marker if none exists.
 
     Returns False when a marker was already there (another builder published the key first: theirs stands).
-    Raises S3Unreachable / S3Error (stoker.s3) on failure; blobs without a marker are litter the sweep removes.
+    Raises S3Unreachable / S3Error (stoker.storage.s3) on failure; blobs without a marker are litter the sweep removes.
     """
     base = entry_prefix(storage, entry.step, entry.key)
     unique = {f.sha256: f for f in entry.files}

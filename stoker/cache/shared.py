@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Callable
 
 from ..errors import StepError, StokerError
-from ..spec import Storage
-from ..store import Entry, StepStore
+from ..spec.schema import Storage
+from ..storage.store import Entry, StepStore
 from . import lease as leases
 from . import remote
 
@@ -32,7 +32,7 @@ class SharedStore:
 
     def __init__(self, local: StepStore, storage: Storage, s3=None, holder: leases.Holder | None = None,
                  sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.monotonic):
-        from .. import s3 as s3mod
+        from ..storage import s3 as s3mod
 
         self.local, self.storage = local, storage
         self.s3 = s3 if s3 is not None else s3mod.client(storage)

@@ -40,7 +40,7 @@ def remote_rows(s3c, storage) -> tuple[list, list]:
     """Complete remote entries as rows (their markers read for the digest), and the unfinished folders."""
     from ..cache import remote
     from ..cache.prune import Row
-    from ..s3 import get_json
+    from ..storage.s3 import get_json
 
     rows, unfinished = [], []
     for f in remote.listing(s3c, storage):
@@ -71,13 +71,13 @@ def _age(s: float) -> str:
 def _layers(args):
     """(local rows, remote rows, unfinished remote folders, storage, s3 client) for the command's arguments."""
     from ..run import stoker_home
-    from ..spec_load import load_spec
+    from ..spec.load import load_spec
 
     home = stoker_home()
     local = local_rows(home / "cache")
     if not args.spec:
         return home, local, [], [], None, None
-    from .. import s3
+    from ..storage import s3
 
     storage = load_spec(args.spec).storage
     client = s3.client(storage)

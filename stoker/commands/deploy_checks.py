@@ -26,8 +26,8 @@ class NotRegistered(StokerError):
 
 def check_stack_specs(prefect_file: Path | None, specs_dir: Path | None) -> int:
     """The watched specs, the webhook's specs and the demo's, side by side on one host: no shared port or name."""
-    from .. import stack_specs
-    from ..spec_load import load_spec
+    from ..spec import stack as stack_specs
+    from ..spec.load import load_spec
 
     groups = [{f"the demo ({DEMO_SPEC.name})": load_spec(DEMO_SPEC)}]
     if prefect_file is not None:

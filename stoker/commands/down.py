@@ -50,7 +50,7 @@ def _remove_folder(p: Path) -> str | None:
 def take_down(name: str, docker_host: str | None = None, log=print) -> list[str]:
     """Remove deployment ``name`` (see the module's doc); logs one line per container; returns the summary line.
     An unknown name raises ``UnknownDeployment`` (one line listing the known) before anything is touched."""
-    from .. import docker_engine as engine
+    from ..containers import engine
     from ..run import stoker_home
     from ..serving import haproxy
     from .status import require_known

@@ -20,9 +20,9 @@ class RenderError(StokerError):
 def render(spec_path: Path, outdir: Path) -> dict:
     """Write commands.json and model_repository/ for a GPU-target spec; returns commands.json's content."""
     from ..gpu import matrix, planning, repository, rollout, trtllm
-    from ..keys import calibration_file
-    from ..spec import GPU_TARGETS
-    from ..spec_load import load_spec
+    from ..cache.keys import calibration_file
+    from ..spec.schema import GPU_TARGETS
+    from ..spec.load import load_spec
 
     spec = load_spec(spec_path)
     outdir = outdir.resolve()
@@ -67,9 +67,9 @@ def render(spec_path: Path, outdir: Path) -> dict:
 def _render_reference(spec, spec_path: Path, outdir: Path, repo: Path) -> dict:
     """The CPU reference path has no container steps (its heavy work runs in child processes): configs and
     python models only; weights and tokenizer come from the build step."""
-    from ..triton_config import render_all
-    from ..triton_models import install_model_code
-    from ..triton_repo import EMPTY_DIRS, settings_for
+    from ..triton.config import render_all
+    from ..triton.models import install_model_code
+    from ..triton.repository import EMPTY_DIRS, settings_for
 
     for name, text in render_all(settings_for(spec.triton)).items():
         (repo / name / "1").mkdir(parents=True, exist_ok=True)

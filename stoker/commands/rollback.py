@@ -20,7 +20,7 @@ class RollbackError(StokerError):
 
 def deployed_runs(home: Path, name: str) -> list[dict]:
     """Manifests of runs that put ``name`` live, oldest first (run ids sort by time)."""
-    from ..manifest import read_manifests
+    from ..record.manifest import read_manifests
 
     out = []
     for m in read_manifests(home):
@@ -49,10 +49,11 @@ def choose(runs: list[dict], run_id: str | None, live_digest: str | None) -> dic
 
 
 def rollback_to(name: str, run_id: str | None, log=print) -> dict:
-    from .. import docker_engine, rollout
+    from ..containers import engine as docker_engine
+    from ..serving import rollout
     from ..run import stoker_home
     from ..serving import promote, topology
-    from ..spec_load import parse_spec
+    from ..spec.load import parse_spec
 
     home = stoker_home()
     runs = deployed_runs(home, name)
@@ -72,7 +73,7 @@ def rollback_to(name: str, run_id: str | None, log=print) -> dict:
     live_digest = routed.digest if routed else None
     if routed and routed.digest == rollout.live_digest(spec.storage, name):
         # A reload backend's label names its live repository; the build it serves is in the S3 live state.
-        from .. import s3
+        from ..storage import s3
 
         live_digest = rollout.read_live(s3.client(spec.storage), spec.storage, name).get("digest")
     chosen = choose(runs, run_id, live_digest)
@@ -102,7 +103,7 @@ def _handler(args) -> int:
     import contextlib
     import os
 
-    from ..exclusive import deploy_lock, exclusive
+    from ..orchestration.exclusive import deploy_lock, exclusive
 
     # With a Prefect API (the stack's, or the demo's) a rollback waits for a run deploying the same name; without
     # one, Prefect would start a throwaway API for this process alone, which no other run would see.

@@ -26,7 +26,7 @@ def _uptime(started: str) -> str:
 
 def describe(client, name: str) -> dict:
     """What runs for deployment ``name``: proxy, the slot it routes to, and every backend."""
-    from .. import docker_engine as engine
+    from ..containers import engine
     from ..run import stoker_home
     from ..serving import haproxy, openai_service, promote
     from ..serving.ports import Ports
@@ -45,9 +45,9 @@ def describe(client, name: str) -> dict:
                          "live": view.running and b.slot == view.live
                          and b.ports.http == view.http_ports.get(haproxy.server_name(b.slot, b.replica)),
                          "uptime": _uptime(engine.started_at(c)) if c is not None and b.running else "-",
-                         # GPU targets: the device ids it holds; the stand-in says so (stoker/standin.py)
+                         # GPU targets: the device ids it holds; the stand-in says so (stoker/gpu/standin.py)
                          "gpus": (c.labels.get("ai.stoker.gpus") if c is not None else None) or None,
-                         "standin": c is not None and c.labels.get("ai.stoker.standin") == "true"})
+                         "standin": c is not None and c.labels.get("ai.stoker.gpu.standin") == "true"})
     live = next((b for b in backends if b["live"]), None)
     service = openai_service.container(client, name)
     # What listens where: the proxy on its deploy.listen address (older proxies: every interface), every
@@ -70,7 +70,7 @@ def describe(client, name: str) -> dict:
 
 def deployment_names(client) -> list[str]:
     """Every deployment stoker started on this daemon (its containers carry stoker's managed label)."""
-    from .. import docker_engine as engine
+    from ..containers import engine
 
     return sorted({c.labels.get(engine.LABEL_DEPLOYMENT, "") for c in engine.containers(client)} - {""})
 
@@ -87,7 +87,7 @@ def require_known(client, name: str) -> None:
 
 
 def status(name: str | None) -> list[dict]:
-    from .. import docker_engine as engine
+    from ..containers import engine
 
     client = engine.connect(None)
     if name is not None:

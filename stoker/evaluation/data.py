@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..digest import json_digest
+from ..storage.digest import json_digest
 
 DEFAULT_TEXT = Path(__file__).resolve().parent.parent / "data" / "evaluation.txt"
 

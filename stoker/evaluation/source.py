@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import SpecError
-from ..keys import calibration_file
-from ..spec import Spec
+from ..cache.keys import calibration_file
+from ..spec.schema import Spec
 from .data import DEFAULT_TEXT, EvalDataError, EvalSet, cut, read_text, same_text
 
 
@@ -15,8 +15,8 @@ def text_path(spec: Spec, download_dir: Path) -> tuple[Path, str]:
     """The evaluation text's local file and a label for the report; downloads a Hub dataset file."""
     ev = spec.evaluation
     if ev.dataset is not None:
-        from .. import hub
-        from ..source import hub_endpoint, hub_token
+        from ..storage import hub
+        from ..storage.source import hub_endpoint, hub_token
 
         d = ev.dataset
         path = hub.dataset_file(d.repo_id, d.revision, d.path, hub_endpoint(spec.model), download_dir,

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from ..triton_models.stop_words import collect
+from ..triton.models.stop_words import collect
 
 KNOWN_FILE = Path(__file__).resolve().parent / "known_models.json"
 

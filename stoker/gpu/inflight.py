@@ -12,8 +12,8 @@ from __future__ import annotations
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from .. import triton_config
-from ..triton_config import RepoSettings
+from ..triton import config as triton_config
+from ..triton.config import RepoSettings
 
 ENGINE_DIR = "/models/tensorrt_llm/1/engine"  # where the serve step mounts the repository
 EXECUTOR_WORKER = "/opt/tritonserver/backends/tensorrtllm/trtllmExecutorWorker"

@@ -39,7 +39,7 @@ from typing import Literal
 from . import matrix
 
 # Spec validation reaches this module through rules.py: no protobuf/tritonclient import here, so the
-# two names below repeat stoker.triton_config's (a unit test keeps them equal).
+# two names below repeat stoker.triton.config's (a unit test keeps them equal).
 FIRST_TAG = "24.12"  # the first NGC release whose images carry the frontend (v2.53.0)
 MAIN = "/opt/tritonserver/python/openai/openai_frontend/main.py"
 PORT = 9000  # upstream's --openai-port default, inside the container

@@ -26,8 +26,8 @@ def model_facts(spec) -> ModelFacts | None:
 def _hub_facts(spec) -> ModelFacts | None:
     from huggingface_hub import hf_hub_download
 
-    from .. import hub
-    from ..source import hub_endpoint, hub_token
+    from ..storage import hub
+    from ..storage.source import hub_endpoint, hub_token
 
     m = spec.model
     token, endpoint = hub_token(m), hub_endpoint(m)
@@ -48,7 +48,7 @@ def _hub_facts(spec) -> ModelFacts | None:
 
 
 def token_present(spec) -> bool:
-    from ..source import hub_token
+    from ..storage.source import hub_token
 
     if spec.model.local_path is not None:
         return True
@@ -81,7 +81,7 @@ def with_rollout_cap(spec, facts):
 
 def rollout_row(spec, facts):
     """`stoker plan`'s rollout row: surge, shared or reload, and what it costs (stoker/gpu/rollout.py)."""
-    from ..plan_steps import PlannedStep
+    from ..plan.rows import PlannedStep
 
     planned = rollout.plan_rollout(spec, facts)
     if planned is None:
@@ -107,10 +107,10 @@ def env_executor_mode() -> str:
 
 def plan_gpu(spec, ctx) -> list:
     """The GPU plan: refuse (PlanRefused) before any GPU time, else checks' notes + each step's key and status."""
-    from ..hub import HubUnavailable
-    from ..keys import fetch_key, gpu_build_key, gpu_package_key
-    from ..plan_steps import PlannedStep, cached_row
-    from ..source import resolve_source
+    from ..storage.hub import HubUnavailable
+    from ..cache.keys import fetch_key, gpu_build_key, gpu_package_key
+    from ..plan.rows import PlannedStep, cached_row
+    from ..storage.source import resolve_source
 
     facts, findings = check_spec(spec)
     img = matrix.image_info(spec.deploy.image)

@@ -6,8 +6,8 @@ import json
 import shutil
 from pathlib import Path
 
-from .. import triton_config
-from ..triton_models import install_step
+from ..triton import config as triton_config
+from ..triton.models import install_step
 from . import inflight, llmapi
 from .facts import ModelFacts
 from .rules import max_seq_len

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from .. import model_checks
+from ..plan import model_checks
 from ..errors import PlanRefused
 from . import matrix, openai_frontend
 from .facts import ModelFacts
@@ -161,7 +161,7 @@ def check(spec, facts: ModelFacts | None, token_present: bool) -> list[Finding]:
     elif world < spec.gpus.count:
         note("gpus.count", f"{spec.gpus.count - world} of {spec.gpus.count} GPUs stay unused (tensor x pipeline = "
                            f"{world})")
-    # -- the model itself: block sizes, KV heads over TP, architectures (stoker/model_checks.py) ----
+    # -- the model itself: block sizes, KV heads over TP, architectures (stoker/plan/model_checks.py) ----
     for field, message in model_checks.refusals(spec, facts, gpu.sm if gpu else None):
         refuse(field, message)
     if facts is not None:

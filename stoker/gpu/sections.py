@@ -1,4 +1,4 @@
-"""Spec sections of the GPU targets (`target: tensorrt | pytorch`); stoker.spec composes them.
+"""Spec sections of the GPU targets (`target: tensorrt | pytorch`); stoker.spec.schema composes them.
 
 Defaults are TensorRT-LLM 1.2's own (trtllm-build and the tensorrt_llm Triton model),
 so a spec only states what it changes. A `reference` spec may omit all of them.

@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..container_exec import ContainerStep, Mount
+from ..containers.execute import ContainerStep, Mount
 from . import matrix, openai_frontend
 from .facts import ModelFacts
 from .rules import max_seq_len

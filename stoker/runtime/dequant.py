@@ -22,7 +22,7 @@ import torch
 from safetensors import safe_open
 
 from ..errors import StokerError
-from ..quant_check import read_quant_config
+from ..plan.quant_check import read_quant_config
 
 # quant_algo (hf_quant_config.json) -> stoker format name.
 FORMATS = {

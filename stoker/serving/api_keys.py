@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import StepError
-from ..manifest import write_atomic
-from ..spec import ApiKeys
+from ..record.manifest import write_atomic
+from ..spec.schema import ApiKeys
 
 DIGESTS_NAME = "api-keys.sha256"
 MIN_LENGTH = 16

@@ -16,7 +16,7 @@ class Repository(NamedTuple):
 
 
 def parse_triton_s3(uri: str) -> Repository:
-    """Triton's ``s3://[https://]host:port/bucket/key`` or ``s3://bucket/key`` (stoker.s3.triton_uri). Pure."""
+    """Triton's ``s3://[https://]host:port/bucket/key`` or ``s3://bucket/key`` (stoker.storage.s3.triton_uri). Pure."""
     rest = uri.removeprefix("s3://")
     scheme = "http"
     if rest.startswith("https://"):

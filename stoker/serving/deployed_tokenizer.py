@@ -16,10 +16,10 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 from .backend_repo import repository_of, s3_client
-from .. import docker_engine as engine
+from ..containers import engine
 from ..bench.counting import Found
-from ..digest import file_sha256
-from ..manifest import write_atomic
+from ..storage.digest import file_sha256
+from ..record.manifest import write_atomic
 from . import promote
 from .ports import Ports
 

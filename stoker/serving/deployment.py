@@ -11,9 +11,9 @@ from pathlib import Path
 
 import docker
 
-from .. import docker_engine as engine
+from ..containers import engine
 from ..errors import StepError, StokerError
-from ..manifest import write_atomic
+from ..record.manifest import write_atomic
 from . import api_keys, haproxy, openai_service, probe, topology
 from .ports import Ports
 

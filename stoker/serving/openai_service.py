@@ -31,10 +31,10 @@ import docker
 import docker.errors
 
 from .backend_repo import repository_of, s3_client
-from .. import docker_engine as engine
-from ..manifest import write_atomic
+from ..containers import engine
+from ..record.manifest import write_atomic
 from ..openai_api.layout import ASSET_FILES, LIVE_FILE
-from ..triton_config import MODEL_NAME
+from ..triton.config import MODEL_NAME
 from . import haproxy
 
 Log = Callable[[str], None]

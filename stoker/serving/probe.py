@@ -14,9 +14,9 @@ import urllib.request
 from collections.abc import Callable
 
 from ..errors import StokerError
-from ..triton_config import ENSEMBLE_NAME
-from ..triton_metrics import in_flight
-from ..triton_metrics import parse as parse_metrics
+from ..triton.config import ENSEMBLE_NAME
+from ..triton.metrics import in_flight
+from ..triton.metrics import parse as parse_metrics
 
 
 class ProbeFailed(StokerError):

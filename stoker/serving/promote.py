@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import docker
 import docker.errors
 
-from .. import docker_engine as engine
+from ..containers import engine
 from . import api_keys, haproxy, openai_service, probe, topology, triton_log
 from .deployment import (BackendRef, Log, PromotionFailed, Target, keys_file, observe_backends, observe_proxy,
                          proxy_container, runtime_for, sync_config, write_config)

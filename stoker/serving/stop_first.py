@@ -14,7 +14,7 @@ import time
 import docker
 import docker.errors
 
-from .. import docker_engine as engine
+from ..containers import engine
 from . import haproxy, probe
 from .deployment import BackendRef, Log, Target, proxy_container, runtime_for, write_config
 

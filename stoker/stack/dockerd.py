@@ -14,7 +14,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from stoker.docker_engine import DockerUnavailable, connect
+from stoker.containers.engine import DockerUnavailable, connect
 
 DOCKERD_SH = Path(__file__).resolve().parents[2] / "infra" / "dockerd.sh"
 PID_FILE = "dockerd.pid"

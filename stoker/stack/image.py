@@ -22,8 +22,8 @@ from pathlib import Path
 import docker.errors
 import requests
 
-from stoker.docker_engine import DeployError, connect
-from stoker.progress import Progress
+from stoker.containers.engine import DeployError, connect
+from stoker.record.progress import Progress
 from stoker.stack.mirrors import MirrorNotFound, host_debian_mirror
 
 IMAGE_DIR = Path(__file__).resolve().parents[2] / "infra" / "image"

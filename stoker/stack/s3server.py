@@ -71,7 +71,7 @@ LOCAL_BLOCK = "stoker-local-s3"
 def save_local_block(url: str, name: str = LOCAL_BLOCK) -> None:
     """A Prefect AwsCredentials block with this server's dummy keys and endpoint (`make stack` saves it), so a
     spec naming it (`storage.credentials_block`) runs on any worker, with no AWS_* in the worker's environment."""
-    from stoker.credentials import save_block
+    from stoker.storage.credentials import save_block
 
     save_block(name, TEST_CREDENTIALS["AWS_ACCESS_KEY_ID"], TEST_CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
                TEST_CREDENTIALS["AWS_DEFAULT_REGION"], endpoint_url=url)

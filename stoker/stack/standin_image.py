@@ -4,7 +4,7 @@ The CPU Triton image plus a Python-based backend named ``tensorrtllm`` (Triton r
 ``backends/<name>/`` for every model whose config says ``backend: "<name>"``): stoker's reference ``tensorrt_llm``
 model and runtime. Built without a registry, FROM the CPU image this machine built; its recipe label covers the
 Dockerfile, the model code and the base image's id, so a change to the runtime rebuilds it. Only runs with
-``STOKER_STANDIN=1`` use it (stoker/standin.py).
+``STOKER_STANDIN=1`` use it (stoker/gpu/standin.py).
 """
 
 from __future__ import annotations
@@ -13,13 +13,13 @@ import shutil
 from pathlib import Path
 from typing import Callable
 
-from ..triton_models import RUNTIME_PACKAGE, install_step, runtime_sources
+from ..triton.models import RUNTIME_PACKAGE, install_step, runtime_sources
 from .image import DEFAULT_IMAGE
 from .worker_image import ensure_derived_image
 
 STANDIN_DIR = Path(__file__).resolve().parents[2] / "infra" / "standin"
 DEFAULT_STANDIN_IMAGE = "stoker/triton-standin:2.51.0-cpu"
-STANDIN_LABEL = "ai.stoker.standin"
+STANDIN_LABEL = "ai.stoker.gpu.standin"
 
 
 def assemble_context(out: Path) -> None:

@@ -22,7 +22,7 @@ from typing import Callable
 from .image import (DEFAULT_IMAGE, RECIPE_LABEL, BASE_LABEL, ImageBuildFailed, _current, _docker_build,
                     ensure_image)
 from .mirrors import pip_settings, read_pip_config
-from ..docker_engine import connect
+from ..containers.engine import connect
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKER_DIR = ROOT / "infra" / "worker"

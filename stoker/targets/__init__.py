@@ -2,7 +2,7 @@
 
 A target lives in `stoker/targets/<name>.py` and exposes `TARGET`; `get(name)` imports that module
 on first use, so a fourth target is one new module and no edit elsewhere. The lookup is lazy because
-reading a spec asks the registry (stoker/spec_load.py), and a spec must stay cheap to read (no Prefect, no target
+reading a spec asks the registry (stoker/spec/load.py), and a spec must stay cheap to read (no Prefect, no target
 code).
 """
 
@@ -12,7 +12,7 @@ import importlib
 import pkgutil
 from typing import TYPE_CHECKING
 
-from ..spec import DEFAULT_TARGET
+from ..spec.schema import DEFAULT_TARGET
 
 if TYPE_CHECKING:
     from .base import Target

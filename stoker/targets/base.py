@@ -3,7 +3,7 @@
 Each target answers, in its own module, what the code used to decide by `if spec.target == …`:
 which formats and architectures it takes, where its heavy steps run, which tasks build and package
 it, how it deploys, and how a deployed build is evaluated before it is promoted. The rules behind
-"which formats and architectures" stay in stoker/model_checks.py and stoker/gpu/rules.py; targets
+"which formats and architectures" stay in stoker/plan/model_checks.py and stoker/gpu/rules.py; targets
 call them, so there is one place per rule.
 
 A target never imports a Prefect task: tasks/ sits above stoker, so the flow hands them over as `steps.tasks`
@@ -17,15 +17,15 @@ from abc import ABC, abstractmethod
 from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Callable, ClassVar, Literal, Protocol
 
-from .. import model_checks
+from ..plan import model_checks
 from ..errors import EvaluationFailed, one_line
 
 if TYPE_CHECKING:
     from ..gpu.facts import ModelFacts
     from ..gpu.sections import Gpus
-    from ..plan_steps import PlannedStep
+    from ..plan.rows import PlannedStep
     from ..run import RunContext, StepResult
-    from ..spec import Quantization, Spec
+    from ..spec.schema import Quantization, Spec
 
 RunsOn = Literal["cpu", "gpu"]
 
@@ -115,9 +115,9 @@ class Target(ABC):
     # The flow's steps: each runs its Prefect tasks through `steps`, which records them by name.
 
     def heavy_slot(self, spec: Spec | None = None) -> AbstractContextManager:
-        """Held around the build: one GPU step per GPU at a time (stoker/gpu_slot.py); CPU needs none."""
+        """Held around the build: one GPU step per GPU at a time (stoker/orchestration/gpu_slot.py); CPU needs none."""
         if self.runs_on == "gpu":
-            from ..gpu_slot import gpu_slot
+            from ..orchestration.gpu_slot import gpu_slot
 
             return gpu_slot()
         return nullcontext()

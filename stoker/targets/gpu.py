@@ -6,7 +6,7 @@ any GPU time. Serving is stoker/serving's, as for every target: this module supp
 serving image, its command, the repository mounted from the package step, the device ids per backend).
 A subclass says what its build leaves behind and what goes into its repository.
 
-With STOKER_STANDIN=1 (stoker/standin.py; `tensorrt` only) two things are replaced, nothing else: the build runs
+With STOKER_STANDIN=1 (stoker/gpu/standin.py; `tensorrt` only) two things are replaced, nothing else: the build runs
 the reference path's quantize + build and its artifact goes where the engine would, and backends run the
 stand-in image with their device requests dropped (still rendered and labelled).
 """
@@ -17,7 +17,7 @@ from abc import abstractmethod
 from contextlib import nullcontext
 from pathlib import Path
 
-from .. import standin
+from ..gpu import standin
 from .base import StepRunner, Target
 
 GPUS_LABEL = "ai.stoker.gpus"  # the device ids a backend was given (or, under the stand-in, would have been)
@@ -38,7 +38,7 @@ class GpuTarget(Target):
         standin.check(spec)
         rows = plan_gpu(spec, ctx)
         if standin.applies(spec):
-            from ..plan_steps import PlannedStep
+            from ..plan.rows import PlannedStep
 
             rows.insert(0, PlannedStep("standin", None, "ON", standin.NOTE + "; needs a GPU host for the real run: "
                                        "the build (ModelOpt export, trtllm-build) and the TensorRT-LLM backend"))

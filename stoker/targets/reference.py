@@ -36,9 +36,9 @@ class Reference(Target):
 
     def plan(self, spec, ctx) -> list:
         from ..gpu.planning import model_facts
-        from ..keys import build_key, fetch_key, package_key, quantize_key
-        from ..plan_steps import PlannedStep, benchmark_step, cached_row, serving_step, upload_step
-        from ..source import resolve_source
+        from ..cache.keys import build_key, fetch_key, package_key, quantize_key
+        from ..plan.rows import PlannedStep, benchmark_step, cached_row, serving_step, upload_step
+        from ..storage.source import resolve_source
 
         self.check_model(spec, model_facts(spec))
         out: list[PlannedStep] = []

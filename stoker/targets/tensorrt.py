@@ -32,7 +32,7 @@ class TensorRT(GpuTarget):
         return detail
 
     def fill_repository(self, slot: Path, fetched, built) -> None:
-        # STAND-IN builds (stoker/standin.py) are the reference artifact itself; it goes where the engine goes.
+        # STAND-IN builds (stoker/gpu/standin.py) are the reference artifact itself; it goes where the engine goes.
         src = built.path if (built.path / "stoker_runtime.json").is_file() else built.path / "engine"
         shutil.copytree(src, slot / "engine")
 

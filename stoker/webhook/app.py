@@ -143,8 +143,8 @@ async def prefect_check(spec, deployment: str) -> None:
     """The spec's credentials block exists on this Prefect API, and the deployment's pool has an online worker."""
     import anyio
 
-    from ..credentials import CredentialsError, aws_keys
-    from ..routing import RoutingError, check_route
+    from ..storage.credentials import CredentialsError, aws_keys
+    from ..orchestration.routing import RoutingError, check_route
 
     def check() -> None:  # Prefect's sync clients: off the event loop
         try:
@@ -217,7 +217,7 @@ def create_app(cfg: ReceiverConfig, start_run: StartRun = prefect_start, check_r
         if hit is not None:
             return _repeat(key, trigger, identity, hit)
         spec_path = Path(cfg.specs_dir) / f"{trigger.spec}.yaml"
-        from ..spec_load import load_spec
+        from ..spec.load import load_spec
 
         try:
             spec = load_spec(spec_path)

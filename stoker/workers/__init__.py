@@ -1,4 +1,4 @@
-"""Child-process CLIs for heavy work (torch, modelopt); the orchestrator runs them with stoker.child."""
+"""Child-process CLIs for heavy work (torch, modelopt); the orchestrator runs them with stoker.orchestration.child."""
 
 from __future__ import annotations
 

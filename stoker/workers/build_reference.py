@@ -18,9 +18,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from stoker.digest import file_sha256 as _sha256
+from stoker.storage.digest import file_sha256 as _sha256
 from stoker.errors import StokerError
-from stoker.triton_models.stop_words import collect
+from stoker.triton.models.stop_words import collect
 from stoker.workers import run_cli
 
 ARTIFACT_FORMAT = "stoker-reference/1"
@@ -71,7 +71,7 @@ def _tokenizer_id(checkpoint: Path, key: str) -> int | None:
 
 
 def special_ids(checkpoint: Path, config: dict[str, Any], generation: dict[str, Any]) -> tuple[int, int, list[int]]:
-    """(end_id, pad_id, stop ids): every eos id stops generation; stoker/triton_models/stop_words.py says which
+    """(end_id, pad_id, stop ids): every eos id stops generation; stoker/triton/models/stop_words.py says which
     one is end_id (TensorRT-LLM takes one) and which travel as stop words. pad: generation_config, config.json,
     then the tokenizer's own token."""
     end_id, stop_ids = collect(generation, config, _tokenizer_id(checkpoint, "eos_token"))

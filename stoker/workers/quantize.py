@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from stoker.errors import StokerError
-from stoker.progress import child_line
+from stoker.record.progress import child_line
 from stoker.workers import run_cli
 
 # stoker format -> name of the modelopt.torch.quantization config (0.47).
@@ -344,7 +344,7 @@ def quantize(req: Request, out: Path) -> dict[str, Any]:
         # The source's file wins over the one the exporter derives from the model config.
         shutil.copyfile(req.checkpoint / "generation_config.json", out / "generation_config.json")
 
-    from stoker.quant_check import check_checkpoint
+    from stoker.plan.quant_check import check_checkpoint
 
     report = check_checkpoint(out, req.format, req.kv_cache_dtype)
     log(f"structural check: {report.quantized_weights} quantized weights, quant_algo {report.quant_algo}")

@@ -21,7 +21,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from stoker.digest import file_sha256 as sha256_file
+from stoker.storage.digest import file_sha256 as sha256_file
 
 CORPUS = Path(__file__).resolve().parent.parent / "data" / "tokenizer_corpus.txt"
 

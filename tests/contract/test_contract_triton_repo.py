@@ -163,7 +163,7 @@ def test_engine_ensemble_requests_and_returns_log_probs(rendered, ibl):
 
 def test_reference_repository_speaks_upstreams_log_prob_interface(ibl):
     """The CPU reference's tensorrt_llm and ensemble: every tensor one of upstream's, with its type and optionality."""
-    from stoker import triton_config
+    from stoker.triton import config as triton_config
 
     cfgs = {c.name: c for c in (triton_config.model(triton_config.RepoSettings()),
                                 triton_config.ensemble(triton_config.RepoSettings()))}

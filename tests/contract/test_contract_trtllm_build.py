@@ -85,7 +85,7 @@ def test_steps_request_gpus_shm_and_no_secret_values(rendered):
 def test_multi_rank_serve_runs_one_mpi_rank_per_gpu(world, expect):
     from stoker.gpu.trtllm import serve_command
     from stoker.serving.ports import Ports
-    from stoker.spec_load import parse_spec
+    from stoker.spec.load import parse_spec
 
     spec = parse_spec({"model": {"repo_id": "a/b"}, "storage": {"bucket": "bkt"}, "target": "tensorrt",
                        "gpus": {"type": "h100-80gb", "count": world}, "parallel": {"tensor": world},
@@ -97,7 +97,7 @@ def test_gather_context_logits_flag_is_upstreams(build_flags):
     """return_context_logits on the engine target needs this build flag; it must be one trtllm-build 1.2 accepts."""
     from stoker.gpu import trtllm
     from stoker.gpu.facts import known
-    from stoker.spec_load import load_spec
+    from stoker.spec.load import load_spec
 
     spec = load_spec(Path(__file__).resolve().parents[2] / "deployments/specs/llama3-8b-fp8-h100-engine.yaml")
     spec = spec.model_copy(update={"build": spec.build.model_copy(update={"gather_context_logits": True})})

@@ -30,7 +30,7 @@ def damage_scales(src: Path, dst: Path, damage: dict[int, float] = DAMAGE) -> in
 
 def publish_damaged(store_root: Path, key: str, good_checkpoint: Path) -> None:
     """Put a damaged copy of good_checkpoint in the step cache under quantize key `key`."""
-    from stoker.store import StepStore
+    from stoker.storage.store import StepStore
 
     StepStore(store_root).publish("quantize", key, lambda out: {
         "format": "fp8", "damaged_scales": damage_scales(good_checkpoint, out)})

@@ -44,8 +44,8 @@ def serve_checkpoint(ckpt: Path, root: Path):
     """Build ``ckpt`` with the real reference build step, assemble the Triton repository and serve it
     with the local tritonserver; yields (server, artifact folder)."""
     from stoker.stack import local_triton
-    from stoker.triton_config import RepoSettings
-    from stoker.triton_repo import assemble
+    from stoker.triton.config import RepoSettings
+    from stoker.triton.repository import assemble
     from stoker.workers import build_reference
 
     artifact = root / "artifact"

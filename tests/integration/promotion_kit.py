@@ -16,7 +16,7 @@ from pathlib import Path
 import boto3
 import pytest
 
-from stoker import docker_engine as engine
+from stoker.containers import engine
 from stoker.serving import promote
 from stoker.serving.ports import Ports
 from stoker.stack.services import free_port
@@ -29,7 +29,7 @@ SECRET = f"stoker-test-secret-{uuid.uuid4().hex}"
 
 @pytest.fixture(scope="module")
 def images(triton_image):
-    from stoker.spec import Deploy
+    from stoker.spec.schema import Deploy
 
     return triton_image, Deploy().proxy_image  # the session's daemon and images (tests/conftest.py)
 
@@ -88,8 +88,8 @@ class GpuBuild(Build):
     at /models, device ids labelled (and dropped). Only the repository's models are the scripted fault models."""
 
     def __call__(self, tag: str, ready_timeout_s: float = 60, **model) -> engine.BackendSpec:
-        from stoker import rollout
-        from stoker.spec_load import parse_spec
+        from stoker.serving import rollout
+        from stoker.spec.load import parse_spec
 
         root = write_repo(self.tmp / f"{tag}-{uuid.uuid4().hex[:6]}", tag, **model)
         data = {"model": {"repo_id": "a/b"}, "storage": {"bucket": "unused"}, "target": "tensorrt",
@@ -103,7 +103,7 @@ class GpuBuild(Build):
 
     def source(self, b: engine.BackendSpec) -> str:
         data, (root, digest, run_id) = self.made[b.repo_digest]
-        return (f"__import__('stoker.rollout').rollout.backend_spec(__import__('stoker.spec_load').spec_load.parse_spec("
+        return (f"__import__('stoker.serving.rollout').rollout.backend_spec(__import__('stoker.spec.load').spec_load.parse_spec("
                 f"json.loads({json.dumps(data)!r})), {root!r}, {digest!r}, {{}}, run_id={run_id!r}, reload=False, "
                 "gpus=(0,))")
 

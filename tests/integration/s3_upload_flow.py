@@ -22,7 +22,7 @@ def main(job_path: str) -> int:
     from prefect import flow
 
     from stoker.run import Output, RunContext, StepResult
-    from stoker.spec import Spec
+    from stoker.spec.schema import Spec
     from tasks.s3 import upload_repository
 
     job = json.loads(Path(job_path).read_text())

@@ -20,8 +20,8 @@ import shutil
 from pathlib import Path
 
 from stoker.bench.workload import WORDS
-from stoker.triton_config import RepoSettings
-from stoker.triton_repo import TOKENIZER_FILES, assemble
+from stoker.triton.config import RepoSettings
+from stoker.triton.repository import TOKENIZER_FILES, assemble
 
 SCRIPT_FILE = "script.json"  # beside model.py: the config.pbtxt stays exactly what stoker renders
 

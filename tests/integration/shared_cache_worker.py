@@ -17,8 +17,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from stoker.cache.shared import SharedStore  # noqa: E402
-from stoker.spec import Storage  # noqa: E402
-from stoker.store import StepStore  # noqa: E402
+from stoker.spec.schema import Storage  # noqa: E402
+from stoker.storage.store import StepStore  # noqa: E402
 
 
 def main() -> None:

@@ -37,8 +37,8 @@ from grpc_stream import stream_responses
 
 from stoker.runtime.model import load_model
 from stoker.stack import local_triton
-from stoker.triton_config import RepoSettings
-from stoker.triton_repo import assemble
+from stoker.triton.config import RepoSettings
+from stoker.triton.repository import assemble
 from stoker.workers import build_reference
 from stoker.workers.tinymodel import make_tiny_model
 

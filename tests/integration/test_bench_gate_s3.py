@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from stoker import s3
-from stoker.spec import Storage
+from stoker.storage import s3
+from stoker.spec.schema import Storage
 
 pytestmark = [pytest.mark.s3, pytest.mark.prefect]
 
@@ -20,7 +20,7 @@ from pathlib import Path
 from prefect import flow
 from stoker.bench.errors import GateFailed
 from stoker.run import RunContext, StepResult
-from stoker.spec_load import parse_spec
+from stoker.spec.load import parse_spec
 from tasks.gate import gate_benchmark, promote_run
 
 spec = parse_spec(json.loads(sys.argv[1]))

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from operate_helpers import ROOT, make_spec
 
-from stoker import docker_engine
+from stoker.containers import engine as docker_engine
 
 pytestmark = [pytest.mark.prefect]
 
@@ -23,7 +23,7 @@ HEAVY_STEPS = ("fetch", "quantize", "build", "package", "upload", "baseline", "e
 RUN = """
 import json, sys
 from flows.build_matrix import build_matrix
-from stoker.spec_load import parse_spec
+from stoker.spec.load import parse_spec
 spec, formats, promote = parse_spec(json.loads(sys.argv[1])), json.loads(sys.argv[2]), sys.argv[3] == "promote"
 print("RESULT " + json.dumps(build_matrix(spec, formats, promote=promote)))
 """

@@ -9,7 +9,7 @@ import uuid
 
 import pytest
 
-from stoker.container_exec import (
+from stoker.containers.execute import (
     ContainerStep,
     ContainerStepCancelled,
     ContainerStepFailed,

@@ -67,9 +67,10 @@ def _env(api, tmp_path) -> dict[str, str]:
 SCRIPT = r"""
 import json, sys
 import boto3
-from stoker import credentials, s3
-from stoker.preflight import check_storage, preflight
-from stoker.spec_load import parse_spec
+from stoker.storage import credentials
+from stoker.storage import s3
+from stoker.plan.preflight import check_storage, preflight
+from stoker.spec.load import parse_spec
 
 url, key_id, secret, wrong, ckpt, suffix = sys.argv[1:]
 credentials.save_block(f"good-{suffix}", key_id, secret, endpoint_url=url)

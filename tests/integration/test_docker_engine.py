@@ -17,7 +17,7 @@ from pathlib import Path
 import docker.errors
 import pytest
 
-from stoker.docker_engine import (
+from stoker.containers.engine import (
     BackendSpec,
     DockerUnavailable,
     ImageMissing,

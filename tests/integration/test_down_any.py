@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from stoker.docker_engine import (
+from stoker.containers.engine import (
     LABEL_DEPLOYMENT,
     LABEL_DIGEST,
     LABEL_MANAGED,

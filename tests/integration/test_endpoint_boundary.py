@@ -14,7 +14,7 @@ import uuid
 
 import pytest
 
-from stoker import docker_engine as engine
+from stoker.containers import engine
 from stoker.serving import promote
 from stoker.serving.ports import Ports
 

@@ -9,7 +9,7 @@ import pytest
 
 from stoker.errors import StepError
 from stoker.evaluation import metrics
-from stoker.spec_load import parse_spec
+from stoker.spec.load import parse_spec
 from tasks.evaluate import record_key, require_record
 
 pytestmark = [pytest.mark.s3]

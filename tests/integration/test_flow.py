@@ -42,7 +42,7 @@ def spec_file(tmp_path, local_stack):
     path = tmp_path / "spec.yaml"
     path.write_text(yaml.safe_dump(data))
     yield path, data
-    from stoker.docker_engine import connect, remove_deployment
+    from stoker.containers.engine import connect, remove_deployment
 
     remove_deployment(connect(), data["deploy"]["name"], lambda _m: None)
 
@@ -153,8 +153,8 @@ def test_demo_spec_end_to_end_then_a_rerun_of_cache_hits(tmp_path, local_stack, 
     # the candidate never serves and the first build still answers at the same address.
     from eval_faults import publish_damaged
 
-    from stoker.keys import quantize_key
-    from stoker.spec_load import load_spec
+    from stoker.cache.keys import quantize_key
+    from stoker.spec.load import load_spec
 
     data["quantization"]["calibration"]["samples"] = 15  # a new quantize key; its cache entry is the damage
     damaged_spec = path.with_name("damaged.yaml")

@@ -13,7 +13,7 @@ import sys
 import pytest
 
 from stoker.gpu.checkpoint_check import CheckpointError, check_trtllm_checkpoint, check_unified_checkpoint
-from stoker.keys import DEFAULT_CALIBRATION
+from stoker.cache.keys import DEFAULT_CALIBRATION
 
 pytestmark = pytest.mark.slow  # ~20-60 s: ModelOpt import + calibration on 2 shared cores
 

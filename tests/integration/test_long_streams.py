@@ -14,7 +14,7 @@ import time
 import pytest
 
 from stoker.serving import promote
-from stoker.triton_metrics import in_flight
+from stoker.triton.metrics import in_flight
 
 from promotion_kit import Lines, assert_one_live, deploy
 from promotion_kit import build, client, images, s3, target  # noqa: F401 -- fixtures the tests request

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from operate_helpers import ROOT, api_get, make_spec, prefect_api, prefect_env  # noqa: F401
 
-from stoker import docker_engine
+from stoker.containers import engine as docker_engine
 
 pytestmark = [pytest.mark.prefect, pytest.mark.docker, pytest.mark.s3, pytest.mark.hub, pytest.mark.slow]
 
@@ -22,7 +22,7 @@ HEAVY = ("fetch", "quantize", "build", "package")
 RUN = """
 import json, sys
 from flows.build_matrix import build_matrix
-from stoker.spec_load import parse_spec
+from stoker.spec.load import parse_spec
 print("RESULT " + json.dumps(build_matrix(parse_spec(json.loads(sys.argv[1])), ["none"], promote=False)))
 """
 

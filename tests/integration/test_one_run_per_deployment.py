@@ -13,14 +13,14 @@ import sys
 import pytest
 from operate_helpers import ROOT, make_spec, prefect_api, prefect_env  # noqa: F401
 
-from stoker import docker_engine
+from stoker.containers import engine as docker_engine
 
 pytestmark = [pytest.mark.prefect, pytest.mark.docker, pytest.mark.s3, pytest.mark.hub, pytest.mark.slow]
 
 RUN = r"""
 import json, sys
 from flows.build_and_deploy import build_and_deploy
-from stoker.spec_load import parse_spec
+from stoker.spec.load import parse_spec
 try:
     m = build_and_deploy(parse_spec(json.loads(sys.argv[1]), "it"))
     print("RESULT " + json.dumps({"run_id": m["run_id"], "status": m["status"]}))

@@ -24,7 +24,7 @@ import boto3
 import httpx
 import pytest
 
-from stoker import docker_engine as engine
+from stoker.containers import engine
 from stoker.serving import api_keys, haproxy, promote
 from stoker.serving.ports import Ports
 from stoker.stack.services import free_port
@@ -42,8 +42,8 @@ AUTH = {"Authorization": f"Bearer {KEY}"}
 
 def _repos(tmp_path):
     """The real reference build of a tiny Llama as a Triton repository, and a copy with a chat template."""
-    from stoker.triton_config import RepoSettings
-    from stoker.triton_repo import assemble
+    from stoker.triton.config import RepoSettings
+    from stoker.triton.repository import assemble
     from stoker.workers import build_reference
     from stoker.workers.tinymodel import make_tiny_model
 

@@ -21,8 +21,10 @@ import yaml
 from loadgen import SteadyLoad
 from operate_helpers import ROOT, make_spec, record
 
-from stoker import docker_engine, rollout, s3
-from stoker.spec_load import parse_spec
+from stoker.containers import engine as docker_engine
+from stoker.serving import rollout
+from stoker.storage import s3
+from stoker.spec.load import parse_spec
 
 pytestmark = [pytest.mark.docker, pytest.mark.s3, pytest.mark.hub, pytest.mark.prefect, pytest.mark.slow]
 LOAD_S = 2.0  # steady load before and after each rollout

@@ -87,7 +87,7 @@ def receiver(prefect_api, worker_pool, local_stack, tmp_path_factory):
     yield f"http://127.0.0.1:{port}/hooks/build", name, state / "webhook.log"
     proc.terminate()
     proc.wait(timeout=15)
-    from stoker.docker_engine import connect, remove_deployment
+    from stoker.containers.engine import connect, remove_deployment
 
     remove_deployment(connect(), name, lambda _m: None)
 

@@ -106,7 +106,7 @@ def test_operate_section_runs_verbatim(tmp_path, tmp_path_factory, triton_image)
         # `stoker down` removed both deployments' containers; make stack-down stopped what make stack started.
         import docker
 
-        from stoker.docker_engine import LABEL_DEPLOYMENT
+        from stoker.containers.engine import LABEL_DEPLOYMENT
 
         left = [c.name for c in docker.from_env().containers.list(all=True)
                 if c.labels.get(LABEL_DEPLOYMENT) in ("tiny-watched", "tiny-int4")]
@@ -115,7 +115,7 @@ def test_operate_section_runs_verbatim(tmp_path, tmp_path_factory, triton_image)
         assert [n for n in ("prefect-server", "postgres", "prefect-worker-stoker-cpu") if is_running(n, stack)] == []
         assert port_free(8787)
     finally:
-        from stoker.docker_engine import connect, remove_deployment
+        from stoker.containers.engine import connect, remove_deployment
 
         # The workers first, so that no build still running can deploy after the removal.
         stop_all(home / "prefect-stack")

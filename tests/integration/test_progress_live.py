@@ -12,10 +12,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from stoker import progress, s3
-from stoker.digest import FileRecord
-from stoker.progress import Progress
-from stoker.spec import Storage
+from stoker.record import progress
+from stoker.storage import s3
+from stoker.storage.digest import FileRecord
+from stoker.record.progress import Progress
+from stoker.spec.schema import Storage
 from stoker.stack.s3server import TEST_CREDENTIALS
 
 DIGEST = "e" * 64

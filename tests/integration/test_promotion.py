@@ -19,7 +19,7 @@ import time
 
 import pytest
 
-from stoker import docker_engine as engine
+from stoker.containers import engine
 from stoker.serving import promote
 from stoker.serving.ports import Ports, choose_backend_ports, is_port_free
 
@@ -174,7 +174,7 @@ def test_sigkill_of_the_deploy_midway_then_a_rerun(client, target, build, tmp_pa
 import json, sys
 sys.path.insert(0, {str(ROOT)!r})
 from pathlib import Path
-from stoker import docker_engine as engine
+from stoker.containers import engine
 from stoker.serving import promote
 from stoker.serving.ports import Ports
 t = promote.Target({target.name!r}, Ports(*{list(target.listen.values())!r}), {target.proxy_image!r},

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from stoker.quant_check import check_checkpoint
+from stoker.plan.quant_check import check_checkpoint
 
 ROOT = Path(__file__).resolve().parents[2]
 CALIBRATION = ROOT / "stoker" / "data" / "calibration.txt"

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from stoker import docker_engine as engine
+from stoker.containers import engine
 from stoker.serving import haproxy, probe, promote
 from stoker.serving.ports import Ports
 

@@ -21,14 +21,14 @@ from pathlib import Path
 import pytest
 from operate_helpers import ROOT, api_get, make_spec, prefect_api, prefect_env, wait_online  # noqa: F401
 
-from stoker import docker_engine
+from stoker.containers import engine as docker_engine
 
 pytestmark = [pytest.mark.prefect, pytest.mark.docker, pytest.mark.s3, pytest.mark.hub, pytest.mark.slow]
 
 RUN = r"""
 import json, sys, time
 from flows.build_and_deploy import build_and_deploy
-from stoker.spec_load import parse_spec
+from stoker.spec.load import parse_spec
 spec = parse_spec(json.loads(sys.argv[1]), "it")
 t0 = time.monotonic()
 try:
@@ -125,7 +125,7 @@ def test_a_routed_run_no_worker_starts_is_cancelled_and_named(fleet):
     api, env, tmp = fleet
     code = r"""
 import json
-from stoker.routing import Route, RoutingError, run_routed
+from stoker.orchestration.routing import Route, RoutingError, run_routed
 from prefect.client.orchestration import get_client
 with get_client(sync_client=True) as c:
     dep = c.read_deployment_by_name("build_and_deploy/stoker-cpu")

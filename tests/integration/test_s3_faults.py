@@ -22,10 +22,10 @@ from pathlib import Path
 
 import pytest
 
-from stoker import s3
-from stoker.digest import FileRecord
+from stoker.storage import s3
+from stoker.storage.digest import FileRecord
 from stoker.errors import is_transient
-from stoker.spec import Storage
+from stoker.spec.schema import Storage
 from stoker.stack.s3server import TEST_CREDENTIALS, ensure_s3
 from stoker.stack.services import is_running, stop_all
 

@@ -129,7 +129,7 @@ def test_the_schedule_starts_one_build_per_new_commit(server, local_stack, trito
         print(f"{db}: commit → serving {t_serving - t_commit:.1f} s (interval {INTERVAL_S} s); "
               f"{len(later)} later ticks started nothing")
     finally:
-        from stoker.docker_engine import connect, remove_deployment
+        from stoker.containers.engine import connect, remove_deployment
 
         api_get(api, f"/deployments/{watch_dep}/schedules")  # the server still answers (a crash shows here)
         subprocess.run([str(ROOT / ".venv" / "bin" / "prefect"), "--no-prompt", "deployment", "delete",

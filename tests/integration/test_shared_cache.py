@@ -16,14 +16,14 @@ from pathlib import Path
 
 import pytest
 
-from stoker import s3
+from stoker.storage import s3
 from stoker.cache import lease as leases
 from stoker.cache import remote, sweep
 from stoker.cache.shared import CacheWaitTimeout, SharedStore
-from stoker.child import run_module
-from stoker.spec import Storage
+from stoker.orchestration.child import run_module
+from stoker.spec.schema import Storage
 from stoker.stack.s3server import TEST_CREDENTIALS
-from stoker.store import StepStore
+from stoker.storage.store import StepStore
 
 pytestmark = pytest.mark.s3
 
@@ -361,8 +361,8 @@ def test_prune_refuses_without_a_rule(storage, tmp_path, monkeypatch, capsys):
 
 
 def test_preflight_fails_in_one_line_without_credentials(storage, monkeypatch, tmp_path):
-    from stoker.preflight import check_shared_cache, check_storage
-    from stoker.spec_load import parse_spec
+    from stoker.plan.preflight import check_shared_cache, check_storage
+    from stoker.spec.load import parse_spec
 
     for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
         monkeypatch.delenv(k, raising=False)
@@ -386,9 +386,9 @@ def test_preflight_fails_in_one_line_without_credentials(storage, monkeypatch, t
 
 def test_plan_counts_an_entry_only_in_s3_as_a_hit(storage, tmp_path):
     """`stoker plan` with the shared cache on: what another worker published is a hit (to download), not a miss."""
-    from stoker.plan_steps import cached_row
+    from stoker.plan.rows import cached_row
     from stoker.run import RunContext
-    from stoker.spec_load import parse_spec
+    from stoker.spec.load import parse_spec
 
     calls: list = []
     published, _ = SharedStore(StepStore(tmp_path / "a" / "cache"), storage).get("quantize", "k-plan", _produce(calls),

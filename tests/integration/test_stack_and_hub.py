@@ -1,4 +1,4 @@
-"""The local stack against real processes: service lifecycle, moto S3, the olah Hub mirror, stoker.hub."""
+"""The local stack against real processes: service lifecycle, moto S3, the olah Hub mirror, stoker.storage.hub."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from stoker import hub, progress
+from stoker.storage import hub
+from stoker.record import progress
 from stoker.stack import hub_mirror, s3server, services
 from stoker.workers import tinymodel
 
@@ -189,7 +190,7 @@ def test_tiny_model_other_seed_differs(tiny_model: tuple[Path, dict[str, str]], 
     assert files["tokenizer.json"] == tiny_model[1]["tokenizer.json"]
 
 
-# --- Hub mirror + stoker.hub --------------------------------------------------------------
+# --- Hub mirror + stoker.storage.hub --------------------------------------------------------------
 
 
 @dataclass(frozen=True)

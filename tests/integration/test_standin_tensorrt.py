@@ -20,7 +20,7 @@ import pytest
 import yaml
 from operate_helpers import free_base_port
 
-from stoker import docker_engine as engine
+from stoker.containers import engine
 from stoker.demo import DEMO_SPEC
 
 pytestmark = [pytest.mark.docker, pytest.mark.s3, pytest.mark.hub, pytest.mark.prefect, pytest.mark.slow]
@@ -79,7 +79,7 @@ def test_a_tensorrt_spec_runs_end_to_end_on_the_standin_and_a_rebuild_switches_g
     assert m1["steps"]["switch"]["status"] == "completed"
     client = engine.connect()
     [backend] = engine.containers(client, spec_data["deploy"]["name"], role=engine.ROLE_BACKEND)
-    assert backend.labels["ai.stoker.standin"] == "true" and backend.labels["ai.stoker.gpus"] == "0"
+    assert backend.labels["ai.stoker.gpu.standin"] == "true" and backend.labels["ai.stoker.gpus"] == "0"
     assert backend.image.tags == ["stoker/triton-standin:2.51.0-cpu"]
     # The repository rendered for TensorRT-LLM's backend, mounted as the package step wrote it: its config is
     # byte for byte what stoker rendered (backend tensorrtllm, gpt_model_path and all).
@@ -105,6 +105,6 @@ def test_a_tensorrt_spec_runs_end_to_end_on_the_standin_and_a_rebuild_switches_g
     assert back.returncode == 0, back.stdout[-3000:] + back.stderr[-3000:]
     [backend3] = engine.containers(client, spec_data["deploy"]["name"], role=engine.ROLE_BACKEND)
     assert backend3.labels[engine.LABEL_DIGEST] == m1["steps"]["deploy"]["digest"]
-    assert backend3.labels["ai.stoker.gpus"] == "0" and backend3.labels["ai.stoker.standin"] == "true"
+    assert backend3.labels["ai.stoker.gpus"] == "0" and backend3.labels["ai.stoker.gpu.standin"] == "true"
     shown = _stoker(["status", spec_data["deploy"]["name"]], env, timeout=120)
     assert shown.returncode == 0 and "GPUs 0 STAND-IN (not TensorRT-LLM)" in shown.stdout, shown.stdout

@@ -32,7 +32,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, 
 from stoker.runtime.generate import generate
 from stoker.runtime.model import load_model
 from stoker.stack import local_triton
-from stoker.triton_models import install_model_code
+from stoker.triton.models import install_model_code
 
 CORPUS = [
     "The quick brown fox jumps over the lazy dog.",

@@ -13,7 +13,7 @@ import pytest
 from stoker.errors import SpecError
 from stoker.serving import api_keys, haproxy
 from stoker.serving.ports import Ports
-from stoker.spec_load import parse_spec
+from stoker.spec.load import parse_spec
 
 BASE = {"model": {"repo_id": "org/model"}, "storage": {"bucket": "bkt"}}
 KEY_A, KEY_B = "k-" + "a" * 30, "k-" + "b" * 30
@@ -100,7 +100,7 @@ def test_rotation_is_one_transaction_on_the_runtime_api():
 
 
 def test_preflight_reads_keys_and_tls_files_in_one_line_before_any_heavy_step(tmp_path):
-    from stoker.preflight import check_endpoint
+    from stoker.plan.preflight import check_endpoint
     from stoker.serving.deployment import TlsError
 
     (tmp_path / "keys.txt").write_text(f"{KEY_A}\n{KEY_B}\n")

@@ -73,7 +73,7 @@ def test_the_table_says_chunks_in_every_header_that_is_not_tokens():
 
 def test_bench_refuses_without_a_tokenizer_before_sending_anything(tmp_path, capsys, monkeypatch):
     # No daemon to ask which deployment serves the port (a fast test reaches no service: tests/tiers.py).
-    from stoker import docker_engine
+    from stoker.containers import engine as docker_engine
 
     def no_daemon(*_a, **_kw):
         raise docker_engine.DockerUnavailable("no Docker daemon here")

@@ -11,7 +11,7 @@ pytest.importorskip("transformers")
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from stoker import triton_config as tc
+from stoker.triton import config as tc
 from stoker.runtime.generate import generate
 from stoker.runtime.model import load_model
 

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from stoker.child import run_module
+from stoker.orchestration.child import run_module
 from stoker.errors import ChildProcessFailed
 
 HANGING = '''

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 from prefect_aws import AwsCredentials
 
-from stoker import credentials
-from stoker.credentials import AwsKeys, CredentialsError, aws_keys, client_kwargs, container_env, keys_from_block
-from stoker.spec import Storage
+from stoker.storage import credentials
+from stoker.storage.credentials import AwsKeys, CredentialsError, aws_keys, client_kwargs, container_env, keys_from_block
+from stoker.spec.schema import Storage
 
 SECRET = "s3cr3t-never-printed"
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from stoker.docker_engine import BackendSpec, triton_args
+from stoker.containers.engine import BackendSpec, triton_args
 from stoker.serving import haproxy
 from stoker.serving.ports import (
     NoFreePorts,
@@ -135,7 +135,7 @@ def test_ending_a_slots_streams_covers_every_section():
 
 
 def test_in_flight_sums_the_gauges_of_requests_begun_and_queued():
-    from stoker.triton_metrics import in_flight
+    from stoker.triton.metrics import in_flight
 
     text = """# TYPE stoker_requests_in_flight gauge
 stoker_requests_in_flight{model="tensorrt_llm"} 1

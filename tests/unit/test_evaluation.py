@@ -12,9 +12,9 @@ import pytest
 from stoker.errors import SpecError
 from stoker.evaluation import metrics
 from stoker.evaluation.data import EvalDataError, cut, read_text, same_text
-from stoker.keys import DEFAULT_CALIBRATION
-from stoker.plan import check_evaluation
-from stoker.spec_load import parse_spec
+from stoker.cache.keys import DEFAULT_CALIBRATION
+from stoker.plan.compose import check_evaluation
+from stoker.spec.load import parse_spec
 
 BASE = {"model": {"repo_id": "org/tiny"}, "storage": {"bucket": "bucket-a"}}
 

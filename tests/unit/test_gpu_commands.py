@@ -6,8 +6,8 @@ from pathlib import Path
 
 from stoker.gpu import matrix, trtllm
 from stoker.gpu.facts import choose_end_id, from_config, known
-from stoker.keys import gpu_build_key
-from stoker.spec_load import load_spec
+from stoker.cache.keys import gpu_build_key
+from stoker.spec.load import load_spec
 
 SPECS = Path(__file__).resolve().parents[2] / "deployments" / "specs"
 LLAMA = known("meta-llama/Meta-Llama-3-8B-Instruct")

@@ -10,12 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from stoker import targets, triton_config
+from stoker import targets
+from stoker.triton import config as triton_config
 from stoker.gpu import inflight, matrix, openai_frontend, repository, rules, trtllm
 from stoker.gpu.facts import known
 from stoker.gpu.rules import PlanRefused
 from stoker.serving.ports import Ports
-from stoker.spec_load import load_spec, parse_spec
+from stoker.spec.load import load_spec, parse_spec
 
 SPECS = Path(__file__).resolve().parents[2] / "deployments" / "specs"
 CURRENT = "nvcr.io/nvidia/tritonserver:26.07-trtllm-python-py3"

@@ -9,7 +9,7 @@ from stoker.errors import PlanRefused, SpecError
 from stoker.gpu import matrix, planning, rollout
 from stoker.gpu.facts import from_config, known
 from stoker.gpu.rollout import Backend, choose, shared_kv_bytes
-from stoker.spec_load import parse_spec
+from stoker.spec.load import parse_spec
 
 CURRENT = "nvcr.io/nvidia/tritonserver:26.07-trtllm-python-py3"
 GIB = 1 << 30
@@ -243,7 +243,7 @@ def test_the_shared_cap_reaches_the_rendered_config_and_surge_leaves_it_alone():
 
 
 def test_replicas_take_gpu_sets_of_their_own_and_too_many_are_refused_in_one_line():
-    from stoker.spec_load import parse_spec as parse
+    from stoker.spec.load import parse_spec as parse
 
     def with_replicas(count, n):
         return parse({"model": {"repo_id": "meta-llama/Meta-Llama-3-8B-Instruct"}, "storage": {"bucket": "bkt"},

@@ -9,7 +9,7 @@ import pytest
 from stoker.gpu import matrix, rules
 from stoker.gpu.facts import known
 from stoker.gpu.rules import PlanRefused
-from stoker.spec_load import parse_spec
+from stoker.spec.load import parse_spec
 
 CURRENT = "nvcr.io/nvidia/tritonserver:26.07-trtllm-python-py3"
 LLAMA = known("meta-llama/Meta-Llama-3-8B-Instruct")

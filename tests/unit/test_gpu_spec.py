@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from stoker.errors import SpecError
-from stoker.spec_load import parse_spec
+from stoker.spec.load import parse_spec
 
 BASE = {"model": {"repo_id": "org/model"}, "storage": {"bucket": "my-bucket"}}
 
@@ -48,7 +48,7 @@ def test_kv_int8_only_for_gpu_targets():
 def test_example_gpu_specs_validate():
     from pathlib import Path
 
-    from stoker.spec_load import load_spec
+    from stoker.spec.load import load_spec
 
     specs = sorted((Path(__file__).resolve().parents[2] / "deployments" / "specs").glob("llama3-*.yaml"))
     assert len(specs) >= 6

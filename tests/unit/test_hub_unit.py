@@ -1,4 +1,4 @@
-"""stoker.hub without a server: file selection and error mapping."""
+"""stoker.storage.hub without a server: file selection and error mapping."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import httpx2
 import pytest
 from huggingface_hub.utils import hf_raise_for_status
 
-from stoker import hub
+from stoker.storage import hub
 
 ENDPOINT = "http://127.0.0.1:9"
 TOKEN = "hf_unit_test_secret_token_value"

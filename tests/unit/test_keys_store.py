@@ -3,10 +3,10 @@ import os
 
 import pytest
 
-from stoker.digest import FileRecord, records_digest, tree_records
-from stoker.keys import build_key, package_key, quantize_key, step_key
-from stoker.spec_load import parse_spec
-from stoker.store import StepStore
+from stoker.storage.digest import FileRecord, records_digest, tree_records
+from stoker.cache.keys import build_key, package_key, quantize_key, step_key
+from stoker.spec.load import parse_spec
+from stoker.storage.store import StepStore
 
 BASE = {"model": {"repo_id": "org/model"}, "storage": {"bucket": "my-bucket"}}
 

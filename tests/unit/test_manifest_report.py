@@ -1,9 +1,9 @@
 import json
 
-from stoker.manifest import build_manifest, write_local
-from stoker.report import benchmark_rows, level_label, markdown
+from stoker.record.manifest import build_manifest, write_local
+from stoker.record.report import benchmark_rows, level_label, markdown
 from stoker.run import Output, RunContext, StepResult
-from stoker.spec_load import parse_spec
+from stoker.spec.load import parse_spec
 
 SPEC = parse_spec({"model": {"repo_id": "org/m", "revision": "main"}, "storage": {"bucket": "b-1"}})
 STATS = {"mean": 12.0, "min": 10.0, "max": 20.0, "std": 1.0, "p50": 11.0, "p90": 15.0, "p95": 18.0, "p99": 19.5}

@@ -4,9 +4,9 @@ manifests, the ranking rule and the report."""
 import pytest
 
 from stoker.errors import SpecError
-from stoker.matrix import Entry, comparison_row, entry_spec, markdown, pick_best, plan_entries
-from stoker.spec import Ports
-from stoker.spec_load import parse_spec
+from stoker.plan.matrix import Entry, comparison_row, entry_spec, markdown, pick_best, plan_entries
+from stoker.spec.schema import Ports
+from stoker.spec.load import parse_spec
 
 SPEC = parse_spec({"model": {"repo_id": "org/m", "revision": "main"}, "storage": {"bucket": "b-1"},
                    "deploy": {"name": "tiny"}})

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from stoker import model_checks
+from stoker.plan import model_checks
 from stoker.gpu import decoders, rules
 from stoker.gpu.facts import from_config
 from stoker.gpu.rules import PlanRefused
-from stoker.spec_load import parse_spec
+from stoker.spec.load import parse_spec
 
 CURRENT = "nvcr.io/nvidia/tritonserver:26.07-trtllm-python-py3"
 LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 256, "intermediate_size": 512,
@@ -147,7 +147,7 @@ def test_no_facts_no_model_refusals():
 def test_plan_reads_the_local_checkpoints_config_before_any_download(tmp_path):
     import json
 
-    from stoker.plan import check_model
+    from stoker.plan.compose import check_model
 
     (tmp_path / "config.json").write_text(json.dumps({**LLAMA, "architectures": ["GemmaForCausalLM"],
                                                       "model_type": "gemma"}))

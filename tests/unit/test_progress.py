@@ -1,4 +1,4 @@
-"""stoker.progress: the reporter's cadence, terminal detection, thread safety and artifact updates, and the
+"""stoker.record.progress: the reporter's cadence, terminal detection, thread safety and artifact updates, and the
 child-process progress protocol (issue 14 item 7)."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ import threading
 
 import pytest
 
-from stoker import progress
-from stoker.child import run_module
+from stoker.record import progress
+from stoker.orchestration.child import run_module
 from stoker.errors import ChildProcessFailed
-from stoker.progress import ChildProgress, Progress, child_line, parse_child_line
+from stoker.record.progress import ChildProgress, Progress, child_line, parse_child_line
 from stoker.stack.image import BUILD_SH, BUILD_SH_PHASES, build_sh_phase, docker_build_step
 
 
@@ -212,7 +212,7 @@ def test_child_progress_opens_one_reporter_per_label_and_ends_it_at_its_total():
 
 WORKER = """
 import json, sys
-from stoker.progress import child_line
+from stoker.record.progress import child_line
 print("loading", file=sys.stderr)
 for done in range(5):
     child_line("calibration pass 1", done, 4, "batch")
@@ -274,7 +274,7 @@ def test_snapshot_downloads_bytes_written_bar_feeds_the_download_progress():
 
     import huggingface_hub._snapshot_download as snapshot
 
-    from stoker.hub import _bars_into
+    from stoker.storage.hub import _bars_into
 
     # huggingface_hub 2.4 (pinned) names its three bars so; every file's bytes go to the "Reconstructing" one.
     source = inspect.getsource(snapshot.snapshot_download)

@@ -54,8 +54,8 @@ def test_the_metrics_port_serves_v1_only_where_the_backends_host_tritons_openai_
 def test_an_engine_spec_with_the_frontend_names_its_openai_endpoint_on_the_stable_metrics_port():
     from pathlib import Path
 
-    from stoker.rollout import target_for
-    from stoker.spec_load import load_spec
+    from stoker.serving.rollout import target_for
+    from stoker.spec.load import load_spec
 
     spec = load_spec(Path(__file__).resolve().parents[2] / "deployments/specs/llama3-8b-fp8-h100-engine.yaml")
     target = target_for(spec)

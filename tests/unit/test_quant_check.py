@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from stoker.quant_check import (
+from stoker.plan.quant_check import (
     QuantCheckError,
     check_checkpoint,
     read_safetensors_header,
@@ -269,6 +269,6 @@ def test_header_reader_matches_safetensors_library(tmp_path):
 
 
 def test_module_does_not_import_torch():
-    code = "import sys, stoker.quant_check; sys.exit(1 if 'torch' in sys.modules else 0)"
+    code = "import sys, stoker.plan.quant_check; sys.exit(1 if 'torch' in sys.modules else 0)"
     root = Path(__file__).resolve().parents[2]
     assert subprocess.run([sys.executable, "-c", code], cwd=root, check=False).returncode == 0

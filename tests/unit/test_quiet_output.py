@@ -7,12 +7,12 @@ import sys
 import pytest
 import yaml
 
-from stoker.child import run_module
+from stoker.orchestration.child import run_module
 from stoker.demo import DEMO_SPEC
 from stoker.errors import ChildProcessFailed
-from stoker.rollout import backend_spec
+from stoker.serving.rollout import backend_spec
 from stoker.serving.triton_log import shown
-from stoker.spec_load import parse_spec
+from stoker.spec.load import parse_spec
 from stoker.workers.quantize import calibration_tokens, text_windows
 
 # ---- Triton's output in the run log: warnings and errors, not its startup story -----------------------

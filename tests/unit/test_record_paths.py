@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from stoker.digest import FileRecord, unsafe_record
+from stoker.storage.digest import FileRecord, unsafe_record
 
 SHA = "a" * 64
 

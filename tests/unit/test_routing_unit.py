@@ -10,7 +10,7 @@ import pytest
 from stoker.errors import StokerError
 from stoker.run import RunContext, cached_step
 from stoker.errors import SpecError
-from stoker.spec_load import parse_spec
+from stoker.spec.load import parse_spec
 
 BASE = {"model": {"repo_id": "org/model"}, "storage": {"bucket": "abc"}}
 
@@ -67,8 +67,9 @@ def test_a_routed_step_missing_from_the_cache_is_an_error_not_a_build_here(tmp_p
 
 
 def test_plan_says_where_a_routed_miss_runs(monkeypatch, tmp_path: Path):
-    from stoker import plan, targets
-    from stoker.plan import PlannedStep
+    from stoker import targets
+    from stoker.plan import compose as plan
+    from stoker.plan.compose import PlannedStep
 
     rows = [PlannedStep("fetch", "k0", "hit"), PlannedStep("quantize", "k1", "miss"),
             PlannedStep("build", None, "pending", "key known once the previous step has run")]
@@ -82,7 +83,7 @@ def test_plan_says_where_a_routed_miss_runs(monkeypatch, tmp_path: Path):
 
 
 def test_overhead_is_the_wall_time_no_step_covered():
-    from stoker.manifest import covered_s
+    from stoker.record.manifest import covered_s
     from stoker.run import StepResult
 
     def step(name, start, dur):

@@ -7,9 +7,9 @@ from boto3.exceptions import S3UploadFailedError
 from botocore.exceptions import (ClientError, ConnectionClosedError, ConnectTimeoutError, EndpointConnectionError,
                                  NoCredentialsError, ReadTimeoutError, SSLError)
 
-from stoker import s3
+from stoker.storage import s3
 from stoker.errors import is_transient
-from stoker.spec import Storage
+from stoker.spec.schema import Storage
 
 STORAGE = Storage(bucket="bkt", endpoint_url="http://127.0.0.1:9")
 URL = "http://127.0.0.1:9/bkt/k"

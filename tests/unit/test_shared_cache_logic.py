@@ -9,7 +9,7 @@ import pytest
 
 from stoker.cache import lease, prune, sweep
 from stoker.errors import SpecError
-from stoker.spec_load import parse_spec
+from stoker.spec.load import parse_spec
 
 BASE = {"model": {"repo_id": "org/model"}, "storage": {"bucket": "my-bucket"}}
 

@@ -1,7 +1,7 @@
 import pytest
 
 from stoker.errors import SpecError
-from stoker.spec_load import load_spec, parse_spec
+from stoker.spec.load import load_spec, parse_spec
 
 BASE = {"model": {"repo_id": "org/model"}, "storage": {"bucket": "my-bucket"}}
 

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from stoker import stack_specs
+from stoker.spec import stack as stack_specs
 from stoker.commands.deploy_flows import check_stack_specs
-from stoker.spec_load import parse_spec
+from stoker.spec.load import parse_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 

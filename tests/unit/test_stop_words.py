@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from stoker.gpu.facts import from_config, known
-from stoker.triton_models.stop_words import StopIds, collect, from_word_list, ids, to_word_lists
+from stoker.triton.models.stop_words import StopIds, collect, from_word_list, ids, to_word_lists
 
 
 def test_ids_reads_an_int_a_list_or_nothing():

@@ -11,12 +11,12 @@ import contextlib
 import pytest
 
 import flows.build_and_deploy as flow_module
-from stoker import plan as plan_module
+from stoker.plan import compose as plan_module
 from stoker import targets
 from stoker.errors import SpecError
-from stoker.plan import PlannedStep
+from stoker.plan.compose import PlannedStep
 from stoker.run import RunContext, StepResult
-from stoker.spec_load import parse_spec
+from stoker.spec.load import parse_spec
 from stoker.targets.base import Target
 
 BASE = {"model": {"repo_id": "org/model"}, "storage": {"bucket": "my-bucket"}}
@@ -91,7 +91,7 @@ def calls(monkeypatch) -> list[str]:
     import tasks.triton_client
     import tasks.triton_repo
     import tasks.trtllm
-    from stoker import gpu_slot
+    from stoker.orchestration import gpu_slot
 
     seen: list[str] = []
     for module, attr, step in [
@@ -139,7 +139,7 @@ def test_the_three_targets_are_their_modules():
     assert [(t.name, t.runs_on, t.layout) for t in (ref, trt, pt)] == [
         ("reference", "cpu", "ensemble"), ("tensorrt", "gpu", "inflight_batcher_llm"), ("pytorch", "gpu", "llmapi")]
     assert targets.names()[0] == "reference" and set(targets.names()) == {"reference", "tensorrt", "pytorch"}
-    # The formats come from stoker/model_checks.py, not from a list of the target's own.
+    # The formats come from stoker/plan/model_checks.py, not from a list of the target's own.
     assert ref.formats() == ["fp8", "int4_awq", "int8_sq", "w4a8_awq"]
     assert "nvfp4" in trt.formats() and "int8_sq" not in pt.formats()
 

@@ -1,8 +1,8 @@
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from stoker import triton_config as tc
-from stoker.triton_config import RepoSettings
+from stoker.triton import config as tc
+from stoker.triton.config import RepoSettings
 
 POSTPROCESSING = '''name: "postprocessing"
 max_batch_size: 4

@@ -1,0 +1,116 @@
+"""Cache keys: inputs' digests + the spec section + tool versions.
+
+A changed byte anywhere in what a step consumes changes its key. Pure.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..storage.digest import file_sha256, json_digest
+from ..spec.schema import Spec
+from ..versions import code_digest, pick
+
+
+def step_key(step: str, *, inputs: dict[str, str], config: dict, versions: dict[str, str]) -> str:
+    """Content key of one step run; the first 24 hex chars are plenty to avoid collisions."""
+    return json_digest({"step": step, "inputs": inputs, "config": config, "versions": versions})[:24]
+
+
+# ---- the pipeline's keys; `stoker plan` and the tasks share these ----
+
+DEFAULT_CALIBRATION = Path(__file__).resolve().parents[1] / "data" / "calibration.txt"
+
+
+def calibration_file(spec: Spec) -> Path:
+    return spec.quantization.calibration.text_file or DEFAULT_CALIBRATION
+
+
+def fetch_key(spec: Spec, source_id: str) -> str:
+    """source_id: the resolved commit sha, or the digest of a local folder."""
+    m = spec.model
+    return step_key("fetch", inputs={"source": source_id},
+                    config={"repo_id": m.repo_id, "local": m.local_path is not None, "allow_pickle": m.allow_pickle},
+                    versions={"code": code_digest("storage/hub.py")})
+
+
+def quantize_key(spec: Spec, weights_digest: str) -> str:
+    q = spec.quantization
+    inputs = {"weights": weights_digest}
+    versions = {"code": code_digest("workers/quantize.py")}
+    if q.format != "none":
+        inputs["calibration"] = file_sha256(calibration_file(spec))
+        versions |= pick("nvidia-modelopt", "torch", "transformers")
+    return step_key("quantize", inputs=inputs, config=q.model_dump(mode="json", exclude={"calibration": {"text_file"}}),
+                    versions=versions)
+
+
+def build_key(spec: Spec, checkpoint_digest: str) -> str:
+    return step_key("build", inputs={"checkpoint": checkpoint_digest}, config={"target": spec.target},
+                    versions=pick("torch", "safetensors") | {
+                        "code": code_digest("workers/build_reference.py", "runtime/dequant.py")})
+
+
+def package_key(spec: Spec, build_digest: str) -> str:
+    return step_key("package", inputs={"build": build_digest}, config=spec.triton.model_dump(mode="json"),
+                    versions=pick("tritonclient") | {
+                        "code": code_digest("triton/models", "runtime", "triton/config.py", "triton/repository.py")})
+
+
+# ---- GPU targets (tensorrt, pytorch): one key covers all GPU work (quantize + checkpoint + engine) ----
+
+def gpu_build_key(spec: Spec, weights_digest: str) -> str:
+    """Weights digest + quant config (+ calibration text) + build config + image digest/TRT-LLM version +
+    GPU architecture: engines are tied to all of them. A hit skips every GPU step."""
+    from ..gpu import matrix
+
+    q = spec.quantization
+    inputs = {"weights": weights_digest}
+    if q.format != "none":
+        inputs["calibration"] = file_sha256(calibration_file(spec))
+    image = matrix.image_info(spec.deploy.image)
+    gpu = matrix.gpu_info(spec.gpus.type) if spec.gpus else None
+    config = {"target": spec.target, "quantization": q.model_dump(mode="json", exclude={"calibration": {"text_file"}}),
+              "parallel": spec.parallel.model_dump(mode="json"),
+              # The LLM-API target builds nothing: its build limits apply at load time (package key).
+              "build": spec.build.model_dump(mode="json", exclude={"image"}) if spec.target == "tensorrt" else None}
+    versions = {"image": spec.deploy.image_digest or spec.deploy.image, "trtllm": image.trtllm if image else None,
+                "gpu_arch": gpu.arch if gpu and spec.target == "tensorrt" else None,
+                "code": code_digest("gpu/quantize_worker.py", "gpu/checkpoint_check.py", "gpu/trtllm.py")}
+    return step_key("gpu-build", inputs=inputs, config=config, versions=versions)
+
+
+def gpu_package_key(spec: Spec, build_digest: str) -> str:
+    return step_key("gpu-package", inputs={"build": build_digest},
+                    config={"target": spec.target, "triton": spec.triton.model_dump(mode="json"),
+                            "runtime": spec.runtime.model_dump(mode="json"), "build": spec.build.model_dump(mode="json"),
+                            "parallel": spec.parallel.model_dump(mode="json")},
+                    versions=pick("tritonclient") | {"code": code_digest("gpu", "triton/models", "triton/config.py")})
+
+
+# ---- evaluation: measurements are cached; the verdict (thresholds) is judged again every run ----
+
+def baseline_key(weights_digest: str, evalset_digest: str, tolerance: float) -> str:
+    """The unquantized build of the weights, scored on the evaluation set and checked against transformers:
+    everything it depends on is the weights, the data and the build, runtime and metric code."""
+    return step_key("baseline", inputs={"weights": weights_digest, "evalset": evalset_digest},
+                    config={"tolerance": tolerance}, versions=pick("torch", "transformers", "safetensors") | {
+                        "code": code_digest("workers/evaluate_baseline.py", "workers/build_reference.py",
+                                            "runtime", "evaluation")})
+
+
+def evaluate_key(served_digest: str, evalset_digest: str, lm_eval: dict | None) -> str:
+    """The served repository's scores: the same digest, data and metric code give the same numbers."""
+    return step_key("evaluate", inputs={"served": served_digest, "evalset": evalset_digest},
+                    config={"lm_eval": lm_eval},
+                    versions={"code": code_digest("evaluation")}
+                    | ({"lm_eval_code": code_digest("workers/lm_eval_run.py")} | pick("lm-eval") if lm_eval else {}))
+
+
+def benchmark_key(backend: dict, benchmark: dict) -> str:
+    """One running backend (its container, ports, digest and the run that started it) measured with the same
+    load and code gives the same figures: an unchanged rerun reuses them. The gate's thresholds are not
+    part of the measurement."""
+    return step_key("benchmark", inputs={"backend": json_digest(backend)},
+                    config={k: v for k, v in benchmark.items() if k not in ("gate", "remeasure")},
+                    versions={"code": code_digest("bench")})

@@ -1,0 +1,1 @@
+"""The Docker engine: stoker's containers, and running one pipeline step inside an image."""

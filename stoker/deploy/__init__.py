@@ -1,0 +1,1 @@
+"""A deployment's life above the serving mechanics: rollout strategies, built on the targets, and the way back."""

@@ -1,0 +1,404 @@
+"""Rollout strategies behind a deployment's stable endpoint, and the way back.
+
+Both strategies keep the address: clients talk to the deployment's proxy (``serving``), which
+owns the spec's ports for the deployment's whole life.
+
+``replace`` (default): a candidate backend is started on the free slot, proven (ready through a
+settle window, a smoke inference streamed through ``ensemble``), then gated by the caller
+(benchmark, evaluation) on its own ports, before it gets any traffic. ``go_live`` switches the
+proxy, watches the new backend while the old one stays warm, switches back on a fault, and only
+then retires the old one (``serving.promote``).
+
+``reload``: one long-lived backend started with ``--model-control-mode=explicit`` serves a *live*
+repository in S3 (``<prefix>/live/<name>/model_repository``). A new build is published into it as
+the next numeric version of every model, then loaded through Triton's model-control API
+(``POST /v2/repository/models/M/load``): Triton loads the new version next to the serving one and
+retires the old one only after the load succeeded. There is no second backend, so the smoke
+inference and the gates run on the live backend after the load; a failure loads the previous
+version back. ``<prefix>/live/<name>/stoker-live.json`` records which digest each version holds.
+The first reload deploy (no reload backend yet) is staged and promoted like ``replace``.
+
+Errors: ``RolloutError`` / ``PromotionFailed`` / ``DeployError`` (one-line cause).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+
+import docker.errors
+from botocore.exceptions import ClientError
+
+from .. import targets
+from ..storage import credentials
+from ..containers import engine as docker_engine
+from ..storage import s3
+from ..errors import StokerError
+from ..run import stoker_home
+from ..gpu import openai_frontend
+from ..serving import api_keys, openai_service, probe, promote, stop_first
+from ..containers.ports import Ports
+from ..spec.schema import Spec, Storage
+from ..triton.config import ENSEMBLE_NAME, MODEL_NAME
+
+Log = Callable[[str], None]
+LIVE_STATE = "stoker-live.json"
+GPUS_LABEL = "ai.stoker.gpus"  # stoker.targets.gpu.GPUS_LABEL: the device ids a backend holds
+# Composing models before the ensemble, so the ensemble's first request after its
+# reload already meets the new versions.
+LOAD_ORDER = ("preprocessing", MODEL_NAME, "postprocessing", ENSEMBLE_NAME)
+EXPLICIT_ARGS = ["--model-control-mode=explicit", "--load-model=*"]
+
+
+class RolloutError(StokerError):
+    """A rollout or rollback failed; the message's first line is the cause."""
+
+
+# ---------------------------------------------------------------- pure parts
+
+
+def live_prefix(storage: Storage, name: str) -> str:
+    return f"{storage.prefix}/live/{name}"
+
+
+def live_digest(storage: Storage, name: str) -> str:
+    """A stable stand-in for the backend's digest label: the reload backend never changes repository."""
+    return "live-" + hashlib.sha256(f"{storage.bucket}/{live_prefix(storage, name)}".encode()).hexdigest()[:40]
+
+
+def version_key(src_key: str, src_root: str, dst_root: str, version: int) -> str | None:
+    """Where an object of a built repository goes in the live one: ``M/1/rest`` → ``M/<version>/rest``.
+
+    ``M/config.pbtxt`` keeps its place (returned unchanged under dst_root); anything else
+    (a marker outside the model folders) is not part of the repository: None.
+    """
+    rel = src_key.removeprefix(src_root).lstrip("/")
+    parts = rel.split("/")
+    if len(parts) >= 2 and parts[1] == "config.pbtxt" and len(parts) == 2:
+        return f"{dst_root}/{rel}"
+    if len(parts) >= 3 and parts[1].isdigit():
+        return f"{dst_root}/{parts[0]}/{version}/{'/'.join(parts[2:])}"
+    return None
+
+
+def target_for(spec: Spec) -> promote.Target:
+    d = spec.deploy
+    return promote.Target(name=d.name, listen=Ports(d.ports.http, d.ports.grpc, d.ports.metrics),
+                          proxy_image=d.proxy_image, state_dir=stoker_home() / "proxy" / d.name, address=d.listen,
+                          keys=api_keys.load(d.api_keys) if d.api_keys else None,
+                          tls=(d.tls.cert_file, d.tls.key_file) if d.tls else None,
+                          # The OpenAI service runs on the CPU image's Python; GPU images are not built here: the
+                          # engine target's backends host Triton's own frontend instead, on their metrics port.
+                          openai_image=d.image if d.openai and targets.get(spec.target).openai_service else "",
+                          openai_on_metrics=openai_frontend.renders(spec), replicas=d.replicas)
+
+
+def backend_spec(spec: Spec, repository_uri: str, digest: str, env: dict[str, str], run_id: str = "",
+                 reload: bool | None = None, gpus: tuple[int, ...] = ()) -> docker_engine.BackendSpec:
+    """The backend for this spec: what its target supplies (image, command, mounts, devices: stoker/targets/) and
+    what every backend shares; reload mode always serves the live repository, explicitly."""
+    d = spec.deploy
+    fields = targets.get(spec.target).backend(spec, repository_uri, gpus)
+    extra = list(fields.pop("extra_args", []))
+    env = fields.pop("env", env)  # a target that reads no S3 (a mounted repository) is given no credentials
+    if d.rollout == "reload" if reload is None else reload:
+        fields["repository_uri"] = s3.triton_uri(spec.storage, f"{live_prefix(spec.storage, d.name)}/model_repository")
+        digest = live_digest(spec.storage, d.name)
+        extra += EXPLICIT_ARGS
+    return docker_engine.BackendSpec(
+        name=d.name, repo_digest=digest, env=env, shm_size=d.shm_size,
+        ulimits={k: (v.soft, v.hard) for k, v in d.ulimits.items()}, ready_timeout_s=d.ready_timeout_s,
+        extra_args=extra, run_id=run_id, **fields)
+
+
+def candidate_gpus(client, spec: Spec, live: promote.topology.Backend | None) -> list[tuple[int, ...]]:
+    """The device ids each replica of a new backend gets (one tuple per replica): under surge the set the live
+    backend does not hold (blue/green across GPU sets), else the one set, split evenly over deploy.replicas;
+    () each on CPU."""
+    n = spec.deploy.replicas
+    sets = targets.get(spec.target).gpu_sets(spec)
+    if not sets:
+        return [()] * n
+    held: tuple[int, ...] = ()
+    if live is not None:
+        try:
+            held = tuple(int(i) for m in (live, *live.members)
+                         for i in client.containers.get(m.container).labels.get(GPUS_LABEL, "").split(",") if i)
+        except docker.errors.NotFound:
+            pass
+    chosen = next((s for s in sets if tuple(sorted(s)) != tuple(sorted(held))), sets[0])
+    each = max(1, len(chosen) // n)
+    return [tuple(chosen[r * each:(r + 1) * each]) for r in range(n)]
+
+
+def backend_specs(spec: Spec, repository_uri: str, digest: str, env: dict[str, str], run_id: str,
+                  gpus: list[tuple[int, ...]], reload: bool | None = None) -> list[docker_engine.BackendSpec]:
+    """One BackendSpec per replica (deploy.replicas), each with its own GPUs."""
+    return [backend_spec(spec, repository_uri, digest, env, run_id, reload=reload, gpus=g) for g in gpus]
+
+
+def container_env(spec: Spec) -> dict[str, str]:
+    return credentials.container_env(spec.storage)
+
+
+# ---------------------------------------------------------------- live repository (S3)
+
+
+def read_live(s3c, storage: Storage, name: str) -> dict:
+    """The live repository's state: {"version": N, "digest": …, "versions": {"N": digest}}; version 0 when empty."""
+    key = f"{live_prefix(storage, name)}/{LIVE_STATE}"
+    try:
+        return json.loads(s3c.get_object(Bucket=storage.bucket, Key=key)["Body"].read())
+    except ClientError as err:
+        if err.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
+            return {"version": 0, "digest": None, "versions": {}}
+        raise
+
+
+def _keys(s3c, bucket: str, prefix: str) -> list[str]:
+    keys: list[str] = []
+    for page in s3c.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+        keys += [o["Key"] for o in page.get("Contents", [])]
+    return keys
+
+
+def publish_version(s3c, storage: Storage, name: str, digest: str, log: Log) -> dict:
+    """Copy the uploaded repository of ``digest`` into the live one as the next version; returns the new state.
+
+    Server-side copies; version files before the configs so Triton never sees a config whose
+    version folder is half there. Publishing the digest that is already live changes nothing.
+    """
+    state = read_live(s3c, storage, name)
+    if state.get("digest") == digest:
+        log(f"reload: digest {digest[:12]} is already live as version {state['version']}")
+        return state
+    src_root = f"{s3.repo_prefix(storage, digest)}/model_repository"
+    dst_root = f"{live_prefix(storage, name)}/model_repository"
+    src = _keys(s3c, storage.bucket, src_root + "/")
+    if not src:
+        raise RolloutError(f"no uploaded repository at s3://{storage.bucket}/{src_root}/ (digest {digest[:12]})")
+    version = int(state.get("version", 0)) + 1
+    pairs = [(k, version_key(k, src_root, dst_root, version)) for k in src]
+    pairs = [(k, d) for k, d in pairs if d]
+    configs = [(k, d) for k, d in pairs if d.endswith("/config.pbtxt") and d.count("/") == dst_root.count("/") + 2]
+    for k, d in [p for p in pairs if p not in configs] + configs:
+        s3c.copy_object(Bucket=storage.bucket, Key=d, CopySource={"Bucket": storage.bucket, "Key": k})
+    new = {"version": version, "digest": digest, "previous": {"version": state.get("version"),
+                                                              "digest": state.get("digest")},
+           "versions": {**state.get("versions", {}), str(version): digest}}
+    s3.put_json(s3c, storage, f"{live_prefix(storage, name)}/{LIVE_STATE}", new)
+    log(f"reload: published digest {digest[:12]} as version {version} ({len(pairs)} objects)")
+    return new
+
+
+def drop_version(s3c, storage: Storage, name: str, version: int) -> None:
+    """Delete one version folder of every live model (configs stay)."""
+    root = f"{live_prefix(storage, name)}/model_repository/"
+    doomed = [k for k in _keys(s3c, storage.bucket, root) if k.removeprefix(root).split("/")[1:2] == [str(version)]]
+    for i in range(0, len(doomed), 1000):
+        s3c.delete_objects(Bucket=storage.bucket, Delete={"Objects": [{"Key": k} for k in doomed[i:i + 1000]]})
+
+
+def revert_live(s3c, storage: Storage, name: str, log: Log) -> dict:
+    """Make the previous version the newest again: drop the newest, restore the previous configs."""
+    state = read_live(s3c, storage, name)
+    prev = (state.get("previous") or {}).get("version")
+    prev_digest = (state.get("previous") or {}).get("digest")
+    if not prev or not prev_digest:
+        raise RolloutError(f"live repository of {name} has no previous version to return to")
+    drop_version(s3c, storage, name, int(state["version"]))
+    src_root = f"{s3.repo_prefix(storage, prev_digest)}/model_repository"
+    dst_root = f"{live_prefix(storage, name)}/model_repository"
+    for k in _keys(s3c, storage.bucket, src_root + "/"):
+        d = version_key(k, src_root, dst_root, prev)
+        if d and d.endswith("/config.pbtxt"):
+            s3c.copy_object(Bucket=storage.bucket, Key=d, CopySource={"Bucket": storage.bucket, "Key": k})
+    versions = {v: dg for v, dg in state.get("versions", {}).items() if int(v) != int(state["version"])}
+    new = {"version": prev, "digest": prev_digest, "previous": None, "versions": versions}
+    s3.put_json(s3c, storage, f"{live_prefix(storage, name)}/{LIVE_STATE}", new)
+    log(f"reload: reverted live repository of {name} to version {prev} (digest {prev_digest[:12]})")
+    return new
+
+
+def prune_versions(s3c, storage: Storage, name: str, keep: int = 2) -> list[int]:
+    """Delete all but the newest ``keep`` versions (the previous one stays for rollback)."""
+    state = read_live(s3c, storage, name)
+    old = sorted(int(v) for v in state.get("versions", {}))[:-keep] if keep else []
+    for v in old:
+        drop_version(s3c, storage, name, v)
+    if old:
+        state["versions"] = {v: d for v, d in state["versions"].items() if int(v) not in old}
+        s3.put_json(s3c, storage, f"{live_prefix(storage, name)}/{LIVE_STATE}", state)
+    return old
+
+
+# ---------------------------------------------------------------- Triton model control
+
+
+def load_model(http_url: str, model: str, admin: dict[str, str], timeout_s: float = 300) -> None:
+    """POST /v2/repository/models/M/load; raises RolloutError with Triton's one-line reason.
+
+    ``admin``: the header that opens the backend's restricted model-control API (docker_engine.admin_headers)."""
+    req = urllib.request.Request(f"{http_url}/v2/repository/models/{model}/load", data=b"{}", method="POST",
+                                 headers={"Content-Type": "application/json", **admin})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout_s):
+            return
+    except urllib.error.HTTPError as err:
+        try:
+            reason = json.loads(err.read() or b"{}").get("error", "")
+        except ValueError:
+            reason = ""
+        raise RolloutError(f"Triton refused to load {model}: HTTP {err.code} {reason.splitlines()[0] if reason else ''}"
+                           ) from None
+    except OSError as err:
+        raise RolloutError(f"Triton at {http_url} did not answer the load of {model}: {err}") from None
+
+
+def load_all(client, backend: promote.BackendRef, log: Log, models: tuple[str, ...] = LOAD_ORDER) -> float:
+    admin = docker_engine.admin_headers(client.containers.get(backend.container))
+    t0 = time.perf_counter()
+    for m in models:
+        load_model(backend.http, m, admin)
+    took = time.perf_counter() - t0
+    log(f"reload: loaded {', '.join(models)} in {took:.1f} s")
+    return took
+
+
+# ---------------------------------------------------------------- the promotion, strategy by strategy
+
+
+def stage(spec: Spec, repository_uri: str, digest: str, run_id: str, log: Log) -> dict:
+    """Reconcile, then prepare ``digest`` to serve without giving it traffic; returns the staging record.
+
+    Keys: strategy, reused (the digest already serves), in_place (reload: loaded into the live
+    backend), candidate and previous (BackendRef dicts), endpoint (the stable addresses),
+    version / previous_version (reload).
+    """
+    d = spec.deploy
+    client = docker_engine.connect(d.docker_host)
+    target = target_for(spec)
+    live = promote.reconcile(client, target, log)
+    previous = promote.BackendRef.of(live).to_dict() if live else None
+    out = {"strategy": d.rollout, "endpoint": target.endpoint, "previous": previous, "reused": False,
+           "in_place": False, "digest": digest, "repository_uri": repository_uri, "image": d.image}
+    env = container_env(spec)
+    if d.rollout == "reload":
+        s3c = s3.client(spec.storage)
+        before = read_live(s3c, spec.storage, d.name)
+        state = publish_version(s3c, spec.storage, d.name, digest, log)
+        out.update(version=state["version"], previous_version=before.get("version") or None)
+        if live is not None and live.digest == live_digest(spec.storage, d.name):
+            out.update(candidate=previous, in_place=True)
+            if state["version"] == before.get("version"):
+                out["reused"] = True
+                return out
+            ref = promote.BackendRef.of(live)
+            try:
+                out["load_s"] = load_all(client, ref, log)
+                probe.smoke(ref.http)
+            except (RolloutError, probe.ProbeFailed):
+                # Triton keeps the old version when a load fails; make S3 agree, then load it back.
+                revert_live(s3c, spec.storage, d.name, log)
+                load_all(client, ref, log)
+                _follow_in_place(client, target, ref, log)
+                raise
+            _follow_in_place(client, target, ref, log)
+            return out
+    elif live is not None and live.digest == digest:
+        log(f"{live.container} already serves digest {digest[:12]}; reusing it")
+        out.update(candidate=previous, reused=True)
+        return out
+    bspec = backend_specs(spec, repository_uri, digest, env, run_id, candidate_gpus(client, spec, live))
+    out.update(image=bspec[0].image, gpus=[i for b in bspec for i in b.labels.get(GPUS_LABEL, "").split(",") if i],
+               replicas=len(bspec))
+    gpu_rollout = targets.get(spec.target).gpu_rollout(spec)
+    if gpu_rollout is not None:
+        out["gpu_rollout"] = {"choice": gpu_rollout.choice, "expected_gap_s": gpu_rollout.gap_s}
+    if live is not None and gpu_rollout is not None and gpu_rollout.choice == "reload":
+        # Neither fits beside the other: the live backend drains and stops (kept) before the candidate starts.
+        log(f"GPU rollout reload: expected gap ~{gpu_rollout.gap_s:.0f} s (stoker plan)")
+        out["gpu_rollout"]["stopped_at"] = stop_first.stop(client, target, promote.BackendRef.of(live),
+                                                           d.drain_timeout_s, log)
+        try:
+            cand = promote.stage(client, target, bspec, None, d.settle_s, log,
+                                 slot=promote.topology.other_slot(live.slot))
+        except Exception:
+            stop_first.restart(client, target, promote.BackendRef.of(live), d.ready_timeout_s, log)
+            raise
+        out["candidate"] = cand.to_dict()
+        return out
+    cand = promote.stage(client, target, bspec, live, d.settle_s, log)
+    out["candidate"] = cand.to_dict()
+    return out
+
+
+def _follow_in_place(client, target: promote.Target, backend: promote.BackendRef, log: Log) -> None:
+    """Reload mode: the backend loaded another version, so the OpenAI service reads that version's tokenizer."""
+    if target.openai_image:
+        openai_service.follow(client, target.state_dir, backend.container, log, refresh=True)
+
+
+def go_live(spec: Spec, staged: dict, log: Log) -> dict:
+    """Switch traffic to the staged candidate, watch it, then retire the old backend; returns what happened.
+
+    A fault in the watch window switches traffic back to the old backend (still warm) and raises
+    PromotionFailed naming the cause.
+    """
+    d = spec.deploy
+    if staged.get("reused"):
+        return {"switched": False, "reason": "the digest already serves"}
+    if staged.get("in_place"):
+        prune_versions(s3.client(spec.storage), spec.storage, d.name)
+        return {"switched": False, "reason": f"loaded in place as version {staged.get('version')}"}
+    client = docker_engine.connect(d.docker_host)
+    target = target_for(spec)
+    gap = staged.get("gpu_rollout") or {}
+    if "stopped_at" not in gap:
+        return promote.go_live(client, target, staged, d.watch_s, d.max_error_rate_pct, d.drain_timeout_s, log)
+    # GPU reload: the old backend is stopped, so there is nothing warm to return to during the watch window.
+    old = promote.BackendRef.from_dict(staged["previous"])
+    try:
+        done = promote.go_live(client, target, {**staged, "previous": None}, d.watch_s, d.max_error_rate_pct,
+                               d.drain_timeout_s, log)
+    except Exception:
+        stop_first.restart(client, target, old, d.ready_timeout_s, log)
+        raise
+    done["gap_s"] = round(time.time() - gap["stopped_at"], 2)
+    log(f"GPU rollout reload: the endpoint answered 503 for {done['gap_s']:.1f} s (expected "
+        f"~{gap.get('expected_gap_s') or 0:.0f} s)")
+    watched = promote.watch(client, promote.BackendRef.from_dict(done["live"]), d.watch_s, d.max_error_rate_pct, log)
+    if not watched.healthy:
+        promote.discard(client, promote.BackendRef.from_dict(done["live"]), log)
+        stop_first.restart(client, target, old, d.ready_timeout_s, log)
+        raise promote.PromotionFailed(f"{watched.cause}; {old.container} started again and serves")
+    stop_first.remove(client, old, log)
+    return done
+
+
+def abandon(spec: Spec, staged: dict, log: Log) -> str:
+    """A staged candidate failed a gate: it never gets traffic (reload: the previous version is loaded back)."""
+    d = spec.deploy
+    if staged.get("reused"):
+        return "nothing to undo (the digest already served)"
+    if staged.get("in_place"):
+        if not d.auto_rollback:
+            return "none (deploy.auto_rollback is false)"
+        s3c = s3.client(spec.storage)
+        state = revert_live(s3c, spec.storage, d.name, log)
+        client = docker_engine.connect(d.docker_host)
+        candidate = promote.BackendRef.from_dict(staged["candidate"])
+        load_all(client, candidate, log)
+        _follow_in_place(client, target_for(spec), candidate, log)
+        return f"reloaded version {state['version']}"
+    client = docker_engine.connect(d.docker_host)
+    promote.discard(client, promote.BackendRef.from_dict(staged["candidate"]), log)
+    prev = staged.get("previous")
+    if "stopped_at" in (staged.get("gpu_rollout") or {}) and prev:
+        stop_first.restart(client, target_for(spec), promote.BackendRef.from_dict(prev), d.ready_timeout_s, log)
+        return f"candidate removed; {prev['container']} started again and serves"
+    return f"candidate removed; {prev['container']} kept serving" if prev else "candidate removed"

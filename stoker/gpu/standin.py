@@ -1,0 +1,62 @@
+"""The stand-in switch (``STOKER_STANDIN=1``): run a GPU target's pipeline on a machine with no GPU and no TensorRT-LLM.
+
+STAND-IN, NOT TensorRT-LLM. It replaces exactly two things of a ``target: tensorrt`` run:
+
+- the engine build: the reference path's quantize + build (child processes, CPU) run instead of the container
+  steps (ModelOpt export, trtllm-build), and their float32 artifact goes where the engine would go
+  (``tensorrt_llm/1/engine/``);
+- the serving image: stoker/triton-standin (stoker/stack/standin_image.py), the CPU Triton image whose backend
+  named ``tensorrtllm`` is stoker's reference model, so the repository rendered for the real backend loads as is.
+
+Everything else is the GPU target's own code: the rendered repository, pre/postprocessing, ensemble, upload, the
+deploy through stoker/serving, the gates, the switch. Device requests are rendered and recorded on the backend's
+labels, and dropped only here (no GPU to give). It proves stoker around the engine, never the engine: plan, run
+manifest, report and backend labels say so.
+
+Refused by plan for a spec meant for production: one whose endpoint other machines reach (deploy.listen not
+loopback), or a target without a stand-in (only ``tensorrt`` has one), or a format the reference runtime cannot
+build.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+
+from ..errors import PlanRefused
+
+ENV = "STOKER_STANDIN"
+TARGETS = ("tensorrt",)
+NOTE = ("STAND-IN (STOKER_STANDIN=1): the engine build and the serving image are stoker's CPU reference runtime "
+        "behind TensorRT-LLM's tensor interface; this run proves stoker around the engine, never the engine")
+
+
+def active() -> bool:
+    return os.environ.get(ENV, "").strip().lower() in ("1", "true", "yes")
+
+
+def applies(spec) -> bool:
+    """The stand-in replaces this run's engine build and serving image."""
+    return active() and spec.target in TARGETS
+
+
+def check(spec) -> None:
+    """PlanRefused (one line) when the switch is on for a spec it must not touch."""
+    if not active() or spec.target == "reference":
+        return
+    if spec.target not in TARGETS:
+        raise PlanRefused(f"{ENV}=1: target {spec.target!r} has no stand-in (only {', '.join(TARGETS)}); unset {ENV}")
+    if not ipaddress.ip_address(spec.deploy.listen).is_loopback:
+        raise PlanRefused(f"{ENV}=1 with deploy.listen {spec.deploy.listen}: a stand-in serves no engine, and an "
+                          "endpoint other machines reach is meant for production; unset it or listen on 127.0.0.1")
+    from . import openai_frontend
+
+    if openai_frontend.renders(spec):
+        raise PlanRefused(f"{ENV}=1 with deploy.openai: the stand-in image has no Triton OpenAI frontend (the serving "
+                          "image's); set deploy.openai: false")
+    from ..plan.model_checks import formats_for
+
+    runs = ("none", *formats_for("reference"))
+    if spec.quantization.format not in runs:
+        raise PlanRefused(f"{ENV}=1: quantization.format {spec.quantization.format!r} is built only by TensorRT-LLM on "
+                          f"a GPU; the stand-in builds {', '.join(runs)}")

@@ -1,0 +1,64 @@
+"""`stoker plan`: each step's cache key and whether it would hit, without heavy work.
+
+Only light calls are made: the Hub revision lookup, a HEAD-sized S3 read and a
+Docker container listing. A step whose input is not cached yet cannot have a
+key before it runs; the plan says so instead of guessing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from .. import targets
+from .rows import PlannedStep
+from ..run import RunContext
+from ..spec.schema import Spec
+
+
+def plan(spec: Spec, ctx: RunContext) -> list[PlannedStep]:
+    """Each of the target's steps (stoker/targets/), refused first where the spec or the model cannot work."""
+    warnings = check_evaluation(spec)
+    steps = targets.get(spec.target).plan(spec, ctx)
+    target = targets.get(spec.target)
+    if spec.routing.heavy:  # a miss runs on the routed deployment's pool, not in this run's process
+        where = f"runs on {spec.routing.heavy}'s pool (routing.heavy)"
+        steps = [replace(s, note="; ".join(filter(None, [s.note, where])))
+                 if s.name in ("quantize", "build") and s.status in ("miss", "pending") else s for s in steps]
+    if spec.evaluation.enabled and target.evaluates:
+        source = ("the unquantized build, scored here" if target.baseline_source == "runtime"
+                  else "the bf16 build's record in S3")
+        what = "" if target.scores_perplexity(spec) else " (greedy agreement only: no context logits)"
+        steps.append(PlannedStep("evaluate", None, "runs", "; ".join(
+            [f"against {source}{what}; cached by served digest, data and code", *warnings])))
+    elif spec.evaluation.enabled:
+        steps.append(PlannedStep("evaluate", None, "skipped", target.evaluation_note))
+    return steps
+
+
+def check_evaluation(spec: Spec) -> list[str]:
+    """Refuse (SpecError, one line) a missing, empty or too short evaluation text or an unknown Hub dataset;
+    return warnings (evaluation text = calibration text)."""
+    import tempfile
+    from pathlib import Path
+
+    from ..evaluation.source import plan_check
+
+    if not (spec.evaluation.enabled and targets.get(spec.target).evaluates):
+        return []
+    with tempfile.TemporaryDirectory() as tmp:
+        return plan_check(spec, Path(tmp))
+
+
+def check_model(spec: Spec) -> None:
+    """Refuse (PlanRefused, one line) a model the format or target cannot take, from config.json alone:
+    before download or calibration. Facts come from the local checkpoint, known_models.json or the Hub."""
+    from ..gpu.planning import model_facts
+
+    targets.get(spec.target).check_model(spec, model_facts(spec))
+
+
+def render_plan(steps: list[PlannedStep]) -> str:
+    lines = [f"{'step':<10} {'cache':<8} {'key':<26} note"]
+    for s in steps:
+        lines.append(f"{s.name:<10} {s.status:<8} {(s.key or '-'):<26} {s.note}".rstrip())
+    return "\n".join(lines)

@@ -1,0 +1,1 @@
+"""Where bytes live: S3, the Hub, the local step store, content digests and credentials."""
