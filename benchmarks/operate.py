@@ -123,7 +123,7 @@ class Run:
     def __init__(self, state: Path) -> None:
         import boto3
 
-        from stoker.serving.ports import Ports
+        from stoker.containers.ports import Ports
         from stoker.spec.load import parse_spec
         from stoker.stack.s3server import ensure_s3, s3_env
         from stoker.stack.services import free_port
@@ -181,8 +181,8 @@ class Run:
 
     def deploy(self, tag: str, rollout: str = "replace", **model) -> dict:
         """What `stoker run` does after upload: stage, (gates), switch; and the run manifest rollback reads."""
-        from stoker.serving import rollout as ro
-        from stoker.record.manifest import write_atomic
+        from stoker.deploy import rollout as ro
+        from stoker.atomic import write_atomic
 
         spec = self.spec_for(rollout)
         uri, digest = self.build(tag, **model)
@@ -248,7 +248,7 @@ class ReadyPoll:
     """The fewest proxy http servers taking new requests (ready, not draining) seen while a phase runs."""
 
     def __init__(self, spec) -> None:
-        from stoker.serving import rollout
+        from stoker.deploy import rollout
 
         self.target, self.fewest, self.stop = rollout.target_for(spec), None, threading.Event()
         self.thread = threading.Thread(target=self._poll, daemon=True)
@@ -280,7 +280,7 @@ def kill_deploy_midway(run: Run, tag: str) -> dict:
     script = f"""
 import json, os, sys
 sys.path.insert(0, {str(ROOT)!r})
-from stoker.serving import rollout
+from stoker.deploy import rollout
 from stoker.spec.load import parse_spec
 spec = parse_spec(json.loads({json.dumps(json.dumps({**run.data, 'deploy': {**run.data['deploy'], 'settle_s': 60}}))}),
                   "operate")
@@ -327,7 +327,7 @@ def kill_proxy(run: Run) -> dict:
 def take_internal_port(run: Run, tag: str) -> dict:
     from stoker.containers import engine
     from stoker.serving import promote
-    from stoker.serving.ports import choose_backend_ports, is_port_free
+    from stoker.containers.ports import choose_backend_ports, is_port_free
 
     client = engine.connect()
     claimed = {p for b in promote.observe_backends(client, run.spec.deploy.name) for p in b.ports.values()}
@@ -345,7 +345,7 @@ def restart_dockerd_mid_deploy(run: Run, tag: str) -> dict:
     """Stop dockerd (SIGTERM) while a candidate settles, start it again; Docker's restart policy does the rest."""
     pid = int(subprocess.run(["pidof", "dockerd"], capture_output=True, text=True).stdout.split()[0])
     uri, digest = run.build(tag)
-    from stoker.serving import rollout as ro
+    from stoker.deploy import rollout as ro
 
     spec = run.spec_for("replace", settle_s=30)
     err: list = []

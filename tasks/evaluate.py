@@ -33,7 +33,7 @@ from stoker.evaluation import metrics
 from stoker.evaluation.data import EvalSet
 from stoker.evaluation.source import evalset as make_evalset
 from stoker.cache.keys import baseline_key, evaluate_key, step_key
-from stoker.record.manifest import write_atomic
+from stoker.atomic import write_atomic
 from stoker.run import RunContext, StepResult, cached_step
 from stoker.spec.schema import Spec
 

@@ -10,7 +10,7 @@ from prefect.artifacts import create_markdown_artifact
 from stoker.storage import s3
 from stoker.bench.errors import GateFailed
 from stoker.bench.gate import Thresholds, evaluate
-from stoker.record.manifest import write_atomic
+from stoker.atomic import write_atomic
 from stoker.run import RunContext, StepResult
 from stoker.spec.schema import Spec
 

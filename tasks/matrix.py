@@ -12,7 +12,7 @@ from prefect.cache_policies import NO_CACHE
 
 from stoker.containers import engine as docker_engine
 from stoker.errors import one_line
-from stoker.record.manifest import write_atomic
+from stoker.atomic import write_atomic
 from stoker.plan.matrix import Entry
 from stoker.spec.schema import Ports, Spec
 

@@ -16,9 +16,9 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from prefect.events import emit_event
 
-from stoker.serving import rollout
+from stoker.deploy import rollout
 from stoker.triton import metrics as triton_metrics
-from stoker.record.manifest import write_atomic
+from stoker.atomic import write_atomic
 from stoker.run import RunContext, StepResult
 from stoker.spec.schema import Spec
 

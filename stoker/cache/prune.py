@@ -141,7 +141,7 @@ def _docker_live() -> Callable[[str], str | None]:
 
 
 def _s3_live(spec: dict, name: str) -> str | None:
-    from ..serving import rollout
+    from ..deploy import rollout
     from ..storage import s3
     from ..spec.schema import Storage
 

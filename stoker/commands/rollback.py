@@ -50,7 +50,7 @@ def choose(runs: list[dict], run_id: str | None, live_digest: str | None) -> dic
 
 def rollback_to(name: str, run_id: str | None, log=print) -> dict:
     from ..containers import engine as docker_engine
-    from ..serving import rollout
+    from ..deploy import rollout
     from ..run import stoker_home
     from ..serving import promote, topology
     from ..spec.load import parse_spec

@@ -29,7 +29,7 @@ def describe(client, name: str) -> dict:
     from ..containers import engine
     from ..run import stoker_home
     from ..serving import haproxy, openai_service, promote
-    from ..serving.ports import Ports
+    from ..containers.ports import Ports
 
     proxy_c = promote.proxy_container(client, name)
     listen = Ports.parse(proxy_c.labels[engine.LABEL_PORTS]) if proxy_c is not None else None

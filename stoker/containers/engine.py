@@ -27,7 +27,7 @@ from docker.models.containers import Container
 from docker.types import DeviceRequest, Ulimit
 
 from ..errors import StokerError
-from ..serving.ports import Ports
+from .ports import Ports
 
 Log = Callable[[str], None]
 

@@ -72,7 +72,7 @@ def check_docker(spec: Spec, log: Callable[[str], None] = print) -> str:
     the endpoint's ports are free or already ours; returns the serving image."""
     from .. import targets
     from ..gpu import standin
-    from ..serving.rollout import target_for
+    from ..deploy.rollout import target_for
     from ..serving import promote
 
     d = spec.deploy
@@ -90,7 +90,7 @@ def check_docker(spec: Spec, log: Callable[[str], None] = print) -> str:
 
 def check_endpoint(spec: Spec, log: Callable[[str], None]) -> None:
     """The API keys and the TLS files are there and usable (read here, never logged)."""
-    from ..serving.rollout import target_for
+    from ..deploy.rollout import target_for
 
     d = spec.deploy
     if not (d.api_keys or d.tls):

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 import time
 from pathlib import Path
 
+from ..atomic import write_atomic
 from ..gpu import standin
 from ..run import STEPS, RunContext, StepResult
 from ..spec.schema import Spec
@@ -100,20 +99,6 @@ def _level(lv: dict) -> dict:
         stats = lv.get(k) or {}  # None when no request produced a sample
         out[k] = {s: stats.get(s) for s in STAT_FIELDS}
     return out
-
-
-def write_atomic(path: Path, text: str) -> Path:
-    """Write to a temp name in the same folder, then rename: readers never see half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
 
 
 def write_local(ctx: RunContext, manifest: dict) -> Path:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import StepError
-from ..record.manifest import write_atomic
+from ..atomic import write_atomic
 from ..spec.schema import ApiKeys
 
 DIGESTS_NAME = "api-keys.sha256"

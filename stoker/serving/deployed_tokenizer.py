@@ -19,9 +19,9 @@ from .backend_repo import repository_of, s3_client
 from ..containers import engine
 from ..bench.counting import Found
 from ..storage.digest import file_sha256
-from ..record.manifest import write_atomic
+from ..atomic import write_atomic
 from . import promote
-from .ports import Ports
+from ..containers.ports import Ports
 
 TOKENIZER_IN_REPO = "preprocessing/1/tokenizer/tokenizer.json"  # every target's repository layout
 _LOCAL = {"127.0.0.1", "localhost", "::1", "0.0.0.0", ""}

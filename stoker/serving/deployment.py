@@ -13,9 +13,9 @@ import docker
 
 from ..containers import engine
 from ..errors import StepError, StokerError
-from ..record.manifest import write_atomic
+from ..atomic import write_atomic
 from . import api_keys, haproxy, openai_service, probe, topology
-from .ports import Ports
+from ..containers.ports import Ports
 
 Log = Callable[[str], None]
 

@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from .ports import Ports
+from ..containers.ports import Ports
 
 SLOTS = ("blue", "green")
 # deploy.replicas: a slot's replica r is server `<slot>` (r = 0, the name a single backend always had) or `<slot>_<r>`;

@@ -32,7 +32,7 @@ import docker.errors
 
 from .backend_repo import repository_of, s3_client
 from ..containers import engine
-from ..record.manifest import write_atomic
+from ..atomic import write_atomic
 from ..openai_api.layout import ASSET_FILES, LIVE_FILE
 from ..triton.config import MODEL_NAME
 from . import haproxy

@@ -23,7 +23,7 @@ from ..containers import engine
 from . import api_keys, haproxy, openai_service, probe, topology, triton_log
 from .deployment import (BackendRef, Log, PromotionFailed, Target, keys_file, observe_backends, observe_proxy,
                          proxy_container, runtime_for, sync_config, write_config)
-from .ports import Ports, choose_backend_ports, is_port_free, port_owner
+from ..containers.ports import Ports, choose_backend_ports, is_port_free, port_owner
 
 PROXY_START_TIMEOUT_S = 15.0
 PORT_RETRIES = 2  # a port verified free can still be taken before Triton binds it

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from .haproxy import SLOTS
-from .ports import Ports
+from ..containers.ports import Ports
 
 
 @dataclass(frozen=True)

@@ -84,7 +84,7 @@ def test_steps_request_gpus_shm_and_no_secret_values(rendered):
                                           (2, "mpirun --allow-run-as-root -n 1 tritonserver")])
 def test_multi_rank_serve_runs_one_mpi_rank_per_gpu(world, expect):
     from stoker.gpu.trtllm import serve_command
-    from stoker.serving.ports import Ports
+    from stoker.containers.ports import Ports
     from stoker.spec.load import parse_spec
 
     spec = parse_spec({"model": {"repo_id": "a/b"}, "storage": {"bucket": "bkt"}, "target": "tensorrt",

@@ -18,7 +18,7 @@ import pytest
 
 from stoker.containers import engine
 from stoker.serving import promote
-from stoker.serving.ports import Ports
+from stoker.containers.ports import Ports
 from stoker.stack.services import free_port
 
 from serving_models import publish, repo_digest, write_repo
@@ -88,7 +88,7 @@ class GpuBuild(Build):
     at /models, device ids labelled (and dropped). Only the repository's models are the scripted fault models."""
 
     def __call__(self, tag: str, ready_timeout_s: float = 60, **model) -> engine.BackendSpec:
-        from stoker.serving import rollout
+        from stoker.deploy import rollout
         from stoker.spec.load import parse_spec
 
         root = write_repo(self.tmp / f"{tag}-{uuid.uuid4().hex[:6]}", tag, **model)
@@ -103,7 +103,7 @@ class GpuBuild(Build):
 
     def source(self, b: engine.BackendSpec) -> str:
         data, (root, digest, run_id) = self.made[b.repo_digest]
-        return (f"__import__('stoker.serving.rollout').rollout.backend_spec(__import__('stoker.spec.load').spec_load.parse_spec("
+        return (f"__import__('stoker.deploy.rollout').rollout.backend_spec(__import__('stoker.spec.load').spec_load.parse_spec("
                 f"json.loads({json.dumps(data)!r})), {root!r}, {digest!r}, {{}}, run_id={run_id!r}, reload=False, "
                 "gpus=(0,))")
 

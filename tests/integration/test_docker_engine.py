@@ -28,7 +28,7 @@ from stoker.containers.engine import (
     require_image,
     start_backend,
 )
-from stoker.serving.ports import Ports
+from stoker.containers.ports import Ports
 from stoker.stack.dockerd import DOCKERD_SH, ensure_daemon, stop_daemon
 from stoker.stack.image import (
     DEFAULT_IMAGE,

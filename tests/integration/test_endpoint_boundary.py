@@ -16,7 +16,7 @@ import pytest
 
 from stoker.containers import engine
 from stoker.serving import promote
-from stoker.serving.ports import Ports
+from stoker.containers.ports import Ports
 
 from promotion_kit import Lines, backends, deploy, generate, serving_tag, restart_proxy
 from promotion_kit import build, client, images, s3, target  # noqa: F401 -- fixtures the tests request

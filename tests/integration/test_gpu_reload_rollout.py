@@ -1,7 +1,7 @@
 """A GPU `reload` rollout (the plan's choice when two engines do not fit), on the STAND-IN, real Docker/HAProxy/Triton.
 
 STAND-IN, NOT TensorRT-LLM: the backends are those `target: tensorrt` supplies under STOKER_STANDIN=1, serving the
-promotion tests' scripted models from a mounted folder. What is real is the order stoker/serving/rollout.py runs: the live
+promotion tests' scripted models from a mounted folder. What is real is the order stoker/deploy/rollout.py runs: the live
 backend drains and stops (kept) before the candidate starts, the gap is measured, and every failure starts the
 stopped backend again so the old build serves.
 """
@@ -13,7 +13,7 @@ import uuid
 import pytest
 
 from stoker.containers import engine
-from stoker.serving import rollout
+from stoker.deploy import rollout
 from stoker.spec.load import parse_spec
 
 from promotion_kit import Lines, generate, listen_ports

@@ -26,7 +26,7 @@ import pytest
 
 from stoker.containers import engine
 from stoker.serving import api_keys, haproxy, promote
-from stoker.serving.ports import Ports
+from stoker.containers.ports import Ports
 from stoker.stack.services import free_port
 
 from serving_models import publish

@@ -22,7 +22,7 @@ from loadgen import SteadyLoad
 from operate_helpers import ROOT, make_spec, record
 
 from stoker.containers import engine as docker_engine
-from stoker.serving import rollout
+from stoker.deploy import rollout
 from stoker.storage import s3
 from stoker.spec.load import parse_spec
 

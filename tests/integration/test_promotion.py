@@ -21,7 +21,7 @@ import pytest
 
 from stoker.containers import engine
 from stoker.serving import promote
-from stoker.serving.ports import Ports, choose_backend_ports, is_port_free
+from stoker.containers.ports import Ports, choose_backend_ports, is_port_free
 
 from promotion_kit import ROOT, SECRET, Lines, Load, assert_one_live, backends, deploy, serving_tag, restart_proxy
 from promotion_kit import build, client, images, s3, target  # noqa: F401 -- fixtures the tests request
@@ -176,7 +176,7 @@ sys.path.insert(0, {str(ROOT)!r})
 from pathlib import Path
 from stoker.containers import engine
 from stoker.serving import promote
-from stoker.serving.ports import Ports
+from stoker.containers.ports import Ports
 t = promote.Target({target.name!r}, Ports(*{list(target.listen.values())!r}), {target.proxy_image!r},
                    Path({str(target.state_dir)!r}))
 spec = {build.source(b)}

@@ -15,7 +15,7 @@ import pytest
 
 from stoker.containers import engine
 from stoker.serving import haproxy, probe, promote
-from stoker.serving.ports import Ports
+from stoker.containers.ports import Ports
 
 from promotion_kit import Lines, Load, backends, serving_tag
 from promotion_kit import build, client, images, s3, target  # noqa: F401 -- fixtures the tests request

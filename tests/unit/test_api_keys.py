@@ -12,7 +12,7 @@ import pytest
 
 from stoker.errors import SpecError
 from stoker.serving import api_keys, haproxy
-from stoker.serving.ports import Ports
+from stoker.containers.ports import Ports
 from stoker.spec.load import parse_spec
 
 BASE = {"model": {"repo_id": "org/model"}, "storage": {"bucket": "bkt"}}

@@ -11,7 +11,7 @@ import pytest
 
 from stoker.containers.engine import BackendSpec, triton_args
 from stoker.serving import haproxy
-from stoker.serving.ports import (
+from stoker.containers.ports import (
     NoFreePorts,
     Ports,
     backend_port_blocks,

@@ -15,7 +15,7 @@ from stoker.triton import config as triton_config
 from stoker.gpu import inflight, matrix, openai_frontend, repository, rules, trtllm
 from stoker.gpu.facts import known
 from stoker.gpu.rules import PlanRefused
-from stoker.serving.ports import Ports
+from stoker.containers.ports import Ports
 from stoker.spec.load import load_spec, parse_spec
 
 SPECS = Path(__file__).resolve().parents[2] / "deployments" / "specs"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from stoker.serving import haproxy, openai_service
-from stoker.serving.ports import Ports
+from stoker.containers.ports import Ports
 from stoker.serving.topology import Backend, ProxyView, plan_repair
 
 LISTEN = Ports(8000, 8001, 8002)

@@ -8,7 +8,7 @@ from starlette.testclient import TestClient
 
 from stoker.commands.rollback import RollbackError, choose
 from stoker.record.report import markdown
-from stoker.serving.rollout import version_key
+from stoker.deploy.rollout import version_key
 from stoker.triton.metrics import parse, summarize
 from stoker.webhook import signing
 from stoker.webhook.app import ReceiverConfig, Refused, Started, create_app

@@ -8,7 +8,7 @@ import re
 import pytest
 
 from stoker.serving import haproxy
-from stoker.serving.ports import Ports
+from stoker.containers.ports import Ports
 
 LAYOUT = haproxy.ProxyLayout(Ports(8000, 8001, 8002), {"blue": Ports(20000, 20001, 20002)}, "blue")
 
@@ -54,7 +54,7 @@ def test_the_metrics_port_serves_v1_only_where_the_backends_host_tritons_openai_
 def test_an_engine_spec_with_the_frontend_names_its_openai_endpoint_on_the_stable_metrics_port():
     from pathlib import Path
 
-    from stoker.serving.rollout import target_for
+    from stoker.deploy.rollout import target_for
     from stoker.spec.load import load_spec
 
     spec = load_spec(Path(__file__).resolve().parents[2] / "deployments/specs/llama3-8b-fp8-h100-engine.yaml")

@@ -10,7 +10,7 @@ import yaml
 from stoker.orchestration.child import run_module
 from stoker.demo import DEMO_SPEC
 from stoker.errors import ChildProcessFailed
-from stoker.serving.rollout import backend_spec
+from stoker.deploy.rollout import backend_spec
 from stoker.serving.triton_log import shown
 from stoker.spec.load import parse_spec
 from stoker.workers.quantize import calibration_tokens, text_windows
