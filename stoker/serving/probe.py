@@ -45,6 +45,37 @@ def is_ready(http_url: str, timeout_s: float = 2.0, attempts: int = 1) -> bool:
     return False
 
 
+class Readiness:
+    """Readiness judged as a production probe does (Kubernetes' failureThreshold × periodSeconds): a backend is
+    unready only after ``failures`` probes in a row have failed over at least ``span_s`` seconds. One slow or
+    missed answer on a busy host is not a verdict; a backend that stays unready is. Pure: the caller probes and
+    passes the clock reading.
+    """
+
+    def __init__(self, failures: int = 3, span_s: float = 15.0):
+        self.failures, self.span_s = failures, span_s
+        self.streak = 0
+        self.since: float | None = None
+
+    def observe(self, ok: bool, now: float) -> bool:
+        """Record one probe; True once the backend counts as unready."""
+        if ok:
+            self.streak, self.since = 0, None
+            return False
+        self.streak += 1
+        self.since = now if self.since is None else self.since
+        return self.streak >= self.failures and now - self.since >= self.span_s
+
+    @property
+    def failing(self) -> bool:
+        """A streak of failed probes is open: not yet a verdict either way."""
+        return self.streak > 0
+
+    def describe(self, now: float) -> str:
+        span = now - self.since if self.since is not None else 0.0
+        return f"{self.streak} probes in a row over {span:.1f} s"
+
+
 def wait_ready(
     url: str,
     timeout_s: float,

@@ -266,8 +266,12 @@ class WatchResult:
 
 
 def watch(client: docker.DockerClient, live: BackendRef, window_s: float, max_error_rate_pct: float,
-          log: Log, interval_s: float = 0.5) -> WatchResult:
-    """Watch the new backend (every replica) for ``window_s``: alive, ready, error rate within the threshold."""
+          log: Log, interval_s: float = 0.5, unready_after_s: float = 15.0) -> WatchResult:
+    """Watch the new backend (every replica) for ``window_s``: alive, ready, error rate within the threshold.
+
+    Readiness is judged over time (probe.Readiness): a backend that misses probes for ``unready_after_s`` is
+    switched away from; a slow answer on a busy host is not.
+    """
     t0 = time.monotonic()
     members = live.members()
     try:
@@ -284,15 +288,16 @@ def watch(client: docker.DockerClient, live: BackendRef, window_s: float, max_er
     except OSError:
         base_ok = base_bad = 0.0
     ok = bad = 0.0
+    readiness = [probe.Readiness(span_s=unready_after_s) for _ in members]
     while True:
-        for m, c in zip(members, containers):
+        for m, c, ready in zip(members, containers, readiness):
             reason = engine.exit_reason(c)
             if reason:
                 return WatchResult(False, f"{m.container} died during the watch window ({reason})",
                                    time.monotonic() - t0, ok, bad)
-            if not probe.is_ready(m.http, timeout_s=5.0, attempts=2):  # under load a probe can be slow
-                return WatchResult(False, f"{m.container} stopped answering ready during the watch window",
-                                   time.monotonic() - t0, ok, bad)
+            if ready.observe(probe.is_ready(m.http, timeout_s=5.0), time.monotonic()):
+                return WatchResult(False, f"{m.container} stopped answering ready during the watch window "
+                                   f"({ready.describe(time.monotonic())})", time.monotonic() - t0, ok, bad)
         try:
             now_ok, now_bad = counts()
             ok, bad = now_ok - base_ok, now_bad - base_bad
@@ -303,7 +308,8 @@ def watch(client: docker.DockerClient, live: BackendRef, window_s: float, max_er
             return WatchResult(False, f"{live.container} failed {bad:g} of {total:g} requests "
                                f"({100.0 * bad / total:.1f} % > {max_error_rate_pct:g} %) during the watch window",
                                time.monotonic() - t0, ok, bad)
-        if time.monotonic() - t0 >= window_s:
+        # A streak of failed probes open at the window's end is settled first: recovered, or a verdict.
+        if time.monotonic() - t0 >= window_s and not any(r.failing for r in readiness):
             served = live.container + (f" and {len(members) - 1} more replica(s)" if len(members) > 1 else "")
             log(f"watch window {window_s:g} s passed: {served} served {total:g} requests, {bad:g} failed")
             return WatchResult(True, None, time.monotonic() - t0, ok, bad)

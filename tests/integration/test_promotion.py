@@ -112,6 +112,32 @@ def test_new_backend_dying_in_the_watch_window_switches_back(client, target, bui
     assert_one_live(client, target, "A")
 
 
+def test_a_backend_stalled_by_a_busy_host_is_not_rolled_back(client, target, build):
+    """A busy host stalls the new backend for longer than two 5 s probes (the old watch's verdict) but less than
+    the readiness threshold: the promotion keeps it. `docker pause` freezes it as a starved CPU would."""
+    import threading
+
+    deploy(client, target, build("A"))
+    lines = Lines()
+    staged = promote.prepare(client, target, build("B"), 0.5, lines)
+    cand = client.containers.get(staged["candidate"]["container"])
+
+    def stall() -> None:
+        time.sleep(0.5)
+        cand.pause()
+        time.sleep(11.0)
+        cand.unpause()
+
+    staller = threading.Thread(target=stall)
+    staller.start()
+    try:
+        done = promote.go_live(client, target, staged, 4.0, 1.0, 10.0, lines)
+    finally:
+        staller.join()
+    assert done["switched"] and done["watch_s"] >= 11.0, lines
+    assert_one_live(client, target, "B")
+
+
 def test_a_taken_internal_port_is_skipped_or_retried(client, target, build, monkeypatch):
     deploy(client, target, build("A"))
     claimed = {p for b in promote.observe_backends(client, target.name) for p in b.ports.values()}

@@ -172,11 +172,14 @@ def test_the_upload_task_retries_a_freeze_that_outlasts_boto3s_retries(server, t
     proc = subprocess.Popen([sys.executable, str(HELPER), str(job)], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     frozen, lines = server["frozen"], []
+    # The retry must find something already there: freeze only once the first object is confirmed in S3 (a
+    # progress line counts bytes sent, which on a slow host can come well before any object has landed).
+    watcher = threading.Thread(target=_freeze_after_first_object, args=(storage, frozen), daemon=True)
     try:
         for line in proc.stdout:
             lines.append(line.rstrip())
-            if UNDER_WAY.search(line) and frozen.stopped_at is None:
-                frozen.stop()
+            if UNDER_WAY.search(line) and watcher.ident is None:
+                watcher.start()
             elif "upload: will be retried" in line:
                 frozen.cont()
         assert proc.wait(timeout=120) == 0, "\n".join(lines[-30:])
@@ -192,6 +195,18 @@ def test_the_upload_task_retries_a_freeze_that_outlasts_boto3s_retries(server, t
     result = json.loads(next(ln for ln in lines if ln.startswith("RESULT ")).removeprefix("RESULT "))
     assert result["detail"]["prefix"] == f"s3://{storage.bucket}/{s3.repo_prefix(storage, DIGEST)}"
     _assert_published(storage, root, records)
+
+
+def _freeze_after_first_object(storage: Storage, frozen: Frozen, deadline_s: float = 120) -> None:
+    """Poll the repository's prefix; freeze the server the moment one object is listed."""
+    c = s3.client(storage)
+    prefix = s3.repo_prefix(storage, DIGEST) + "/"
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end:
+        if c.list_objects_v2(Bucket=storage.bucket, Prefix=prefix, MaxKeys=1).get("KeyCount", 0):
+            frozen.stop()
+            return
+        time.sleep(0.02)
 
 
 def test_discarding_removes_an_unfinished_upload_but_never_a_complete_one(server, tmp_path):
