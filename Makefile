@@ -7,16 +7,28 @@ PY     := $(VENV)/bin/python
 IMAGE  ?= stoker/triton-cpu:2.51.0-cpu
 export STOKER_HOME ?= $(HOME)/.stoker
 
-.PHONY: setup venv docker image demo test test-unit test-fast test-services down clean stack stack-down deploy-flows
+.PHONY: setup venv venv-dev docker image demo test test-unit test-fast test-services down clean stack stack-down deploy-flows
 
-setup: venv docker image
+# The Python packages and the Docker engine install side by side (one waits on PyPI, the other on Debian's
+# mirror); the image needs both.
+setup:
+	@$(MAKE) --no-print-directory -j2 venv docker
+	@$(MAKE) --no-print-directory image
 
+# What the demo and the pipeline need: the orchestrator, the heavy steps' packages, the local services.
 venv: $(VENV)/.installed
+
+# What the tests need on top: pytest and its plugins, the openai client, selenium, mkdocs, import-linter, ruff.
+venv-dev: $(VENV)/.installed-dev
 
 # torch==2.13.0 resolves to the local CPU wheel (pip's find-links); never let it float to a CUDA build.
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade "pip>=24"
+	$(PY) -m pip install -q -e '.[heavy,stack]'
+	touch $@
+
+$(VENV)/.installed-dev: $(VENV)/.installed
 	$(PY) -m pip install -q -e '.[heavy,stack,dev]'
 	touch $@
 
@@ -34,18 +46,18 @@ demo: setup
 # (benchmarks/suite.py reads them). --durations=25: the slowest tests are visible in every run.
 SERVICE_MARKERS := docker or triton or s3 or hub or prefect or slow
 TEST_WORKERS ?= 3
-test: setup
+test: setup venv-dev
 	bash infra/test-deps.sh
 	@$(MAKE) --no-print-directory test-fast
 	@$(MAKE) --no-print-directory test-services
 
-test-unit: venv
+test-unit: venv-dev
 	$(PY) -m pytest -q tests/unit
 
 # The fast tier: every test without a service marker, about a minute; what a developer runs on every edit.
 # tests/tiers.py keeps it honest: a fast test that starts a service or a container, or requests a service
 # fixture, errors naming itself.
-test-fast: venv
+test-fast: venv-dev
 	@t0=$$(date +%s); $(PY) -m pytest -q --durations=10 -m "not ($(SERVICE_MARKERS))"; rc=$$?; \
 	echo "tier fast: $$(( $$(date +%s) - t0 )) s"; exit $$rc
 
@@ -54,7 +66,7 @@ test-fast: venv
 # tests/conftest.py sorts them (longest first; xdist's own reorder, by test count, would start them last); most of this tier
 # waits on servers and containers, so 3 processes on 2 cores take about half the time of one
 # (benchmarks/results/suite.json).
-test-services: venv
+test-services: venv-dev
 	@t0=$$(date +%s); $(PY) -m pytest -q --durations=25 -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "$(SERVICE_MARKERS)"; \
 	rc=$$?; echo "tier services: $$(( $$(date +%s) - t0 )) s"; exit $$rc
 
