@@ -24,6 +24,8 @@ def plan(spec: Spec, ctx: RunContext) -> list[PlannedStep]:
         where = f"runs on {spec.routing.heavy}'s pool (routing.heavy)"
         steps = [replace(s, note="; ".join(filter(None, [s.note, where])))
                  if s.name in ("quantize", "build") and s.status in ("miss", "pending") else s for s in steps]
+    serves = what_serves(spec, target.gpu_sets(spec))
+    steps = [replace(s, note="; ".join(filter(None, [s.note, serves]))) if s.name == "deploy" else s for s in steps]
     if spec.evaluation.enabled and target.evaluates:
         source = ("the unquantized build, scored here" if target.baseline_source == "runtime"
                   else "the bf16 build's record in S3")
@@ -33,6 +35,33 @@ def plan(spec: Spec, ctx: RunContext) -> list[PlannedStep]:
     elif spec.evaluation.enabled:
         steps.append(PlannedStep("evaluate", None, "skipped", target.evaluation_note))
     return steps
+
+
+def what_serves(spec: Spec, gpu_sets: tuple[tuple[int, ...], ...] = ()) -> str:
+    """The deploy row's account of what will serve: replicas, each replica's GPUs, the stable address, its keys.
+
+    ``gpu_sets`` are the target's generations (surge: the build after this one takes the second set); each
+    generation is split into the replicas' sets of ``parallel.world_size`` GPUs.
+    """
+    d = spec.deploy
+    n = d.replicas
+    parts = [f"{n} replica{'s' if n > 1 else ''}"]
+    if gpu_sets:
+        size = max(1, len(gpu_sets[0]) // n)
+
+        def per_replica(ids: tuple[int, ...]) -> str:
+            return " | ".join(",".join(map(str, ids[i:i + size])) for i in range(0, len(ids), size))
+
+        gens = [f"GPUs {per_replica(gpu_sets[0])}"] + [f"next build on {per_replica(g)}" for g in gpu_sets[1:]]
+        parts.append(", ".join(gens))
+    scheme = "https" if d.tls else "http"
+    parts.append(f"listen {scheme}://{d.listen}:{d.ports.http} (gRPC :{d.ports.grpc}{', TLS' if d.tls else ''})")
+    if d.api_keys is None:
+        parts.append("no API keys" + (" (loopback)" if d.listen in ("127.0.0.1", "localhost", "::1") else ""))
+    else:
+        where = f"file {d.api_keys.file}" if d.api_keys.file else f"Prefect Secret block {d.api_keys.secret_block!r}"
+        parts.append(f"API keys required ({where})")
+    return "; ".join(parts)
 
 
 def check_evaluation(spec: Spec) -> list[str]:
