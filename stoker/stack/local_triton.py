@@ -190,6 +190,10 @@ def start(
         "--allow-gpu-metrics=false",
         "--exit-on-error=true",
         "--strict-readiness=true",
+        # Triton waits this long at SIGTERM for requests still in flight (its default, 30 s, was every test
+        # module's teardown whose client left a decoupled stream unfinished); a host-started server serves tests
+        # and benchmarks, which have nothing left to wait for by then.
+        "--exit-timeout-secs=3",
         *extra_args,
     ]
     with open(log_path, "ab") as log:
