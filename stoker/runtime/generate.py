@@ -38,6 +38,7 @@ from __future__ import annotations
 import secrets
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -136,6 +137,25 @@ def generate(
     `stop_words` (token id sequences) end the generation after the token that completes one.
     `record`, when given, collects each yielded token's log prob and/or the prompt's context logits.
     """
+    return _run(start(model, input_ids, max_new_tokens, end_id, temperature, top_k, top_p, repetition_penalty,
+                      seed, min_new_tokens, stop_words, record))
+
+
+def start(
+    model: ReferenceModel,
+    input_ids: Sequence[int],
+    max_new_tokens: int,
+    end_id: int,
+    temperature: float = 0.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    repetition_penalty: float = 1.0,
+    seed: int | None = None,
+    min_new_tokens: int = 0,
+    stop_words: Sequence[Sequence[int]] = (),
+    record: Record | None = None,
+) -> Decoding:
+    """Validate a generation (as `generate` does, raising ValueError) and return its state, before any compute."""
     prompt = [int(t) for t in input_ids]
     if not prompt:
         raise ValueError("input_ids is empty")
@@ -155,47 +175,89 @@ def generate(
     words = [[int(t) for t in w] for w in stop_words if len(w)]
     budget = min(max_new_tokens, model.max_positions - len(prompt))
     generator = torch.Generator().manual_seed(seed if seed is not None else secrets.randbits(63))
-    return _decode(model, prompt, budget, end_id, temperature, top_k, top_p, repetition_penalty, generator,
-                   min_new_tokens, words, record)
+    return Decoding(model, prompt, budget, end_id, temperature, top_k, top_p, repetition_penalty, generator,
+                    min_new_tokens, words, record)
 
 
-def _decode(
-    model: ReferenceModel,
-    prompt: list[int],
-    budget: int,
-    end_id: int,
-    temperature: float,
-    top_k: int,
-    top_p: float,
-    repetition_penalty: float,
-    generator: torch.Generator,
-    min_new_tokens: int = 0,
-    stop_words: list[list[int]] | None = None,
-    record: Record | None = None,
-) -> Iterator[int]:
-    cache = model.new_cache()
-    seen = torch.zeros(model.vocab_size, dtype=torch.bool)
-    seen[torch.tensor(prompt)] = True
-    sequence = list(prompt)  # stop words may reach back into the prompt, as TensorRT-LLM's do
-    context = model.forward(prompt, cache)
-    if record is not None and record.want_context_logits:
-        record.context_logits = context
-    logits = context[-1]
-    del context
-    for step in range(budget):
-        if repetition_penalty != 1.0:
-            logits = _apply_repetition_penalty(logits, seen, repetition_penalty)
-        if step < min_new_tokens and 0 <= end_id < logits.shape[-1]:
+class Decoding:
+    """One sequence between forward passes: its cache, the logits of its next position, and its sampling state.
+
+    The step logic of `generate`, kept apart from the forward passes so a scheduler can run one
+    sequence's forwards batched with others' (stoker_runtime.batch): `prefill()` once, then
+    `choose()` picks the next token from the current logits (None: end_id was sampled, not yielded)
+    and `done` says whether the sequence ended with it; otherwise the chosen token (`pending`) goes
+    through the model with this sequence's `cache` and `feed()` takes the logits it produced.
+    """
+
+    def __init__(self, model: ReferenceModel, prompt: list[int], budget: int, end_id: int, temperature: float,
+                 top_k: int, top_p: float, repetition_penalty: float, generator: torch.Generator,
+                 min_new_tokens: int = 0, stop_words: list[list[int]] | None = None,
+                 record: Record | None = None) -> None:
+        self.model = model
+        self.prompt = prompt
+        self.budget = budget
+        self.end_id = end_id
+        self.temperature, self.top_k, self.top_p = temperature, top_k, top_p
+        self.repetition_penalty = repetition_penalty
+        self.generator = generator
+        self.min_new_tokens = min_new_tokens
+        self.stop_words = stop_words or []
+        self.record = record
+        self.cache: Any = None
+        self.logits: torch.Tensor | None = None  # of the next position
+        self.pending: int | None = None  # chosen and yielded, not yet through the model
+        self.step = 0
+        self.done = False
+
+    def prefill(self) -> None:
+        self.cache = self.model.new_cache()
+        self.seen = torch.zeros(self.model.vocab_size, dtype=torch.bool)
+        self.seen[torch.tensor(self.prompt)] = True
+        self.sequence = list(self.prompt)  # stop words may reach back into the prompt, as TensorRT-LLM's do
+        context = self.model.forward(self.prompt, self.cache)
+        if self.record is not None and self.record.want_context_logits:
+            self.record.context_logits = context
+        self.logits = context[-1]
+
+    def feed(self, logits: torch.Tensor) -> None:
+        """The logits the model gave for `pending` (the next position's)."""
+        self.logits = logits
+        self.pending = None
+
+    def choose(self) -> int | None:
+        """The next token to yield, or None when end_id was sampled; `done` is then set when it ends the sequence."""
+        logits = self.logits
+        self.logits = None
+        if self.repetition_penalty != 1.0:
+            logits = _apply_repetition_penalty(logits, self.seen, self.repetition_penalty)
+        if self.step < self.min_new_tokens and 0 <= self.end_id < logits.shape[-1]:
             logits = logits.clone()
-            logits[end_id] = float("-inf")  # too early to end
-        token = sample_next(logits, temperature, top_k, top_p, generator)
-        if token == end_id:
+            logits[self.end_id] = float("-inf")  # too early to end
+        token = sample_next(logits, self.temperature, self.top_k, self.top_p, self.generator)
+        if token == self.end_id:
+            self.done = True
+            return None
+        if self.record is not None and self.record.want_log_probs:
+            self.record.log_probs.append(
+                float(torch.log_softmax(_processed(logits, self.temperature, self.top_k), dim=-1)[token]))
+        self.sequence.append(token)
+        self.step += 1
+        if self.step == self.budget or (self.stop_words and _ends_with(self.sequence, self.stop_words)):
+            self.done = True
+        else:
+            self.seen[token] = True
+            self.pending = token
+        return token
+
+
+def _run(decoding: Decoding) -> Iterator[int]:
+    """One sequence alone: each token leaves before the next forward pass."""
+    decoding.prefill()
+    while True:
+        token = decoding.choose()
+        if token is None:
             return
-        if record is not None and record.want_log_probs:
-            record.log_probs.append(float(torch.log_softmax(_processed(logits, temperature, top_k), dim=-1)[token]))
         yield token
-        sequence.append(token)
-        if step + 1 == budget or (stop_words and _ends_with(sequence, stop_words)):
+        if decoding.done:
             return
-        seen[token] = True
-        logits = model.forward([token], cache)[-1]
+        decoding.feed(decoding.model.forward([decoding.pending], decoding.cache)[-1])

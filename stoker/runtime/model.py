@@ -9,7 +9,10 @@ biases, Mistral's sliding window, rope variants), and the only code of ours on t
 KV-cache rounding and the decoding loop.
 
 Imports are relative only, so the package also works when copied next to a Triton model.py as
-`stoker_runtime`. One sequence at a time (batch 1); each request owns its cache.
+`stoker_runtime`. Each sequence owns its cache. `forward` runs one sequence; `forward_batch` runs
+the next token of several sequences in one pass of the model (stoker_runtime.batch schedules them):
+every layer's linear algebra is batched, and attention runs per sequence over its own cache, with
+transformers' own sdpa function and nothing padded, as that sequence alone would run it.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -80,6 +84,47 @@ def runtime_info_from_dict(raw: dict[str, Any], num_layers: int) -> RuntimeInfo:
         raise ArtifactError(f"{RUNTIME_FILE}: missing key {exc.args[0]!r}") from None
 
 
+# Per-sequence attention for forward_batch, registered with transformers' attention (and mask) interfaces
+# under this name. Outside forward_batch it is transformers' sdpa, unchanged.
+RAGGED_ATTENTION = "stoker_ragged_sdpa"
+_ragged = threading.local()  # .rows: layer index -> [(keys, values) of each sequence], during forward_batch
+
+
+def _ragged_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                      attention_mask: Any, **kwargs: Any) -> tuple[torch.Tensor, None]:
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    rows = getattr(_ragged, "rows", None)
+    if rows is None:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+    # One query per sequence, over that sequence's whole visible cache (a sliding-window layer returns just its
+    # window): the mask of a lone decode step allows every key, so none is passed, as transformers passes none.
+    out = [sdpa_attention_forward(module, query[b:b + 1], k, v, None, **kwargs)[0]
+           for b, (k, v) in enumerate(rows[module.layer_idx])]
+    return torch.cat(out, dim=0), None
+
+
+def _register_ragged_attention() -> None:
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(RAGGED_ATTENTION, _ragged_attention)
+    AttentionMaskInterface.register(RAGGED_ATTENTION, sdpa_mask)
+
+
+class _RaggedCache:
+    """The cache transformers sees in forward_batch: each row's K/V goes to that sequence's own cache."""
+
+    def __init__(self, caches: list[Any]) -> None:
+        self.caches = caches
+        self.rows: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any, **kwargs: Any):
+        self.rows[layer_idx] = [cache.update(key_states[b:b + 1], value_states[b:b + 1], layer_idx, *args, **kwargs)
+                                for b, cache in enumerate(self.caches)]
+        return key_states, value_states
+
+
 class ReferenceModel:
     """A transformers causal LM plus the artifact's runtime info; thread-safe as long as caches are not shared."""
 
@@ -90,6 +135,11 @@ class ReferenceModel:
         self.vocab_size = int(text.vocab_size)
         self.max_positions = int(text.max_position_embeddings)
         self.num_layers = int(text.num_hidden_layers)
+        rope = dict(getattr(text, "rope_parameters", None) or getattr(text, "rope_scaling", None) or {})
+        self.rope_type = str(rope.get("rope_type", rope.get("type", "default")))
+        self.rope_original_max = rope.get("original_max_position_embeddings",
+                                          getattr(text, "original_max_position_embeddings", None))
+        self._batching = False
 
     @property
     def architecture(self) -> str:
@@ -112,6 +162,58 @@ class ReferenceModel:
             raise ValueError(f"token id outside 0..{self.vocab_size - 1}")
         out = self.hf(input_ids=ids, past_key_values=cache, use_cache=True)
         return out.logits[0].float()
+
+    def enable_batching(self) -> None:
+        """Route attention through the per-sequence function (sdpa as before, outside forward_batch)."""
+        if not self._batching:
+            if self.hf.config._attn_implementation != "sdpa":
+                raise ValueError(f"batched decoding needs sdpa attention, the model has {self.hf.config._attn_implementation}")
+            _register_ragged_attention()
+            self.hf.set_attn_implementation(RAGGED_ATTENTION)
+            if self.hf.config._attn_implementation != RAGGED_ATTENTION:
+                raise ValueError(f"{self.architecture} does not take a custom attention function")
+            self._batching = True
+
+    def _rope_group(self, position: int) -> Any:
+        """Sequences whose rotary frequencies are the same in one pass (they depend on the longest in a pass)."""
+        if self.rope_type == "longrope" and self.rope_original_max is not None:
+            return position + 1 > int(self.rope_original_max)
+        if self.rope_type.startswith("dynamic") or self.rope_type not in ("default", "linear", "llama3", "yarn"):
+            return position  # frequencies follow the length itself: only equal lengths share a pass
+        return None
+
+    @torch.inference_mode()
+    def forward_batch(self, tokens: list[int], caches: list[Any]) -> torch.Tensor:
+        """The next token of each sequence (`tokens[i]` extends the sequence of `caches[i]`); logits [B, vocab].
+
+        Equal to `forward([tokens[i]], caches[i])[-1]` for each i, up to float rounding of the batched matrix
+        products (greedy ids are verified equal in tests/unit/test_batching.py). Needs enable_batching().
+        """
+        if not self._batching:
+            raise RuntimeError("forward_batch needs enable_batching() first")
+        if len(tokens) != len(caches) or not tokens:
+            raise ValueError("forward_batch needs one cache per token, and at least one")
+        if min(tokens) < 0 or max(tokens) >= self.vocab_size:
+            raise ValueError(f"token id outside 0..{self.vocab_size - 1}")
+        positions = [int(cache.get_seq_length()) for cache in caches]
+        groups: dict[Any, list[int]] = {}
+        for i, position in enumerate(positions):
+            groups.setdefault(self._rope_group(position), []).append(i)
+        out = torch.empty(len(tokens), self.vocab_size)
+        for rows in groups.values():
+            ragged = _RaggedCache([caches[i] for i in rows])
+            _ragged.rows = ragged.rows
+            try:
+                logits = self.hf(input_ids=torch.tensor([[tokens[i]] for i in rows]),
+                                 position_ids=torch.tensor([[positions[i]] for i in rows]),
+                                 past_key_values=ragged, use_cache=True,
+                                 # A ready 4D mask makes transformers skip building masks from the ragged cache;
+                                 # _ragged_attention ignores it.
+                                 attention_mask=torch.ones(len(rows), 1, 1, 1, dtype=torch.bool)).logits
+            finally:
+                _ragged.rows = None
+            out[rows] = logits[:, -1].float()
+        return out
 
 
 def _read_json(path: Path) -> dict[str, Any]:

@@ -334,6 +334,61 @@ def test_each_model_handles_a_batch(served) -> None:
     assert texts == [tok.decode(e) for e in expected]
 
 
+def _raw_stream(served, ids: list[int], n: int, cancel_after: int | None = None) -> tuple[list[int], list[str]]:
+    """(streamed ids, errors) of one streaming request straight to tensorrt_llm; `cancel_after` tokens: cancel it."""
+    arrays = {"input_ids": np.array([ids], np.int32), "input_lengths": np.array([[len(ids)]], np.int32),
+              "request_output_len": np.array([[n]], np.int32), "end_id": np.array([[-1]], np.int32),
+              "streaming": np.array([[True]])}
+    inputs = []
+    for name, data in arrays.items():
+        tensor = grpcclient.InferInput(name, list(data.shape), "BOOL" if data.dtype == bool else "INT32")
+        tensor.set_data_from_numpy(data)
+        inputs.append(tensor)
+    results: queue.Queue = queue.Queue()
+    client = grpcclient.InferenceServerClient(served["server"].grpc_url)
+    client.start_stream(callback=partial(lambda q, result, error: q.put((result, error)), results))
+    tokens, errors = [], []
+    try:
+        client.async_stream_infer("tensorrt_llm", inputs, enable_empty_final_response=True)
+        while True:
+            result, error = results.get(timeout=120)
+            if error is not None:
+                errors.append(str(error))
+                return tokens, errors
+            if result.as_numpy("output_ids") is not None:
+                tokens += result.as_numpy("output_ids").reshape(-1).tolist()
+            if cancel_after is not None and len(tokens) >= cancel_after:
+                client.stop_stream(cancel_requests=True)
+                return tokens, errors
+            if result.get_response().parameters["triton_final_response"].bool_param:
+                return tokens, errors
+    finally:
+        client.stop_stream()
+        client.close()
+
+
+def test_concurrent_requests_are_batched_and_each_equals_alone(served) -> None:
+    """Requests in flight together (in-flight batching) stream what each streams alone; one cancelled and one
+    over-long request change nothing for the others."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    tok, model = served["tok"], served["model"]
+    prompts = [tok.encode(text).ids for text in CORPUS[:5]]
+    budgets = [40, 12, 40, 25, 33]
+    alone = [list(generate(model, p, n, end_id=-1)) for p, n in zip(prompts, budgets)]
+    too_long = list(range(3, 3 + model.max_positions))
+    with ThreadPoolExecutor(8) as pool:
+        jobs = [pool.submit(_raw_stream, served, p, n) for p, n in zip(prompts, budgets)]
+        cancelled = pool.submit(_raw_stream, served, prompts[0], 400, cancel_after=3)
+        refused = pool.submit(_raw_stream, served, too_long, 4)
+        got = [job.result(timeout=180) for job in jobs]
+        assert len(cancelled.result(timeout=180)[0]) >= 3
+        tokens, errors = refused.result(timeout=180)
+    assert got == [(a, []) for a in alone]
+    assert tokens == [] and len(errors) == 1 and "max_position_embeddings" in errors[0]
+    assert grpc_stream(served, 4)[0] != []  # still serving
+
+
 def test_streaming_throughput_tiny_model_cpu(served) -> None:
     """Not a benchmark: records tokens/s of the tiny model through the whole stack, for the report."""
     n = 64

@@ -20,7 +20,8 @@ are those of the distribution each token was sampled from (stoker_runtime.genera
 prompt log probabilities are read from context_logits (generate.token_log_probs), as TensorRT-LLM's
 Triton interface has no tensor of its own for them.
 Parameters: gpt_model_path (default "weights", relative to the version dir unless absolute),
-num_threads (torch threads, default 2), max_concurrent_requests (default 1),
+num_threads (torch threads, default 2), max_concurrent_requests (sequences decoded together; default the
+config's max_batch_size, as TensorRT-LLM's engine batch bounds its in-flight batcher; 8 without one),
 exclude_input_in_output (default "false", as upstream).
 
 Behaviour, matched to TensorRT-LLM where it defines one:
@@ -38,9 +39,14 @@ Behaviour, matched to TensorRT-LLM where it defines one:
 - end_id / pad_id default to the artifact's stoker_runtime.json, and so do the stop words when
   the request has no stop_words_list (its `stop_ids`: the model's other eos ids). A matched stop
   word is returned and counted, as TensorRT-LLM does; an empty list means no stop words.
-Concurrency: execute only enqueues; a pool of max_concurrent_requests threads generates (torch
-releases the GIL), so the default handles requests one after another in arrival order.
-Cancelled requests stop at the next token. Every failure is answered as a TritonError response.
+Concurrency: in-flight batching (stoker_runtime.batch). execute only hands requests to threads that
+submit their sequences to one scheduler thread; it decodes one token of every running sequence per
+model pass and admits waiting sequences (prefilled one by one) between passes, up to
+max_concurrent_requests; more wait in arrival order. Each token is sent as soon as its pass ends. A
+sequence is validated before it is queued, so an invalid or over-long one is refused alone. Greedy
+ids are those of the sequence alone. With max_concurrent_requests 1, requests run one after another.
+Cancelled requests stop at the next token (or before their prefill, while waiting); the others'
+outputs do not change. Every failure is answered as a TritonError response.
 In flight: the gauge stoker_requests_in_flight{model="tensorrt_llm"} on Triton's metrics port counts requests
 begun and not yet answered (TensorRT-LLM's backend reports nv_trt_llm_request_metrics{request_type="active"});
 stoker retires a drained backend whose clients keep idle gRPC streams open once it reads 0 there.
@@ -52,7 +58,7 @@ import json
 import os
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -63,8 +69,9 @@ import triton_python_backend_utils as pb_utils
 # The runtime is shipped beside this file as a plain package (no stoker install in Triton).
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from stoker_stop_words import from_word_list
-from stoker_runtime.generate import Record, generate
-from stoker_runtime.model import RUNTIME_FILE, ReferenceModel, load_model
+from stoker_runtime.batch import DEFAULT_MAX_BATCH, Batcher, Stream
+from stoker_runtime.generate import Record
+from stoker_runtime.model import RUNTIME_FILE, load_model
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
@@ -167,10 +174,11 @@ class _Job:
             "min_new_tokens": 0 if min_tokens is None else max(0, int(min_tokens)),
         }
 
-    def tokens(self, model: ReferenceModel) -> Iterator[int]:
+    def submit(self, batcher: Batcher) -> Stream:
+        """Queue this sequence for generation; an invalid one is refused here, before anything runs."""
         try:
-            return generate(model, self.prompt, self.max_new_tokens, self.end_id, stop_words=self.stop_words,
-                            record=self.record, **self.kwargs)
+            return batcher.submit(self.prompt, self.max_new_tokens, self.end_id, stop_words=self.stop_words,
+                                  record=self.record, **self.kwargs)
         except ValueError as exc:
             raise RequestError(str(exc)) from None
 
@@ -241,19 +249,23 @@ class TritonPythonModel:
         if not weights.is_absolute():
             weights = version_dir / weights
         num_threads = int(_param(config, "num_threads", "2"))
-        workers = int(_param(config, "max_concurrent_requests", "1"))
+        batch = int(_param(config, "max_concurrent_requests", str(config.get("max_batch_size") or DEFAULT_MAX_BATCH)))
+        if batch < 1:
+            raise ValueError(f"max_concurrent_requests must be >= 1, got {batch}")
         self.exclude_default = _param(config, "exclude_input_in_output", "false").lower() in ("1", "true", "yes")
         self.decoupled = pb_utils.using_decoupled_model_transaction_policy(config)
         self.model = load_model(weights, num_threads=num_threads)
         stop_ids = json.loads((weights / RUNTIME_FILE).read_text()).get("stop_ids", [])
         self.defaults = (self.model.info.end_id, self.model.info.pad_id, [[int(i)] for i in stop_ids])
         self.stopping = threading.Event()
-        self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="stoker-gen")
+        self.batcher = Batcher(self.model, max_batch=batch).start()
+        # Threads that wait on their sequences and send the tokens; requests beyond them wait for one.
+        self.pool = ThreadPoolExecutor(max_workers=4 * batch + 4, thread_name_prefix="stoker-req")
         self.in_flight = InFlight(args.get("model_name", "tensorrt_llm"))
         pb_utils.Logger.log_info(
             f"tensorrt_llm (reference runtime): {weights}, {self.model.architecture} (transformers), quantization {self.model.info.quant_format}, "
             f"kv cache {self.model.info.kv_cache_dtype or 'float32'}, end_id {self.defaults[0]}, stop ids {stop_ids}, "
-            f"decoupled {self.decoupled}, threads {num_threads}, workers {workers}"
+            f"decoupled {self.decoupled}, threads {num_threads}, in-flight batch {batch}"
         )
 
     def _check(self, request: Any) -> None:
@@ -262,14 +274,34 @@ class TritonPythonModel:
         if request.is_cancelled():
             raise Cancelled("request cancelled")
 
+    def _submit(self, jobs: list[_Job]) -> list[Stream]:
+        """All of a request's sequences, queued together (decoded together); none when one is invalid."""
+        streams: list[Stream] = []
+        try:
+            for job in jobs:
+                streams.append(job.submit(self.batcher))
+        except Exception:
+            for stream in streams:
+                stream.cancel()
+            raise
+        return streams
+
+    def _tokens(self, request: Any, stream: Stream) -> Iterator[int]:
+        check: Callable[[], None] = lambda: self._check(request)  # noqa: E731
+        for token in stream.tokens(check=check):
+            check()
+            yield token
+
     def _full_output(self, request: Any, jobs: list[_Job]) -> list[Any]:
         rows: list[list[int]] = []
-        for job in jobs:
-            generated = []
-            for token in job.tokens(self.model):
-                self._check(request)
-                generated.append(token)
-            rows.append(generated if job.exclude_input else job.prompt + generated)
+        streams = self._submit(jobs)
+        try:
+            for job, stream in zip(jobs, streams):
+                generated = list(self._tokens(request, stream))
+                rows.append(generated if job.exclude_input else job.prompt + generated)
+        finally:
+            for stream in streams:
+                stream.cancel()
         width = max(1, max(len(r) for r in rows))
         output = np.empty((len(jobs), 1, width), np.int32)
         for i, (row, job) in enumerate(zip(rows, jobs)):
@@ -283,8 +315,7 @@ class TritonPythonModel:
         one = np.ones((1, 1), np.int32)
         record = job.record
         sent = 0
-        for token in job.tokens(self.model):
-            self._check(request)
+        for token in self._tokens(request, self._submit([job])[0]):
             tensors = [pb_utils.Tensor("output_ids", np.array([[[token]]], np.int32)), pb_utils.Tensor("sequence_length", one)]
             if record.want_log_probs:
                 tensors += [pb_utils.Tensor("output_log_probs", np.array([[[record.log_probs[-1]]]], np.float32)),
@@ -347,6 +378,7 @@ class TritonPythonModel:
         return None
 
     def finalize(self) -> None:
-        # In-flight generations see `stopping` at their next token and answer CANCELLED.
+        # In-flight and waiting generations see `stopping` within a token (or 50 ms) and answer CANCELLED.
         self.stopping.set()
         self.pool.shutdown(wait=True)
+        self.batcher.stop()
