@@ -1,4 +1,5 @@
-"""benchmark: streaming load against the deployed ensemble, with the same library code as `stoker bench`."""
+"""benchmark: streaming load against the deployed model (the target's interface), with the same library code as
+`stoker bench`."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from stoker.storage.digest import tree_records
 from stoker.cache.keys import benchmark_key
 from stoker.run import Output, RunContext, StepResult, cached_step
 from stoker.spec.schema import Spec
-from stoker.triton.config import ENSEMBLE_NAME
+from stoker import targets
 
 from . import step_task
 
@@ -33,7 +34,8 @@ def benchmark_endpoint(spec: Spec, deployed: StepResult, built: StepResult, ctx:
     t0 = time.perf_counter()
 
     def measure(out: Path) -> dict:
-        config, workload = from_spec(spec.benchmark, deployed.detail["grpc"], deployed.detail["http"], ENSEMBLE_NAME,
+        config, workload = from_spec(spec.benchmark, deployed.detail["grpc"], deployed.detail["http"],
+                                     targets.get(spec.target).interface,
                                      built.path / "tokenizer.json")
         result, summary, files = execute(config, workload, out, progress=logger.info,
                                          title=f"{spec.deploy.name}: run {ctx.run_id}",

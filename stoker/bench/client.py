@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ..protocol import ENSEMBLE, Interface
 from .errors import (
     BenchmarkError,
     EndpointUnreachable,
@@ -66,11 +67,12 @@ class BenchConfig:
     ignore_eos: bool = False  # send min_tokens = max_tokens (models that accept min_tokens)
     http_streaming: bool = True  # HTTP: generate_stream (SSE); False: /generate, one response (TTFT = e2e)
     extra_inputs: Mapping[str, int | float | bool] = field(default_factory=dict)
+    interface: Interface = ENSEMBLE  # how the served layout names its inputs (stoker.protocol)
 
     def transport_spec(self) -> TransportSpec:
         return TransportSpec(protocol=self.protocol, url=self.url, model=self.model,
                              extra_inputs=dict(self.extra_inputs), min_tokens=self.ignore_eos,
-                             streaming=self.http_streaming or self.protocol == "grpc")
+                             streaming=self.http_streaming or self.protocol == "grpc", interface=self.interface)
 
     def settings(self) -> LoadSettings:
         return LoadSettings(max_tokens=self.max_tokens, timeout_s=self.timeout_s,

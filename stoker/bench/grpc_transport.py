@@ -135,6 +135,7 @@ class GrpcTransport:
     async def send(self, text: str, max_tokens: int, request_id: str, timeout_s: float) -> Exchange:
         ex = Exchange(start_s=time.perf_counter())
         pieces: list[bytes] = []
+        cumulative = self.spec.interface.cumulative_text  # each response holds the output so far: take the new part
         finished = False
         stream = None
         try:
@@ -159,6 +160,8 @@ class GrpcTransport:
                         break
                     ex.times.append(now)
                     piece = _text_bytes(result)
+                    if cumulative:
+                        piece = self.spec.interface.new_part(piece, b"".join(pieces))
                     if piece:
                         pieces.append(piece)
                         ex.chunks += 1

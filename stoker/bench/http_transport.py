@@ -14,6 +14,7 @@ from typing import Any
 
 import aiohttp
 
+from ..protocol import Interface
 from .errors import EndpointUnreachable, ModelUnavailable
 from .transport import (
     PREFLIGHT_TIMEOUT_S,
@@ -106,7 +107,7 @@ class HttpTransport:
                             if (error := _body_error(obj)) is not None:
                                 ex.error, ex.failed_s = error, now
                                 break
-                            self._piece(ex, pieces, obj, now)
+                            self._piece(ex, pieces, obj, now, self.spec.interface)
                     else:
                         raw = await r.read()
                         now = time.perf_counter()
@@ -117,7 +118,7 @@ class HttpTransport:
                         if (error := _body_error(obj)) is not None or r.status != 200:
                             ex.error, ex.failed_s = error or f"HTTP {r.status}", now
                         else:
-                            self._piece(ex, pieces, obj, now)
+                            self._piece(ex, pieces, obj, now, self.spec.interface)
         except TimeoutError:
             ex.error, ex.failed_s = f"timed out after {timeout_s:g} s", time.perf_counter()
         except Exception as exc:  # noqa: BLE001 -- one request's failure must not stop the level
@@ -126,9 +127,9 @@ class HttpTransport:
         return ex
 
     @staticmethod
-    def _piece(ex: Exchange, pieces: list[bytes], obj: Any, now: float) -> None:
+    def _piece(ex: Exchange, pieces: list[bytes], obj: Any, now: float, interface: Interface) -> None:
         ex.times.append(now)
-        piece = _text_of(obj)
+        piece = interface.new_part(_text_of(obj), b"".join(pieces))
         if piece:
             pieces.append(piece)
             ex.chunks += 1

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..protocol import Interface
 from .client import BenchConfig, BenchmarkResult, run_sweep
 from .counting import CHUNKS_WARNING
 from .load import Level
@@ -96,12 +97,13 @@ def levels_from(concurrency: list[int] | None, rates: list[float] | None, cap: i
     return [Level(concurrency=c) for c in (concurrency or [])]
 
 
-def from_spec(bench: Any, grpc_url: str, http_url: str, model: str,
+def from_spec(bench: Any, grpc_url: str, http_url: str, interface: Interface,
               tokenizer_json: Path | None) -> tuple[BenchConfig, Workload]:
-    """The spec's `benchmark` section (stoker.spec.schema.Benchmark) as a config and workload for `execute`."""
+    """The spec's `benchmark` section (stoker.spec.schema.Benchmark) as a config and workload for `execute`, in
+    the served layout's interface (the target's)."""
     rates = bench.request_rates if bench.mode == "rate" else None
     config = BenchConfig(
-        url=http_url if bench.protocol == "http" else grpc_url, model=model,
+        url=http_url if bench.protocol == "http" else grpc_url, model=interface.model, interface=interface,
         levels=levels_from(bench.concurrency, rates), max_tokens=bench.output_tokens,
         requests_per_level=None if bench.duration_s else bench.requests_per_level, duration_s=bench.duration_s,
         warmup_requests=bench.warmup_requests, timeout_s=bench.timeout_s, protocol=bench.protocol,

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
+from ..protocol import ENSEMBLE, Interface
 from .errors import ModelUnavailable
 
 API_KEY_ENV = "STOKER_API_KEY"  # an endpoint with deploy.api_keys: every request carries it (never printed)
@@ -65,17 +66,18 @@ class TransportSpec:
     min_tokens: bool = False  # send min_tokens = max_tokens so EOS cannot cut the output short
     streaming: bool = True  # HTTP only: False uses /generate (one response)
     inputs: Mapping[str, tuple[str, tuple[int, ...]]] = field(default_factory=dict)
+    interface: Interface = ENSEMBLE  # the layout's input names (stoker.protocol); OpenAI ignores it
 
     def request_values(self, text: str, max_tokens: int) -> dict[str, Any]:
-        values: dict[str, Any] = {TEXT_INPUT: text, MAX_TOKENS: max_tokens, **self.extra_inputs}
-        if self.min_tokens:
-            values[MIN_TOKENS] = max_tokens
-        if STREAM in self.inputs or not self.inputs:
-            values[STREAM] = self.streaming
-        return values
+        return self.interface.request(text, max_tokens, streaming=self.streaming,
+                                      min_tokens=max_tokens if self.min_tokens else None,
+                                      declared=frozenset(self.inputs) if self.inputs else None,
+                                      extra=dict(self.extra_inputs))
 
     def wanted_inputs(self) -> list[str]:
-        return [TEXT_INPUT, MAX_TOKENS, *self.extra_inputs, *([MIN_TOKENS] if self.min_tokens else [])]
+        i = self.interface
+        return [*i.required_inputs(), *self.extra_inputs,
+                *([i.min_tokens or "min_tokens"] if self.min_tokens else [])]
 
 
 class Transport(Protocol):
@@ -110,8 +112,10 @@ def check_interface(spec: TransportSpec, meta: Mapping[str, Any]) -> TransportSp
     missing = [name for name in spec.wanted_inputs() if name not in inputs]
     if missing or TEXT_OUTPUT not in outputs:
         lacks = ", ".join(missing + ([] if TEXT_OUTPUT in outputs else [f"output {TEXT_OUTPUT}"]))
-        hint = " (min_tokens makes the output length exact; drop --ignore-eos for this model)" if MIN_TOKENS in missing else ""
-        raise ModelUnavailable(f"model '{spec.model}' lacks the LLM ensemble interface: no {lacks}{hint}")
+        hint = (" (min_tokens makes the output length exact; drop --ignore-eos for this model)"
+                if (spec.interface.min_tokens or "min_tokens") in missing else "")
+        what = "LLM ensemble" if spec.interface.layout == "ensemble" else f"{spec.interface.layout} model's"
+        raise ModelUnavailable(f"model '{spec.model}' lacks the {what} interface: no {lacks}{hint}")
     return TransportSpec(**{**spec.__dict__, "inputs": inputs})
 
 

@@ -69,6 +69,20 @@ def _protocol_of(url: str) -> str:
     return "http" if url.startswith(("http://", "https://")) else "grpc"
 
 
+def _interface(args: argparse.Namespace, protocol: str):
+    """--interface, else the interface of the deployment serving --url (its backend's label), else the ensemble's."""
+    from ..protocol import ENSEMBLE, by_layout
+
+    if args.interface:
+        return by_layout(args.interface)
+    if protocol == "openai":
+        return ENSEMBLE  # unused: OpenAI requests name the model, not Triton inputs
+    from ..run import stoker_home
+    from ..serving.deployed_tokenizer import interface_on
+
+    return by_layout(interface_on(args.url, stoker_home()) or "ensemble")
+
+
 def _bench(args: argparse.Namespace) -> int:
     from ..bench.client import BenchConfig, validate
     from ..bench.counting import CHUNKS_WARNING
@@ -76,15 +90,16 @@ def _bench(args: argparse.Namespace) -> int:
     from ..bench.workload import Prompt, load_prompt_file
 
     protocol = args.protocol or _protocol_of(args.url)
+    interface = _interface(args, protocol)
     if args.request_rate and args.concurrency:
         raise InvalidBenchmarkConfig("give --concurrency or --request-rate, not both (cap rates with --max-concurrency)")
     levels = levels_from(args.concurrency or ([] if args.request_rate else [1]), args.request_rate, args.max_concurrency)
     config = BenchConfig(
-        url=args.url, model=args.model, levels=levels, max_tokens=args.output_tokens,
+        url=args.url, model=args.model or interface.model, levels=levels, max_tokens=args.output_tokens,
         requests_per_level=None if args.duration else args.requests, duration_s=args.duration,
         warmup_requests=args.warmup, timeout_s=args.timeout, protocol=protocol, arrival=args.arrival,
         seed=args.seed, workers=args.workers, ignore_eos=args.ignore_eos, http_streaming=not args.no_stream,
-        extra_inputs=dict(args.extra_input or []))
+        extra_inputs=dict(args.extra_input or []), interface=interface)
     # Bad settings and a bad prompt file are refused before the deployment is looked up.
     validate(config, [Prompt("-", 1)])  # the real prompts are checked again when they are made
     if args.prompt_file is not None:
@@ -115,7 +130,12 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "http://host:port/v1 for an OpenAI-compatible server")
     p.add_argument("--protocol", choices=("grpc", "http", "openai"),
                    help="default: from the URL (…/v1: openai; http(s)://: http; else grpc)")
-    p.add_argument("--model", default="ensemble", help="the Triton model, or the OpenAI model id (default ensemble)")
+    p.add_argument("--model", help="the Triton model, or the OpenAI model id (default: the interface's model: "
+                   "ensemble, or tensorrt_llm for llmapi)")
+    p.add_argument("--interface", choices=("ensemble", "llmapi"),
+                   help="the served layout's inputs: TensorRT-LLM's ensemble (text_input, max_tokens, stream) or the "
+                        "LLM API's model (streaming, sampling_param_*); default: the deployment's serving --url, "
+                        "else ensemble")
     p.add_argument("--no-stream", action="store_true",
                    help="HTTP: /generate; openai: stream false (one response per request)")
     load = p.add_argument_group("load")

@@ -41,6 +41,7 @@ LABEL_RUN = "ai.stoker.run_id"
 # With host networking Docker does not know a container's ports: they are read back from here.
 LABEL_PORTS = "ai.stoker.ports"
 LABEL_ADDRESS = "ai.stoker.listen"  # the proxy's bind address (the stable endpoint's)
+LABEL_INTERFACE = "ai.stoker.interface"  # how clients talk to the backend: its layout's interface (stoker.protocol)
 LABEL_FRONT = "ai.stoker.front"  # what the proxy asks of clients: open, keys, tls:<digest of its PEM>
 ROLE_BACKEND, ROLE_PROXY, ROLE_OPENAI = "backend", "proxy", "openai"
 LOG_TAIL_LINES = 20
@@ -92,6 +93,7 @@ class BackendSpec:
     mounts: dict[str, str] = field(default_factory=dict)
     device_ids: tuple[int, ...] = ()
     labels: dict[str, str] = field(default_factory=dict)
+    interface: str = "ensemble"  # the layout's interface (stoker.protocol): what the smoke and the watch address
 
     def __post_init__(self) -> None:
         if not _NAME_RE.match(self.name):
@@ -188,6 +190,7 @@ def start_backend(client: docker.DockerClient, spec: BackendSpec, slot: str, por
     """Run Triton for ``spec`` in ``slot`` (its replica ``replica``) on ``ports``. No restart policy until promoted."""
     labels = {**spec.labels, LABEL_MANAGED: "true", LABEL_DEPLOYMENT: spec.name, LABEL_ROLE: ROLE_BACKEND,
               LABEL_DIGEST: spec.repo_digest, LABEL_SLOT: slot, LABEL_PORTS: ports.label(), LABEL_RUN: spec.run_id,
+              LABEL_INTERFACE: spec.interface,
               **({LABEL_REPLICA: str(replica)} if replica else {})}
     extra = [*spec.extra_args, *restricted_args(secrets.token_hex(16))]
     args = spec.command(ports, extra) if spec.command else triton_args(spec.repository_uri, ports, extra)

@@ -102,7 +102,8 @@ def backend_spec(spec: Spec, repository_uri: str, digest: str, env: dict[str, st
     """The backend for this spec: what its target supplies (image, command, mounts, devices: stoker/targets/) and
     what every backend shares; reload mode always serves the live repository, explicitly."""
     d = spec.deploy
-    fields = targets.get(spec.target).backend(spec, repository_uri, gpus)
+    target = targets.get(spec.target)
+    fields = {"interface": target.interface.layout, **target.backend(spec, repository_uri, gpus)}
     extra = list(fields.pop("extra_args", []))
     env = fields.pop("env", env)  # a target that reads no S3 (a mounted repository) is given no credentials
     if d.rollout == "reload" if reload is None else reload:

@@ -64,6 +64,20 @@ def lookup(url: str, home: Path) -> Found:
     return _from_s3(backend, home, where)
 
 
+def interface_on(url: str, home: Path) -> str | None:
+    """The serving interface (stoker.protocol layout) of the deployment serving `url`, when this machine's Docker
+    daemon runs it; None when it cannot tell."""
+    host, port = address(url)
+    if port is None or not is_local(host):
+        return None
+    try:
+        client = engine.connect(None, timeout_s=10)
+    except engine.DockerUnavailable:
+        return None
+    backend, _ = _backend_on(client, port, home)
+    return None if backend is None else backend.labels.get(engine.LABEL_INTERFACE, "ensemble")
+
+
 def _backend_on(client, port: int, home: Path):
     """(the backend container serving `port`, how it was reached), or (None, why not)."""
     for c in engine.containers(client):

@@ -14,6 +14,7 @@ import urllib.request
 from collections.abc import Callable
 
 from ..errors import StokerError
+from ..protocol import ENSEMBLE, Interface
 from ..triton.config import ENSEMBLE_NAME
 from ..triton.metrics import in_flight
 from ..triton.metrics import parse as parse_metrics
@@ -136,10 +137,12 @@ def hold_ready(
         sleep(interval_s)
 
 
-def smoke(http_url: str, prompt: str = "Hello", max_tokens: int = 4, timeout_s: float = 60.0) -> dict:
-    """Stream one generation through ``ensemble``: tokens must arrive and the stream must end cleanly."""
-    body = json.dumps({"text_input": prompt, "max_tokens": max_tokens, "stream": True}).encode()
-    req = urllib.request.Request(f"{http_url}/v2/models/{ENSEMBLE_NAME}/generate_stream", data=body,
+def smoke(http_url: str, interface: Interface = ENSEMBLE, prompt: str = "Hello", max_tokens: int = 4,
+          timeout_s: float = 60.0) -> dict:
+    """Stream one generation through the model ``interface`` addresses (the ensemble, or the LLM API's model):
+    tokens must arrive and the stream must end cleanly."""
+    body = json.dumps(interface.request(prompt, max_tokens, streaming=True)).encode()
+    req = urllib.request.Request(f"{http_url}/v2/models/{interface.model}/generate_stream", data=body,
                                  method="POST", headers={"Content-Type": "application/json"})
     t0 = time.perf_counter()
     try:
@@ -154,9 +157,9 @@ def smoke(http_url: str, prompt: str = "Hello", max_tokens: int = 4, timeout_s: 
     errors = [e["error"] for e in events if "error" in e]
     if errors:
         raise ProbeFailed(f"smoke inference: the model answered an error: {str(errors[0]).splitlines()[0]}")
-    if not events or not any("text_output" in e for e in events):
+    if not events or not any(interface.text_output in e for e in events):
         raise ProbeFailed("smoke inference: the stream ended without any token")
-    return {"events": len(events), "text": "".join(str(e.get("text_output", "")) for e in events),
+    return {"events": len(events), "text": "".join(str(e.get(interface.text_output, "")) for e in events),
             "seconds": round(time.perf_counter() - t0, 3)}
 
 

@@ -20,6 +20,7 @@ import docker
 import docker.errors
 
 from ..containers import engine
+from ..protocol import by_layout
 from . import api_keys, haproxy, openai_service, probe, topology, triton_log
 from .deployment import (BackendRef, Log, PromotionFailed, Target, keys_file, observe_backends, observe_proxy,
                          proxy_container, runtime_for, sync_config, write_config)
@@ -199,7 +200,7 @@ def _stage_one(client: docker.DockerClient, target: Target, spec: engine.Backend
             waited = probe.wait_ready(f"{url}/v2/health/ready", spec.ready_timeout_s,
                                       exit_reason=lambda: engine.exit_reason(c))
             probe.hold_ready(f"{url}/v2/health/ready", settle_s, exit_reason=lambda: engine.exit_reason(c))
-            smoke = probe.smoke(url)
+            smoke = probe.smoke(url, by_layout(spec.interface))
             if target.openai_image and replica == 0:
                 openai_service.prefetch(target.state_dir, c, log)
             log(f"{name} proven: ready after {waited:.1f} s, stayed ready {settle_s:g} s, smoke inference "
@@ -279,8 +280,11 @@ def watch(client: docker.DockerClient, live: BackendRef, window_s: float, max_er
     except docker.errors.NotFound as err:
         return WatchResult(False, f"{live.container} was removed ({err.explanation or err})", 0.0, 0, 0)
 
+    # The requests of the model clients address (the ensemble, or the LLM API's one model): stoker.protocol.
+    model = by_layout(containers[0].labels.get(engine.LABEL_INTERFACE, "ensemble")).model
+
     def counts() -> tuple[float, float]:
-        pairs = [probe.request_counts(m.metrics) for m in members]
+        pairs = [probe.request_counts(m.metrics, model) for m in members]
         return sum(p[0] for p in pairs), sum(p[1] for p in pairs)
 
     try:

@@ -18,6 +18,7 @@ from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Callable, ClassVar, Literal, Protocol
 
 from ..plan import model_checks
+from ..protocol import ENSEMBLE, Interface
 from ..errors import EvaluationFailed, one_line
 
 if TYPE_CHECKING:
@@ -73,6 +74,9 @@ class Target(ABC):
     name: ClassVar[str]
     runs_on: ClassVar[RunsOn]  # where the heavy steps run: a GPU slot today, a work pool to route to later
     layout: ClassVar[str]  # the Triton repository layout its package step writes
+    # How clients talk to what it serves (stoker.protocol): the smoke, the watch's counts, the benchmark, the
+    # evaluation and the OpenAI service address this interface, never a layout by name.
+    interface: ClassVar[Interface] = ENSEMBLE
     evaluates: ClassVar[bool] = False  # runs the accuracy evaluation (spec `evaluation`) before promoting
     evaluation_note: ClassVar[str] = "no accuracy evaluation for this target"
     baseline_tolerance: ClassVar[float] = 1e-3  # nats; spec evaluation.baseline_tolerance overrides

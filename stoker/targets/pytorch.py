@@ -8,12 +8,14 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+from ..protocol import LLMAPI
 from .gpu import GpuTarget
 
 
 class PyTorch(GpuTarget):
     name = "pytorch"
     layout = "llmapi"
+    interface = LLMAPI  # one python model, `tensorrt_llm`, with the LLM API's inputs
 
     def check_built(self, ws, spec) -> dict:
         return {}  # the unified checkpoint, its only output, is checked for every GPU target
