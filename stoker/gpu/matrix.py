@@ -87,9 +87,19 @@ def image_info(image: str) -> ImageInfo | None:
     e = d["images"].get(tag)
     if e is None:
         return None
-    # Every TRT-LLM in the table ships trtllm-build, the C++ backend and the llmapi model's runtime.
-    return ImageInfo(ref, tag, e["trtllm"], e["tensorrt"], e["cuda"], e["python"], e["modelopt"], True,
-                     ("tensorrt", "pytorch"), bool(e.get("supported", False)))
+    # The LLM API's runtime is in every TRT-LLM of the table; trtllm-build and the C++ backend only up to the 1.2 line.
+    build = has_engine_backend(e["trtllm"])
+    return ImageInfo(ref, tag, e["trtllm"], e["tensorrt"], e["cuda"], e["python"], e["modelopt"], build,
+                     ("tensorrt", "pytorch") if build else ("pytorch",), bool(e.get("supported", False)))
+
+
+def has_engine_backend(trtllm: str | None) -> bool:
+    """Whether a TRT-LLM release still ships trtllm-build and the C++ backend (the 1.2 line was the last)."""
+    if trtllm is None:
+        return False
+    last = tuple(int(x) for x in data()["engine_backend_last_line"].split("."))
+    parts = re.match(r"(\d+)\.(\d+)", trtllm)
+    return parts is not None and (int(parts.group(1)), int(parts.group(2))) <= last
 
 
 def gpu_info(key: str) -> GpuInfo | None:

@@ -100,7 +100,9 @@ def check(spec, facts: ModelFacts | None, token_present: bool) -> list[Finding]:
     if img is None:
         refuse("deploy.image", f"{spec.deploy.image} is not in stoker's version matrix; use {current}")
     elif target == "tensorrt" and not img.trtllm_build:
-        refuse("deploy.image", f"{img.ref} has no trtllm-build (engine target); use {current}")
+        refuse("deploy.image", f"{img.ref} carries TRT-LLM {img.trtllm or 'none'}, which has no trtllm-build (the "
+                               f"{matrix.data()['engine_backend_last_line']} line was the last): use target: pytorch "
+                               f"(the LLM API), or an image of that line such as {current}")
     elif target not in img.targets:
         refuse("deploy.image", f"{img.ref} cannot serve target {target!r}; use {current}")
     elif not img.supported:

@@ -46,7 +46,28 @@ def test_seed_images_are_refused_naming_the_supported_image(tag):
 
 def test_engine_target_on_an_image_without_trtllm_build():
     text = refusal(gpu_spec(deploy={"image": "stoker/triton-cpu:2.51.0-cpu"}))
-    assert text == f"deploy.image: stoker/triton-cpu:2.51.0-cpu has no trtllm-build (engine target); use {CURRENT}"
+    assert text == ("deploy.image: stoker/triton-cpu:2.51.0-cpu carries TRT-LLM none, which has no trtllm-build (the "
+                    f"1.2 line was the last): use target: pytorch (the LLM API), or an image of that line such as "
+                    f"{CURRENT}")
+
+
+def test_the_12_line_is_the_last_with_the_engine_backend():
+    assert matrix.has_engine_backend("1.2.1") and matrix.has_engine_backend("1.0.3.2510")
+    assert not matrix.has_engine_backend("1.3.0rc2") and not matrix.has_engine_backend("2.0.0")
+
+
+def test_an_image_after_the_12_line_refuses_the_engine_target_and_serves_pytorch(monkeypatch):
+    later = json.loads(json.dumps(matrix.data()))
+    later["images"]["26.10"] = {**later["images"]["26.07"], "trtllm": "1.3.0"}
+    monkeypatch.setattr(matrix, "data", lambda: later)
+    image = "nvcr.io/nvidia/tritonserver:26.10-trtllm-python-py3"
+    info = matrix.image_info(image)
+    assert not info.trtllm_build and info.targets == ("pytorch",)
+    text = refusal(gpu_spec(deploy={"image": image}))
+    assert text.startswith(f"deploy.image: {image} carries TRT-LLM 1.3.0, which has no trtllm-build") \
+        and "use target: pytorch" in text
+    assert not any(f.field == "deploy.image" for f in rules.check(gpu_spec(target="pytorch", deploy={"image": image}),
+                                                                   LLAMA, True) if f.level == "refuse")
 
 
 def test_unknown_image_is_refused():
