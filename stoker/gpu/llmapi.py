@@ -110,6 +110,10 @@ def model_yaml(spec, max_seq_len: int | None) -> dict:
         "enable_chunked_prefill": r.enable_chunked_context,
         "scheduler_config": {"capacity_scheduler_policy": r.batch_scheduler_policy.upper()},
     }
+    if r.max_tokens_in_paged_kv_cache is not None:
+        # A shared rollout's KV budget (stoker/gpu/rollout.py): two backends on one GPU set each keep to it. The
+        # LLM API's KvCacheConfig takes the smaller of max_tokens and what free_gpu_memory_fraction allows.
+        doc["kv_cache_config"]["max_tokens"] = r.max_tokens_in_paged_kv_cache
     if max_seq_len is not None:
         doc["max_seq_len"] = max_seq_len
     return doc

@@ -83,6 +83,12 @@ def _gib(n: int) -> str:
     return f"{n / GIB:.1f} GiB"
 
 
+# Build fields that only trtllm-build reads: the LLM API (target pytorch) takes the lengths and batch limits alone.
+ENGINE_ONLY_BUILD = frozenset({"opt_num_tokens", "kv_cache_type", "gemm_plugin", "gpt_attention_plugin",
+                               "remove_input_padding", "context_fmha", "use_paged_context_fmha", "use_fp8_context_fmha",
+                               "multiple_profiles", "gather_context_logits", "workers", "image", "engine_dir"})
+
+
 def check(spec, facts: ModelFacts | None, token_present: bool) -> list[Finding]:
     """Every finding for a GPU-target spec; `refuse` ones must stop the plan."""
     out: list[Finding] = []
@@ -125,8 +131,9 @@ def check(spec, facts: ModelFacts | None, token_present: bool) -> list[Finding]:
         if version != img.trtllm:
             refuse("build.engine_dir", f"engine built by TRT-LLM {version or 'unknown'} cannot be served by "
                                        f"TRT-LLM {img.trtllm}; rebuild it (drop build.engine_dir)")
-    if target == "pytorch" and (b.image or b.engine_dir):
-        refuse("build", "build.image/build.engine_dir apply to the engine target only; remove them")
+    if target == "pytorch" and (given := sorted(ENGINE_ONLY_BUILD & b.model_fields_set)):
+        refuse("build", f"{', '.join('build.' + f for f in given)}: trtllm-build settings, for the engine target only; "
+                        "remove them for target pytorch")
     # -- the GPU can run the format -------------------------------------------------------------
     gpu = matrix.gpu_info(spec.gpus.type)
     fmt, kv = matrix.format_info(q.format), matrix.kv_info(q.kv_cache_dtype)
@@ -139,11 +146,14 @@ def check(spec, facts: ModelFacts | None, token_present: bool) -> list[Finding]:
     if gpu is None:
         refuse("gpus.type", f"unknown GPU {spec.gpus.type!r}; known: {', '.join(matrix.gpu_keys())}")
     else:
-        runnable = [f for f in _formats_for(target) if matrix.format_info(f)["min_sm"] <= gpu.sm]
-        if fmt["min_sm"] > gpu.sm:
-            refuse("quantization.format", f"{q.format!r} needs compute capability >= {_cc(fmt['min_sm'])}; "
-                                          f"the {gpu.name} has {_cc(gpu.sm)}: use one of {', '.join(runnable)} "
-                                          "or a newer GPU")
+        runnable = [f for f in _formats_for(target) if _runs(f, target, gpu.sm)]
+        lo, hi = _sm_range(q.format, target)
+        if not _runs(q.format, target, gpu.sm):
+            where = (f"needs compute capability >= {_cc(lo)}" if hi is None else
+                     f"runs on compute capability {_cc(lo)}–{_cc(hi)} only")
+            backend = " on the PyTorch backend" if target == "pytorch" else ""
+            refuse("quantization.format", f"{q.format!r}{backend} {where}; the {gpu.name} has {_cc(gpu.sm)}: use one "
+                                          f"of {', '.join(runnable)}" + (" or a newer GPU" if gpu.sm < lo else ""))
         if kv["min_sm"] > gpu.sm:
             refuse("quantization.kv_cache_dtype", f"{q.kv_cache_dtype!r} KV cache needs compute capability >= "
                                                   f"{_cc(kv['min_sm'])}; the {gpu.name} has {_cc(gpu.sm)}: use 'int8' "
@@ -230,6 +240,20 @@ def engine_version(engine_dir: Path) -> str | None:
         return str(json.loads((Path(engine_dir) / "config.json").read_text())["version"])
     except (OSError, ValueError, KeyError):
         return None
+
+
+def _sm_range(fmt: str, target: str) -> tuple[int, int | None]:
+    """The compute capabilities on which ``target`` runs ``fmt``: (lowest, highest or None)."""
+    info = matrix.format_info(fmt)
+    if target == "pytorch" and "pytorch_sm" in info:
+        lo, hi = info["pytorch_sm"]
+        return int(lo), None if hi is None else int(hi)
+    return int(info["min_sm"]), None
+
+
+def _runs(fmt: str, target: str, sm: int) -> bool:
+    lo, hi = _sm_range(fmt, target)
+    return lo <= sm and (hi is None or sm <= hi)
 
 
 def _formats_for(target: str) -> list[str]:

@@ -156,3 +156,42 @@ def test_memory_estimate_arithmetic():
                                 matrix.gpu_info("h100-80gb"))
     assert fp8.weights_per_gpu == (LLAMA.params - LLAMA.embedding_params) + 2 * LLAMA.embedding_params
     assert fp8.kv_bytes_per_token_per_gpu == 65536
+
+
+def test_a_pytorch_spec_with_engine_only_build_fields_is_refused_in_one_line():
+    text = refusal(gpu_spec(target="pytorch", build={"gemm_plugin": "fp8", "gather_context_logits": True}))
+    assert text == ("build: build.gather_context_logits, build.gemm_plugin: trtllm-build settings, for the engine "
+                    "target only; remove them for target pytorch")
+    # The lengths and batch limits are the LLM API's too.
+    rules.enforce(rules.check(gpu_spec(target="pytorch", build={"max_batch_size": 64, "max_num_tokens": 4096}),
+                              LLAMA, True))
+
+
+@pytest.mark.parametrize("fmt,gpu,expect", [
+    ("nvfp4", "h100-80gb", "quantization.format: 'nvfp4' on the PyTorch backend needs compute capability >= 10.0; "
+                           "the NVIDIA H100 80GB has 9.0: use one of none, fp8, fp8_pc_pt, int4_awq, w4a8_awq or a "
+                           "newer GPU"),
+    ("w4a8_awq", "b200", "quantization.format: 'w4a8_awq' on the PyTorch backend runs on compute capability 8.9–9.0 "
+                         "only; the NVIDIA B200 has 10.0: use one of none, fp8, fp8_pc_pt, int4_awq, nvfp4"),
+    ("fp8", "a100-80gb", "quantization.format: 'fp8' on the PyTorch backend needs compute capability >= 8.9; the "
+                         "NVIDIA A100 80GB has 8.0: use one of none, int4_awq or a newer GPU"),
+])
+def test_the_pytorch_backend_refuses_a_format_its_gpu_cannot_run(fmt, gpu, expect):
+    assert refusal(gpu_spec(target="pytorch", quantization={"format": fmt}, gpus={"type": gpu})) == expect
+
+
+def test_int4_awq_needs_ampere_on_pytorch_not_on_the_engine():
+    assert _runs_on("pytorch", "int4_awq", 75) is False and _runs_on("tensorrt", "int4_awq", 75) is True
+
+
+def _runs_on(target: str, fmt: str, sm: int) -> bool:
+    return rules._runs(fmt, target, sm)
+
+
+def test_a_shared_rollouts_kv_budget_reaches_the_llm_apis_kv_cache_config():
+    from stoker.gpu import llmapi
+
+    spec = gpu_spec(target="pytorch", runtime={"max_tokens_in_paged_kv_cache": 12345})
+    doc = llmapi.model_yaml(spec, 8192)
+    assert doc["kv_cache_config"]["max_tokens"] == 12345 and doc["max_seq_len"] == 8192
+    assert "max_tokens" not in llmapi.model_yaml(gpu_spec(target="pytorch"), None)["kv_cache_config"]
