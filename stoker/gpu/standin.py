@@ -1,12 +1,14 @@
 """The stand-in switch (``STOKER_STANDIN=1``): run a GPU target's pipeline on a machine with no GPU and no TensorRT-LLM.
 
-STAND-IN, NOT TensorRT-LLM. It replaces exactly two things of a ``target: tensorrt`` run:
+STAND-IN, NOT TensorRT-LLM. It replaces exactly two things of a ``target: tensorrt`` or ``target: pytorch`` run:
 
-- the engine build: the reference path's quantize + build (child processes, CPU) run instead of the container
-  steps (ModelOpt export, trtllm-build), and their float32 artifact goes where the engine would go
-  (``tensorrt_llm/1/engine/``);
+- the build: the reference path's quantize + build (child processes, CPU) run instead of the container steps
+  (ModelOpt export, trtllm-build), and their float32 artifact goes where the engine would go
+  (``tensorrt_llm/1/engine/``) or where the LLM API's checkpoint would (``tensorrt_llm/1/checkpoint/``);
 - the serving image: stoker/triton-standin (stoker/stack/standin_image.py), the CPU Triton image whose backend
-  named ``tensorrtllm`` is stoker's reference model, so the repository rendered for the real backend loads as is.
+  named ``tensorrtllm`` is stoker's reference model, and whose /app/all_models/llmapi holds a model with the
+  contract of TensorRT-LLM's LLM-API model over the same runtime, so either repository rendered for a GPU host
+  loads as is (the `llmapi` shim included).
 
 Everything else is the GPU target's own code: the rendered repository, pre/postprocessing, ensemble, upload, the
 deploy through stoker/serving, the gates, the switch. Device requests are rendered and recorded on the backend's
@@ -14,8 +16,7 @@ labels, and dropped only here (no GPU to give). It proves stoker around the engi
 manifest, report and backend labels say so.
 
 Refused by plan for a spec meant for production: one whose endpoint other machines reach (deploy.listen not
-loopback), or a target without a stand-in (only ``tensorrt`` has one), or a format the reference runtime cannot
-build.
+loopback), or a target without a stand-in, or a format the reference runtime cannot build.
 """
 
 from __future__ import annotations
@@ -26,9 +27,10 @@ import os
 from ..errors import PlanRefused
 
 ENV = "STOKER_STANDIN"
-TARGETS = ("tensorrt",)
-NOTE = ("STAND-IN (STOKER_STANDIN=1): the engine build and the serving image are stoker's CPU reference runtime "
-        "behind TensorRT-LLM's tensor interface; this run proves stoker around the engine, never the engine")
+TARGETS = ("tensorrt", "pytorch")
+NOTE = ("STAND-IN (STOKER_STANDIN=1): the build and the serving image are stoker's CPU reference runtime behind "
+        "TensorRT-LLM's interfaces (the engine's tensors, the LLM API's model); this run proves stoker around "
+        "TensorRT-LLM, never TensorRT-LLM")
 
 
 def active() -> bool:

@@ -2,7 +2,8 @@
 
 The CPU Triton image plus a Python-based backend named ``tensorrtllm`` (Triton runs a ``model.py`` found at
 ``backends/<name>/`` for every model whose config says ``backend: "<name>"``): stoker's reference ``tensorrt_llm``
-model and runtime. Built without a registry, FROM the CPU image this machine built; its recipe label covers the
+model and runtime; and, where stoker's ``llmapi`` shim looks for TensorRT-LLM's own LLM-API model
+(/app/all_models/llmapi/tensorrt_llm/1), a model with that contract over the same runtime (stoker/triton/models/llmapi.py). Built without a registry, FROM the CPU image this machine built; its recipe label covers the
 Dockerfile, the model code and the base image's id, so a change to the runtime rebuilds it. Only runs with
 ``STOKER_STANDIN=1`` use it (stoker/gpu/standin.py).
 """
@@ -13,7 +14,7 @@ import shutil
 from pathlib import Path
 from typing import Callable
 
-from ..triton.models import RUNTIME_PACKAGE, install_step, runtime_sources
+from ..triton.models import RUNTIME_PACKAGE, install_step, model_source, runtime_sources
 from .image import DEFAULT_IMAGE
 from .worker_image import ensure_derived_image
 
@@ -26,10 +27,15 @@ def assemble_context(out: Path) -> None:
     shutil.copy(STANDIN_DIR / "Dockerfile", out / "Dockerfile")
     backend = out / "tensorrtllm"
     install_step("tensorrt_llm", backend)  # model.py + the stop-word helper it imports
-    runtime = backend / RUNTIME_PACKAGE
-    runtime.mkdir()
-    for src in runtime_sources():
-        shutil.copyfile(src, runtime / src.name)
+    # The LLM-API model where stoker's llmapi shim looks for TensorRT-LLM's (LLMAPI_MODEL_DIR in the image).
+    llmapi = out / "llmapi" / "tensorrt_llm" / "1"
+    llmapi.mkdir(parents=True)
+    shutil.copyfile(model_source("llmapi"), llmapi / "model.py")
+    for folder in (backend, llmapi):
+        runtime = folder / RUNTIME_PACKAGE
+        runtime.mkdir()
+        for src in runtime_sources():
+            shutil.copyfile(src, runtime / src.name)
 
 
 def ensure_standin_image(image: str = DEFAULT_STANDIN_IMAGE, docker_host: str | None = None,

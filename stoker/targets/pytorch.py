@@ -22,7 +22,12 @@ class PyTorch(GpuTarget):
 
     def fill_repository(self, slot: Path, fetched, built) -> None:
         # The quantized checkpoint when the build made one; format none serves the fetched weights as they are.
-        source = built.path / "unified" if (built.path / "unified").is_dir() else fetched.path
+        # STAND-IN builds (stoker/gpu/standin.py) are the reference artifact itself: the stand-in's llmapi model
+        # loads it from where the LLM API would load the checkpoint.
+        if (built.path / "stoker_runtime.json").is_file():
+            source = built.path
+        else:
+            source = built.path / "unified" if (built.path / "unified").is_dir() else fetched.path
         shutil.copytree(source, slot / "checkpoint")
 
 

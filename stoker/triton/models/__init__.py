@@ -22,8 +22,12 @@ MODEL_SOURCES: dict[str, str] = {
     "preprocessing": "preprocessing.py",
     "tensorrt_llm": "tensorrt_llm.py",
     "postprocessing": "postprocessing.py",
+    # STAND-IN for TensorRT-LLM's llmapi model (target pytorch): installed in the stand-in image only.
+    "llmapi": "llmapi.py",
 }
 
+
+ENSEMBLE_MODELS = ("preprocessing", "tensorrt_llm", "postprocessing")  # the reference repository's python models
 
 # Beside model.py of the models that import it; a name no PyPI package takes.
 STOP_WORDS_FILE = "stoker_stop_words.py"
@@ -61,7 +65,7 @@ def install_model_code(repo_dir: Path, version: str = "1") -> list[Path]:
     Weights, tokenizers and config.pbtxt files are not touched.
     """
     written: list[Path] = []
-    for name in MODEL_SOURCES:
+    for name in ENSEMBLE_MODELS:
         written += install_step(name, Path(repo_dir) / name / version)
     package = Path(repo_dir) / "tensorrt_llm" / version / RUNTIME_PACKAGE
     package.mkdir(parents=True, exist_ok=True)
