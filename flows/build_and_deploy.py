@@ -18,6 +18,7 @@ from prefect.artifacts import create_link_artifact, create_markdown_artifact, cr
 
 from flows.target_tasks import TargetTasks
 from stoker.errors import one_line
+from stoker.gpu import standin
 from stoker.orchestration.exclusive import deploy_lock, exclusive
 from stoker.record.manifest import build_manifest, write_atomic, write_local
 from stoker.record.report import benchmark_rows, markdown
@@ -60,7 +61,8 @@ class Steps(dict[str, StepResult]):
 @flow(name="build_and_deploy", log_prints=True)
 def build_and_deploy(spec: Spec, home: str | None = None) -> dict:
     """Turn the spec's model revision into a benchmarked Triton endpoint; returns the run manifest."""
-    ctx = RunContext.new(Path(home) if home else None)
+    # The stand-in (STOKER_STANDIN) is decided here, once, and recorded: every step reads ctx.standin.
+    ctx = RunContext.new(Path(home) if home else None).model_copy(update={"standin": standin.decide(spec)})
     if spec.storage.shared_cache:  # opt-in: steps read through the bucket's shared cache (stoker/cache/)
         ctx = ctx.model_copy(update={"shared_cache": spec.storage})
     started, t0 = time.time(), time.perf_counter()
@@ -85,7 +87,7 @@ def build_and_deploy(spec: Spec, home: str | None = None) -> dict:
 def run_steps(spec: Spec, ctx: RunContext, steps: Steps) -> None:
     """The run's steps in order; what builds, packages, deploys and evaluates is the target's."""
     target = target_of(spec)  # a parameter Prefect validated without the registry: checked here
-    preflight_checks(spec)
+    preflight_checks(spec, ctx.standin)
     fetched = steps.run("fetch", fetch_weights, spec, ctx)
     if spec.evaluation.enabled and target.evaluates:  # a bad evaluation text is refused here, before heavy work
         steps.run("eval-data", evaluation_data, spec, fetched, ctx)
@@ -98,7 +100,7 @@ def run_steps(spec: Spec, ctx: RunContext, steps: Steps) -> None:
             if name in steps:
                 mark_routed(steps[name], routed)
     else:
-        with target.heavy_slot(spec):  # a global concurrency limit per GPU (stoker/orchestration/gpu_slot.py); CPU: no slot
+        with target.heavy_slot(spec, ctx):  # a global concurrency limit per GPU (stoker/orchestration/gpu_slot.py); CPU: no slot
             built = target.build(steps, spec, fetched, ctx)
     packaged = target.package(steps, spec, fetched, built, ctx)
     uploaded = steps.run("upload", upload_repository, spec, packaged, ctx)

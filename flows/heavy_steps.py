@@ -23,22 +23,24 @@ from tasks.s3 import store_manifest
 
 
 @flow(name="heavy_steps", log_prints=True)
-def heavy_steps(spec: Spec, run_id: str) -> dict:
+def heavy_steps(spec: Spec, run_id: str, standin: bool = False) -> dict:
     """Run and publish to the shared cache the spec's fetch, quantize and build; returns the manifest.
 
     Args:
         spec: the calling run's spec (its revision pinned to the commit it fetched).
         run_id: this run's id in S3's runs/ (the calling run's id + "-heavy").
+        standin: the calling run's recorded stand-in decision (stoker/gpu/standin.py); this worker's environment
+            does not change it.
     """
     if not spec.storage.shared_cache:
         raise ValueError("heavy_steps needs storage.shared_cache: true (its results leave through the bucket)")
-    ctx = RunContext(run_id=run_id, home=stoker_home(), shared_cache=spec.storage)
+    ctx = RunContext(run_id=run_id, home=stoker_home(), shared_cache=spec.storage, standin=standin)
     target = target_of(spec)  # a parameter Prefect validated without the registry: checked here
     started, t0 = time.time(), time.perf_counter()
     steps, error = Steps(), None
     try:
         fetched = steps.run("fetch", fetch_weights, spec, ctx)
-        with target.heavy_slot(spec):  # the per-GPU global concurrency limit is taken where the GPU is
+        with target.heavy_slot(spec, ctx):  # the per-GPU global concurrency limit is taken where the GPU is
             target.build(steps, spec, fetched, ctx)
     except Exception as exc:
         error = one_line(exc)

@@ -17,9 +17,12 @@ def _plan(args) -> int:
     from .run import RunContext
     from .spec.load import load_spec
 
+    from .gpu import standin
+
     spec = load_spec(args.spec)
     print(f"spec {args.spec}: valid (digest {spec.digest()[:16]})")
-    print(render_plan(plan(spec, RunContext.new())))
+    # The stand-in, decided as a run would decide it at its start (stoker/gpu/standin.py).
+    print(render_plan(plan(spec, RunContext.new().model_copy(update={"standin": standin.decide(spec)}))))
     return 0
 
 

@@ -29,6 +29,9 @@ class RunContext(BaseModel):
     # Set while a routed run's results are read (flows/heavy_steps.py): a cached step found in neither layer is
     # an error naming that deployment, never a silent build on this (maybe GPU-less) host.
     routed_to: str | None = None
+    # Whether this run uses the GPU targets' stand-in (stoker/gpu/standin.py): decided once, at the run's start, from
+    # STOKER_STANDIN; what builds or serves reads it here, and the manifest and the backends' labels record it.
+    standin: bool = False
 
     @classmethod
     def new(cls, home: Path | None = None) -> RunContext:

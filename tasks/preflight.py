@@ -12,10 +12,10 @@ from . import step_task
 
 
 @step_task("preflight")
-def preflight_checks(spec: Spec) -> None:
+def preflight_checks(spec: Spec, standin: bool = False) -> None:
     """Fail in seconds on a model the format/target cannot take, an unreachable S3, a missing daemon or image,
     or a port in use."""
     check_model(spec)
     for warning in check_evaluation(spec):
         get_run_logger().warning(warning)
-    preflight(spec, get_run_logger().info)
+    preflight(spec, get_run_logger().info, standin)

@@ -37,7 +37,7 @@ def stage_candidate(spec: Spec, uploaded: StepResult, ctx: RunContext, repositor
     logger = get_run_logger()
     t0 = time.perf_counter()
     staged = rollout.stage(spec, repository or uploaded.detail["repository_uri"], uploaded.digest, ctx.run_id,
-                           logger.info)
+                           logger.info, standin=ctx.standin)
     cand = staged["candidate"]
     # http/grpc/metrics: the candidate's own ports, which the benchmark and gates use before the switch.
     detail = {**staged, "http": cand["http"], "grpc": cand["grpc"], "metrics": cand["metrics"],

@@ -20,7 +20,7 @@ def route_heavy_steps(spec: Spec, fetched: StepResult, ctx: RunContext) -> dict:
     sha = (fetched.detail or {}).get("sha")
     pinned = spec.model_copy(update={"model": spec.model.model_copy(update={"revision": sha})}) if sha else spec
     run_id = f"{ctx.run_id}-heavy"
-    flow_run = run_routed(route, {"spec": pinned.model_dump(mode="json"), "run_id": run_id},
+    flow_run = run_routed(route, {"spec": pinned.model_dump(mode="json"), "run_id": run_id, "standin": ctx.standin},
                           f"heavy-{spec.deploy.name}-{ctx.run_id}", r.start_timeout_s, r.timeout_s, log)
     st = spec.storage
     manifest = s3.get_json(s3.client(st), st, s3.run_manifest_key(st, run_id)) or {}

@@ -88,8 +88,11 @@ def rollback_to(name: str, run_id: str | None, log=print) -> dict:
         # Where that run's backend loaded its repository (a GPU target mounts the package step's folder), else S3.
         repository = (chosen["steps"].get("deploy", {}).get("detail") or {}).get("repository_uri") \
             or up["detail"]["repository_uri"]
+        # The stand-in as that run recorded it, never this shell's environment (stoker/gpu/standin.py).
+        ran_standin = bool((chosen.get("standin") or {}).get("ran"))
         bspec = rollout.backend_specs(run_spec, repository, up["digest"], rollout.container_env(run_spec),
-                                      chosen["run_id"], rollout.candidate_gpus(client, run_spec, live), reload=False)
+                                      chosen["run_id"], rollout.candidate_gpus(client, run_spec, live), reload=False,
+                                      standin=ran_standin)
         cand = promote.stage(client, target, bspec, live, spec.deploy.settle_s, log)
     else:
         live, cand = routed, promote.BackendRef.of(warm)

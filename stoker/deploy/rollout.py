@@ -98,12 +98,12 @@ def target_for(spec: Spec) -> promote.Target:
 
 
 def backend_spec(spec: Spec, repository_uri: str, digest: str, env: dict[str, str], run_id: str = "",
-                 reload: bool | None = None, gpus: tuple[int, ...] = ()) -> docker_engine.BackendSpec:
+                 reload: bool | None = None, gpus: tuple[int, ...] = (), standin: bool = False) -> docker_engine.BackendSpec:
     """The backend for this spec: what its target supplies (image, command, mounts, devices: stoker/targets/) and
     what every backend shares; reload mode always serves the live repository, explicitly."""
     d = spec.deploy
     target = targets.get(spec.target)
-    fields = {"interface": target.interface.layout, **target.backend(spec, repository_uri, gpus)}
+    fields = {"interface": target.interface.layout, **target.backend(spec, repository_uri, gpus, standin)}
     extra = list(fields.pop("extra_args", []))
     env = fields.pop("env", env)  # a target that reads no S3 (a mounted repository) is given no credentials
     if d.rollout == "reload" if reload is None else reload:
@@ -137,9 +137,15 @@ def candidate_gpus(client, spec: Spec, live: promote.topology.Backend | None) ->
 
 
 def backend_specs(spec: Spec, repository_uri: str, digest: str, env: dict[str, str], run_id: str,
-                  gpus: list[tuple[int, ...]], reload: bool | None = None) -> list[docker_engine.BackendSpec]:
-    """One BackendSpec per replica (deploy.replicas), each with its own GPUs."""
-    return [backend_spec(spec, repository_uri, digest, env, run_id, reload=reload, gpus=g) for g in gpus]
+                  gpus: list[tuple[int, ...]], reload: bool | None = None,
+                  standin: bool = False) -> list[docker_engine.BackendSpec]:
+    """One BackendSpec per replica (deploy.replicas), each with its own GPUs; ``standin``: the build's recorded
+    stand-in decision (stoker/gpu/standin.py), refused here for an endpoint other machines reach."""
+    from ..gpu.standin import check_recorded
+
+    check_recorded(spec, standin)
+    return [backend_spec(spec, repository_uri, digest, env, run_id, reload=reload, gpus=g, standin=standin)
+            for g in gpus]
 
 
 def container_env(spec: Spec) -> dict[str, str]:
@@ -273,7 +279,7 @@ def load_all(client, backend: promote.BackendRef, log: Log, models: tuple[str, .
 # ---------------------------------------------------------------- the promotion, strategy by strategy
 
 
-def stage(spec: Spec, repository_uri: str, digest: str, run_id: str, log: Log) -> dict:
+def stage(spec: Spec, repository_uri: str, digest: str, run_id: str, log: Log, standin: bool = False) -> dict:
     """Reconcile, then prepare ``digest`` to serve without giving it traffic; returns the staging record.
 
     Keys: strategy, reused (the digest already serves), in_place (reload: loaded into the live
@@ -314,7 +320,8 @@ def stage(spec: Spec, repository_uri: str, digest: str, run_id: str, log: Log) -
         log(f"{live.container} already serves digest {digest[:12]}; reusing it")
         out.update(candidate=previous, reused=True)
         return out
-    bspec = backend_specs(spec, repository_uri, digest, env, run_id, candidate_gpus(client, spec, live))
+    bspec = backend_specs(spec, repository_uri, digest, env, run_id, candidate_gpus(client, spec, live),
+                          standin=standin)
     out.update(image=bspec[0].image, gpus=[i for b in bspec for i in b.labels.get(GPUS_LABEL, "").split(",") if i],
                replicas=len(bspec))
     gpu_rollout = targets.get(spec.target).gpu_rollout(spec)

@@ -37,9 +37,25 @@ def active() -> bool:
     return os.environ.get(ENV, "").strip().lower() in ("1", "true", "yes")
 
 
-def applies(spec) -> bool:
-    """The stand-in replaces this run's engine build and serving image."""
+def decide(spec) -> bool:
+    """Whether this run uses the stand-in: read from the environment once, at the run's start (or a plan's), and
+    recorded in its RunContext, manifest and backend labels; everything that builds or serves reads that record,
+    never the environment again (a worker or a rollback elsewhere must not change what the run is). Refuses a
+    spec the stand-in must not touch (PlanRefused, one line)."""
+    check(spec)
     return active() and spec.target in TARGETS
+
+
+def applies(spec, recorded: bool) -> bool:
+    """The stand-in replaces this run's build and serving image: recorded for the run, and a target it covers."""
+    return bool(recorded) and spec.target in TARGETS
+
+
+def check_recorded(spec, recorded: bool) -> None:
+    """A recorded stand-in (a rollback, a routed worker) is refused for an endpoint other machines reach."""
+    if applies(spec, recorded) and not ipaddress.ip_address(spec.deploy.listen).is_loopback:
+        raise PlanRefused(f"the stand-in (recorded for this build) with deploy.listen {spec.deploy.listen}: an "
+                          "endpoint other machines reach is meant for production; listen on 127.0.0.1")
 
 
 def check(spec) -> None:

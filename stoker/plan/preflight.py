@@ -67,7 +67,7 @@ def check_shared_cache(spec: Spec) -> None:
         raise s3.failure(err, f"storage.shared_cache: s3://{st.bucket}/{st.prefix}/cache/", st) from None
 
 
-def check_docker(spec: Spec, log: Callable[[str], None] = print) -> str:
+def check_docker(spec: Spec, log: Callable[[str], None] = print, standin_ran: bool = False) -> str:
     """The daemon answers, the serving image (the one the target's backends run) and the proxy's are there, and
     the endpoint's ports are free or already ours; returns the serving image."""
     from .. import targets
@@ -77,8 +77,8 @@ def check_docker(spec: Spec, log: Callable[[str], None] = print) -> str:
 
     d = spec.deploy
     client = docker_engine.connect(d.docker_host, timeout_s=30)
-    image = targets.get(spec.target).backend(spec, "", ())["image"]
-    if standin.applies(spec):  # one layer on the CPU image: built here when its recipe changed (seconds)
+    image = targets.get(spec.target).backend(spec, "", (), standin_ran)["image"]
+    if standin.applies(spec, standin_ran):  # one layer on the CPU image: built here when its recipe changed (seconds)
         from ..stack.standin_image import ensure_standin_image
 
         ensure_standin_image(image, d.docker_host, log)
@@ -102,7 +102,7 @@ def check_endpoint(spec: Spec, log: Callable[[str], None]) -> None:
     log(f"preflight: the endpoint on {d.listen} asks for {' and '.join(parts)}")
 
 
-def preflight(spec: Spec, log: Callable[[str], None]) -> None:
+def preflight(spec: Spec, log: Callable[[str], None], standin_ran: bool = False) -> None:
     check_credentials(spec)
     check_storage(spec)
     keys = f", keys from Prefect block {spec.storage.credentials_block!r}" if spec.storage.credentials_block else ""
@@ -118,5 +118,5 @@ def preflight(spec: Spec, log: Callable[[str], None]) -> None:
         log(f"preflight: heavy steps routed to {route.deployment} on pool {route.pool!r} "
             f"(online: {', '.join(route.workers)})")
     check_endpoint(spec, log)
-    image = check_docker(spec, log)
+    image = check_docker(spec, log, standin_ran)
     log(f"preflight: Docker daemon, images {image} and {spec.deploy.proxy_image}, ports ok")

@@ -118,7 +118,7 @@ class Target(ABC):
 
     # The flow's steps: each runs its Prefect tasks through `steps`, which records them by name.
 
-    def heavy_slot(self, spec: Spec | None = None) -> AbstractContextManager:
+    def heavy_slot(self, spec: Spec | None = None, ctx: RunContext | None = None) -> AbstractContextManager:
         """Held around the build: one GPU step per GPU at a time (stoker/orchestration/gpu_slot.py); CPU needs none."""
         if self.runs_on == "gpu":
             from ..orchestration.gpu_slot import gpu_slot
@@ -139,7 +139,7 @@ class Target(ABC):
     # switch, watch, retire or switch back, rollback, status, down).
 
     @abstractmethod
-    def backend(self, spec: Spec, repository: str, gpus: tuple[int, ...]) -> dict:
+    def backend(self, spec: Spec, repository: str, gpus: tuple[int, ...], standin_ran: bool = False) -> dict:
         """What one backend of this target runs: BackendSpec fields (image, command, entrypoint, mounts,
         device_ids, extra_args, env, ready_timeout_s, labels) for the repository at ``repository`` (what
         `repository_of` returned), on the GPUs ``gpus`` (stoker/serving picks them per slot; () on CPU)."""

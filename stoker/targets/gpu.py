@@ -6,7 +6,8 @@ any GPU time. Serving is stoker/serving's, as for every target: this module supp
 serving image, its command, the repository mounted from the package step, the device ids per backend).
 A subclass says what its build leaves behind and what goes into its repository.
 
-With STOKER_STANDIN=1 (stoker/gpu/standin.py; `tensorrt` only) two things are replaced, nothing else: the build runs
+With the stand-in (STOKER_STANDIN=1 at the run's start, recorded in its RunContext: stoker/gpu/standin.py) two things
+are replaced, nothing else: the build runs
 the reference path's quantize + build and its artifact goes where the engine would, and backends run the
 stand-in image with their device requests dropped (still rendered and labelled).
 """
@@ -37,7 +38,7 @@ class GpuTarget(Target):
 
         standin.check(spec)
         rows = plan_gpu(spec, ctx)
-        if standin.applies(spec):
+        if standin.applies(spec, ctx.standin):
             from ..plan.rows import PlannedStep
 
             rows.insert(0, PlannedStep("standin", None, "ON", standin.NOTE + "; needs a GPU host for the real run: "
@@ -54,12 +55,13 @@ class GpuTarget(Target):
                               "(surge, shared or reload)")
         super().check_model(spec, facts)
 
-    def heavy_slot(self, spec=None):
+    def heavy_slot(self, spec=None, ctx=None):
         # STAND-IN: the build runs on the CPU, so no GPU slot is held.
-        return nullcontext() if spec is not None and standin.applies(spec) else super().heavy_slot(spec)
+        on_cpu = spec is not None and ctx is not None and standin.applies(spec, ctx.standin)
+        return nullcontext() if on_cpu else super().heavy_slot(spec, ctx)
 
     def build(self, steps: StepRunner, spec, fetched, ctx):
-        if standin.applies(spec):
+        if standin.applies(spec, ctx.standin):
             # STAND-IN: the reference path's quantize + build (CPU child processes) instead of ModelOpt's export
             # and trtllm-build; fill_repository puts the artifact where the engine goes.
             quantized = steps.run("quantize", steps.tasks.quantize_weights, spec, fetched, ctx)
@@ -75,14 +77,14 @@ class GpuTarget(Target):
         # copies to a temporary folder of its own).
         return str(packaged.path)
 
-    def backend(self, spec, repository: str, gpus: tuple[int, ...]) -> dict:
+    def backend(self, spec, repository: str, gpus: tuple[int, ...], standin_ran: bool = False) -> dict:
         from ..gpu import trtllm
 
         labels = {GPUS_LABEL: ",".join(map(str, gpus))}
         fields = {"image": trtllm.serving_image(spec), "repository_uri": trtllm.C_MODELS,
                   "mounts": {repository: trtllm.C_MODELS}, "device_ids": tuple(gpus),
                   "command": lambda ports, extra: trtllm.serve_command(spec, ports, extra)}
-        if standin.applies(spec):
+        if standin.applies(spec, standin_ran):
             from ..stack.standin_image import DEFAULT_STANDIN_IMAGE, STANDIN_LABEL
 
             # STAND-IN: the CPU image (its entrypoint is tritonserver itself: cleared, the command names it) and

@@ -74,7 +74,7 @@ class Reference(Target):
     def repository_of(self, packaged, uploaded) -> str:
         return uploaded.detail.get("repository_uri", "")  # Triton loads the repository straight from S3
 
-    def backend(self, spec, repository: str, gpus: tuple[int, ...]) -> dict:
+    def backend(self, spec, repository: str, gpus: tuple[int, ...], standin_ran: bool = False) -> dict:
         return {"image": spec.deploy.image, "repository_uri": repository, "extra_args": list(CPU_ARGS)}
 
 

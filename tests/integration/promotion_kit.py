@@ -97,15 +97,17 @@ class GpuBuild(Build):
                 "deploy": {"name": self.name, "image": "nvcr.io/nvidia/tritonserver:26.07-trtllm-python-py3",
                            "ready_timeout_s": ready_timeout_s, "openai": False}}
         args = (str(root), repo_digest(root), f"run-{tag}")
-        b = rollout.backend_spec(parse_spec(data), args[0], args[1], {}, run_id=args[2], reload=False, gpus=(0,))
+        b = rollout.backend_spec(parse_spec(data), args[0], args[1], {}, run_id=args[2], reload=False, gpus=(0,),
+                                 standin=True)
         self.made = {**getattr(self, "made", {}), b.repo_digest: (data, args)}
         return b
 
     def source(self, b: engine.BackendSpec) -> str:
         data, (root, digest, run_id) = self.made[b.repo_digest]
-        return (f"__import__('stoker.deploy.rollout').rollout.backend_spec(__import__('stoker.spec.load').spec_load.parse_spec("
+        return (f"__import__('importlib').import_module('stoker.deploy.rollout').backend_spec("
+                f"__import__('importlib').import_module('stoker.spec.load').parse_spec("
                 f"json.loads({json.dumps(data)!r})), {root!r}, {digest!r}, {{}}, run_id={run_id!r}, reload=False, "
-                "gpus=(0,))")
+                "gpus=(0,), standin=True)")
 
 
 @pytest.fixture(params=["reference"])
@@ -114,7 +116,6 @@ def build(request, s3, images, tmp_path, target, monkeypatch):
     indirect=True)`` runs a test for the tensorrt target's backends (on the stand-in) too."""
     if request.param == "tensorrt":
         request.getfixturevalue("standin_image")
-        monkeypatch.setenv("STOKER_STANDIN", "1")
         return GpuBuild(s3, images, tmp_path, target.name)
     return Build(s3, images, tmp_path, target.name)
 

@@ -23,8 +23,7 @@ pytestmark = [pytest.mark.docker]
 
 
 @pytest.fixture
-def gpu_spec(standin_image, monkeypatch):
-    monkeypatch.setenv("STOKER_STANDIN", "1")
+def gpu_spec(standin_image):
     ports = listen_ports()
     name = f"gr{uuid.uuid4().hex[:6]}"
     spec = parse_spec({"model": {"repo_id": "meta-llama/Meta-Llama-3-8B-Instruct"}, "storage": {"bucket": "unused"},
@@ -40,7 +39,7 @@ def gpu_spec(standin_image, monkeypatch):
 def _deploy(spec, tmp_path, tag, **model) -> dict:
     root = write_repo(tmp_path / f"{tag}-{uuid.uuid4().hex[:6]}", tag, **model)
     log = Lines()
-    staged = rollout.stage(spec, str(root), repo_digest(root), f"run-{tag}", log)
+    staged = rollout.stage(spec, str(root), repo_digest(root), f"run-{tag}", log, standin=True)  # as a run records it
     return staged, log
 
 
