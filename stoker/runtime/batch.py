@@ -88,8 +88,8 @@ class Batcher:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         self.model = model
         self.max_batch = max_batch
-        if max_batch > 1:
-            model.enable_batching()
+        # Whether steps run in one model pass; otherwise one pass per sequence, still in-flight scheduled.
+        self.batched = max_batch > 1 and model.enable_batching()
         self._waiting: deque[Stream] = deque()
         self._running: list[Stream] = []
         self._wake = threading.Condition()
@@ -183,9 +183,8 @@ class Batcher:
     def _step(self, running: list[Stream]) -> None:
         model = self.model
         try:
-            if len(running) == 1:  # alone: exactly the lone path of generate
-                only = running[0].decoding
-                logits = [model.forward([only.pending], only.cache)[-1]]
+            if len(running) == 1 or not self.batched:  # alone: exactly the lone path of generate
+                logits = [model.forward([s.decoding.pending], s.decoding.cache)[-1] for s in running]
             else:
                 logits = model.forward_batch([s.decoding.pending for s in running], [s.decoding.cache for s in running])
         except Exception as exc:  # noqa: BLE001 -- the step's sequences fail; the scheduler goes on

@@ -163,16 +163,17 @@ class ReferenceModel:
         out = self.hf(input_ids=ids, past_key_values=cache, use_cache=True)
         return out.logits[0].float()
 
-    def enable_batching(self) -> None:
-        """Route attention through the per-sequence function (sdpa as before, outside forward_batch)."""
-        if not self._batching:
-            if self.hf.config._attn_implementation != "sdpa":
-                raise ValueError(f"batched decoding needs sdpa attention, the model has {self.hf.config._attn_implementation}")
+    def enable_batching(self) -> bool:
+        """Route attention through the per-sequence function (sdpa as before, outside forward_batch).
+
+        False (and nothing changed) for a model whose attention is not sdpa or cannot be swapped: its
+        sequences then take their decode steps one after another.
+        """
+        if not self._batching and self.hf.config._attn_implementation == "sdpa":
             _register_ragged_attention()
             self.hf.set_attn_implementation(RAGGED_ATTENTION)
-            if self.hf.config._attn_implementation != RAGGED_ATTENTION:
-                raise ValueError(f"{self.architecture} does not take a custom attention function")
-            self._batching = True
+            self._batching = self.hf.config._attn_implementation == RAGGED_ATTENTION
+        return self._batching
 
     def _rope_group(self, position: int) -> Any:
         """Sequences whose rotary frequencies are the same in one pass (they depend on the longest in a pass)."""

@@ -63,7 +63,7 @@ def test_concurrent_greedy_equals_alone_and_transformers(arch, tmp_path: Path) -
 
 def test_batched_step_logits_equal_each_sequence_alone(llama) -> None:
     _, model = llama
-    model.enable_batching()
+    assert model.enable_batching()
     caches, tokens = [], []
     for prompt in PROMPTS:
         caches.append(model.new_cache())
@@ -194,6 +194,19 @@ def test_an_over_long_request_is_refused_alone(llama) -> None:
         batcher.stop()
     assert got == alone
     assert batcher.counts() == (0, 0)
+
+
+def test_without_batched_passes_steps_run_one_after_another(llama) -> None:
+    """A model whose attention cannot be swapped is still scheduled in flight, its steps one sequence at a time."""
+    _, model = llama
+    alone = [list(generate(model, p, n, end_id=NO_END)) for p, n in zip(PROMPTS[:3], BUDGETS[:3])]
+    batcher = Batcher(model, max_batch=3)
+    batcher.batched = False
+    try:
+        assert _run(batcher, [(p, n, {}) for p, n in zip(PROMPTS[:3], BUDGETS[:3])]) == alone
+    finally:
+        batcher.stop()
+    assert batcher.largest_step == 3
 
 
 def test_stop_ends_waiting_and_running_sequences(llama) -> None:
