@@ -1,4 +1,5 @@
-"""An OpenAI-compatible API in front of a deployment's Triton `tensorrt_llm` model (CPU reference path).
+"""An OpenAI-compatible API in front of a deployment's Triton `tensorrt_llm` model: the ensemble's (token ids) or
+TensorRT-LLM's LLM-API model (text).
 
     mapping       pure: OpenAI JSON ⇄ Triton tensors, incremental detokenization with stop strings,
                   response bodies, SSE chunks, error bodies

@@ -2,7 +2,9 @@
 
 One persistent gRPC channel to Triton (in a deployment: the proxy's gRPC frontend on a unix socket, so requests
 follow a switch like any client's); each OpenAI request is one `stream_infer` stream to
-`tensorrt_llm`, cancelled when the client goes away or a stop sequence matches. The first Triton
+`tensorrt_llm`, cancelled when the client goes away or a stop sequence matches. That model speaks the ensemble's
+interface (token ids, ``Generating``) or the LLM API's (text, ``LlmApiGenerating``): the live build's, as
+live.json names it, else the service's ``--interface``. The first Triton
 response is awaited before the HTTP answer starts, so an unreachable backend is a 503 in OpenAI's
 error shape rather than a broken stream; that response's text then leaves in the same write as the
 headers (sse.py, http11.py).
@@ -92,6 +94,9 @@ class Generating:
             self.close()
             raise
 
+    def _parse(self, resp) -> triton_stream.Step:
+        return triton_stream.parse_response(resp)
+
     async def _next(self) -> triton_stream.Step:
         try:
             resp = await self._call.read()
@@ -99,7 +104,7 @@ class Generating:
             raise _rpc_error(err, self.triton.url) from None
         if resp is grpc.aio.EOF:
             return triton_stream.Step((), True)
-        step = triton_stream.parse_response(resp)
+        step = self._parse(resp)
         if step.error:
             if "unknown model" in step.error or "not found" in step.error or "is not ready" in step.error:
                 raise m.unavailable(f"the model backend is not ready: {step.error.splitlines()[0]}")
@@ -147,11 +152,54 @@ class Generating:
             self._call.cancel()
 
 
+class LlmApiGenerating(Generating):
+    """One generation by TensorRT-LLM's LLM-API model: the prompt goes as text, each response carries the whole
+    output text so far (its new part is taken), the model says why it ended (finish_reason).
+
+    ``completion_tokens`` is the returned text encoded with the build's tokenizer: the LLM API's model returns
+    no token ids, only text."""
+
+    def __init__(self, triton: Triton, gen: triton_stream.Generation, model: ServedModel, request_id: str,
+                 authorization: str | None = None) -> None:
+        self.gen, self.triton, self.authorization = gen, triton, authorization
+        self.text = triton_stream.CumulativeText(gen.stop)
+        self._count = lambda text: len(model.encode(text, add_special_tokens=False)) if text else 0
+        self.completion_tokens = 0
+        self.finish: str | None = None
+        self._request = triton_stream.llmapi_request(gen, request_id)
+        self._call = None
+        self._step: triton_stream.Step | None = None
+
+    def _parse(self, resp) -> triton_stream.Step:
+        return triton_stream.parse_llmapi_response(resp)
+
+    def ready(self) -> list[str]:
+        step, self._step = self._step, None
+        if step is None or self.finish is not None:
+            return []
+        out = []
+        if step.text is not None:
+            piece = self.text.push(step.text, final=step.final)
+            if piece:
+                out.append(piece)
+        if self.text.stopped or step.final:
+            rest = self.text.flush()
+            if rest:
+                out.append(rest)
+            self.completion_tokens = self._count(self.text.sent)
+            self.finish = triton_stream.llmapi_finish(step.finish, self.text.stopped, self.completion_tokens,
+                                                      self.gen.max_tokens)
+        return out
+
+
 @dataclass
 class Settings:
     model: str  # the name clients pass as ``model``: the deployment's name
     grpc_url: str
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    # How to talk to `tensorrt_llm` when the live build does not say (live.json's "interface"): "ensemble" or
+    # "llmapi" (triton_stream.INTERFACES).
+    interface: str = triton_stream.ENSEMBLE
 
 
 async def _body(request: Request, limit: int) -> bytes:
@@ -244,11 +292,15 @@ def create_app(settings: Settings, live: LiveModel) -> FastAPI:
         check_model(name)
         return await card()
 
+    def interface_of(model: ServedModel) -> str:
+        return model.interface or settings.interface
+
     async def run(gen: triton_stream.Generation, model: ServedModel, prefix: str,
                   request: Request) -> tuple[Generating, m.Head]:
         rid = f"{prefix}-{uuid.uuid4().hex}"
         head = m.Head(rid, int(time.time()), settings.model, model.fingerprint)
-        g = Generating(triton, gen, model, rid, request.headers.get("authorization"))
+        kind = LlmApiGenerating if interface_of(model) == triton_stream.LLMAPI else Generating
+        g = kind(triton, gen, model, rid, request.headers.get("authorization"))
         await g.open()
         return g, head
 
@@ -256,8 +308,15 @@ def create_app(settings: Settings, live: LiveModel) -> FastAPI:
         req = m.parse_chat(m.parse_json(await _body(request, settings.max_body_bytes)))
         check_model(req.model)
         model = await live.get()
-        ids = model.chat_ids(m.chat_messages(req))
-        gen = triton_stream.plan(req, ids, model.context_len, seed=secrets.randbits(63))
+        interface = interface_of(model)
+        if interface == triton_stream.LLMAPI:
+            # The model takes text and tokenizes it itself: the template rendered here, its tokens counted here.
+            text = model.chat_prompt(m.chat_messages(req))
+            ids = model.encode(text)
+        else:
+            text, ids = None, model.chat_ids(m.chat_messages(req))
+        gen = triton_stream.plan(req, ids, model.context_len, seed=secrets.randbits(63), interface=interface,
+                                 prompt_text=text)
         g, head = await run(gen, model, "chatcmpl", request)
         if not req.stream:
             text = "".join([p async for p in g.pieces()])
@@ -273,9 +332,15 @@ def create_app(settings: Settings, live: LiveModel) -> FastAPI:
         check_model(req.model)
         model = await live.get()
         prompt = m.completion_prompt(req)
+        interface = interface_of(model)
+        if interface == triton_stream.LLMAPI and not isinstance(prompt, str):
+            raise m.bad_request("'prompt' as token ids is not supported by this deployment: it serves TensorRT-LLM's "
+                                "LLM-API model (target: pytorch), which takes text. Send the prompt as text.",
+                                "prompt", "unsupported_value")
         ids = model.encode(prompt) if isinstance(prompt, str) else prompt
         gen = triton_stream.plan(req, ids, model.context_len, seed=secrets.randbits(63),
-                     vocab_size=None if isinstance(prompt, str) else model.vocab_size)
+                                 vocab_size=None if isinstance(prompt, str) else model.vocab_size,
+                                 interface=interface, prompt_text=prompt if isinstance(prompt, str) else None)
         g, head = await run(gen, model, "cmpl", request)
         if not req.stream:
             text = "".join([p async for p in g.pieces()])

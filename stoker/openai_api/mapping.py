@@ -17,6 +17,19 @@ stoker_runtime.json), exactly as through the ensemble.
     n                         1 only
     usage                     len(input_ids), number of output_ids received
 
+With TensorRT-LLM's LLM-API model (`llmapi` layout, triton_stream.llmapi_request) the prompt goes as text:
+
+    OpenAI                    Triton (tensorrt_llm of the llmapi layout; every input [1])
+    prompt / messages         text_input BYTES (chat template applied here); prompt tokens counted by encoding it
+    max_tokens                sampling_param_max_tokens INT32
+    temperature, top_p, seed  sampling_param_temperature FP32, sampling_param_top_p FP32, sampling_param_seed UINT64;
+                              greedy (temperature or top_p 0): sampling_param_top_k INT32 = 1 and none of them
+    (always)                  streaming, sampling_param_exclude_input_from_output, return_finish_reason: true
+    stop                      cut here from the text (not sent: see llmapi_request)
+    min_tokens, ignore_eos    refused (400): the model has no such input
+    response                  text_output: the whole output so far (its new part taken); finish_reason
+    usage                     completion tokens: the returned text encoded (the model returns no token ids)
+
 Errors are ``ApiError``s carrying OpenAI's error body and the HTTP status. This module holds the OpenAI side
 (requests, errors, response bodies); the Triton side, from a parsed request to streamed text, is triton_stream.py.
 """

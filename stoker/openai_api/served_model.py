@@ -28,6 +28,7 @@ from tokenizers import Tokenizer
 
 from .layout import ASSET_FILES, LIVE_FILE
 from .mapping import ApiError, bad_request, unavailable
+from .triton_stream import INTERFACES
 
 __all__ = ["ASSET_FILES", "LIVE_FILE", "FALLBACK_CHAT_TEMPLATE", "LiveModel", "ServedModel"]
 FALLBACK_CHAT_TEMPLATE = (
@@ -93,6 +94,9 @@ class ServedModel:
     special: dict[str, str]
     context_len: int | None
     vocab_size: int
+    # How the backend serving this build is spoken to ("ensemble" or "llmapi"), as live.json names it; None: the
+    # service's own setting (--interface).
+    interface: str | None = None
 
     @classmethod
     def load(cls, folder: Path, key: str | None = None) -> ServedModel:
@@ -130,6 +134,23 @@ class ServedModel:
             return self.encode(render_chat(FALLBACK_CHAT_TEMPLATE, messages, self.special), add_special_tokens=True)
         return self.encode(render_chat(self.chat_template, messages, self.special), add_special_tokens=False)
 
+    def chat_prompt(self, messages: list[dict]) -> str:
+        """The prompt for ``messages`` as text, for a model that tokenizes it itself with its tokenizer's special
+        tokens (TensorRT-LLM's LLM API: add_special_tokens defaults to true, and its Triton model has no input
+        that changes it). A template that writes the BOS itself loses that BOS here when the tokenizer adds one,
+        so the model reads one BOS, as ``chat_ids`` gives; ``encode`` of the result is what the model reads."""
+        if self.chat_template is None:
+            return render_chat(FALLBACK_CHAT_TEMPLATE, messages, self.special)
+        text = render_chat(self.chat_template, messages, self.special)
+        bos = self.special.get("bos_token")
+        if bos and text.startswith(bos) and self._adds_bos(bos):
+            text = text[len(bos):]
+        return text
+
+    def _adds_bos(self, bos: str) -> bool:
+        bos_id = self.tokenizer.token_to_id(bos)
+        return bos_id is not None and self.encode("a", add_special_tokens=True)[:1] == [bos_id]
+
     def card(self) -> dict:
         """What /v1/models tells about the build (beside OpenAI's fields)."""
         return {"context_length": self.context_len, "chat_template": self.template_source,
@@ -139,7 +160,8 @@ class ServedModel:
 class LiveModel:
     """The build to answer with: a fixed folder, or the one named by ``<state>/live.json`` (followed).
 
-    live.json: ``{"assets": "<folder, relative to state>", "digest": "…", "backend": "…"}``, or
+    live.json: ``{"assets": "<folder, relative to state>", "digest": "…", "backend": "…", "interface": "…"}``
+    (``interface``: how that backend is spoken to, its ``ai.stoker.interface`` label; absent: the service's own), or
     ``{"error": "…"}`` when stoker could not fetch the live build's files (then every request is a
     503 naming that cause); it is checked (one stat) on every request and reloaded when it changed.
     """
@@ -168,9 +190,15 @@ class LiveModel:
         if "error" in live:
             raise unavailable(str(live["error"]))
         folder = self._state / live["assets"]
-        if self._model is not None and self._model.key == live.get("digest"):
+        interface = live.get("interface") or None
+        if interface is not None and interface not in INTERFACES:
+            raise unavailable(f"the live build's backend speaks an interface this service does not know: {interface!r} "
+                              f"(known: {', '.join(INTERFACES)})")
+        if self._model is not None and self._model.key == live.get("digest") and self._model.interface == interface:
             return self._model
-        return ServedModel.load(folder, live.get("digest") or None)
+        model = ServedModel.load(folder, live.get("digest") or None)
+        model.interface = interface
+        return model
 
     async def get(self) -> ServedModel:
         """The current build; 503 while no build is live (or its files cannot be read)."""

@@ -1,7 +1,10 @@
 """A parsed OpenAI request ⇄ one streamed request to Triton's `tensorrt_llm`: the generation it asks for (lengths
 checked, OpenAI's defaults filled), the gRPC request, each streamed response, and the text cut at stop sequences.
 
-The mapping table is in mapping.py, with the OpenAI side. Pure.
+Two interfaces (stoker.protocol): the ensemble's `tensorrt_llm` takes token ids and streams token ids
+(``triton_request``, ``parse_response``, ``TextStream``); TensorRT-LLM's LLM-API python model (`llmapi` layout,
+the pytorch target) takes text and streams the whole output text so far (``llmapi_request``,
+``parse_llmapi_response``, ``CumulativeText``). The mapping tables are in mapping.py, with the OpenAI side. Pure.
 """
 
 from __future__ import annotations
@@ -14,6 +17,12 @@ from tritonclient.grpc import service_pb2
 
 from .mapping import (DEFAULT_CHAT_MAX_TOKENS, DEFAULT_COMPLETION_MAX_TOKENS, MODEL_NAME, UINT64_MASK, ChatRequest,
                       _Request, bad_request, stop_sequences)
+
+# The serving interfaces (stoker.protocol's layouts; this package runs where stoker is not installed, so the
+# names are repeated here and a unit test holds them equal to stoker.protocol.LLMAPI and stoker.gpu.llmapi).
+ENSEMBLE, LLMAPI = "ensemble", "llmapi"
+INTERFACES = (ENSEMBLE, LLMAPI)
+LLMAPI_MODEL = "tensorrt_llm"
 
 
 @dataclass(frozen=True)
@@ -28,14 +37,19 @@ class Generation:
     seed: int
     stop: tuple[str, ...]
     min_tokens: int = 0  # the end id is held back this long (0: may end at once)
+    prompt_text: str | None = None  # the prompt as text (the LLM API's model takes text; input_ids then count it)
 
 
 def plan(req: _Request, input_ids: Sequence[int], context_len: int | None, *, seed: int,
-         vocab_size: int | None = None) -> Generation:
+         vocab_size: int | None = None, interface: str = ENSEMBLE, prompt_text: str | None = None) -> Generation:
     """Validate lengths against the model's context and fill OpenAI's defaults.
 
     ``seed`` is used when the request has none (OpenAI samples afresh each time unless seeded).
+    ``interface``: the backend's (``ensemble`` or ``llmapi``); the LLM API's model has no input that holds the
+    end id back, so min_tokens / ignore_eos asked of it are refused rather than ignored.
     """
+    if interface == LLMAPI:
+        _refuse_min_tokens(req)
     chat = isinstance(req, ChatRequest)
     where = "messages" if chat else "prompt"
     n_prompt = len(input_ids)
@@ -66,7 +80,15 @@ def plan(req: _Request, input_ids: Sequence[int], context_len: int | None, *, se
     return Generation(input_ids=tuple(int(t) for t in input_ids), max_tokens=int(asked),
                       greedy=temperature == 0.0 or top_p == 0.0, temperature=temperature, top_p=top_p,
                       seed=(seed if req.seed is None else req.seed) & UINT64_MASK, stop=stop_sequences(req),
-                      min_tokens=_min_tokens(req, int(asked)))
+                      min_tokens=_min_tokens(req, int(asked)), prompt_text=prompt_text)
+
+
+def _refuse_min_tokens(req: _Request) -> None:
+    for name, value, off in (("min_tokens", req.min_tokens, (None, 0)), ("ignore_eos", req.ignore_eos, (None, False))):
+        if value not in off:
+            raise bad_request(f"'{name}' is not supported by this deployment: it serves TensorRT-LLM's LLM-API model "
+                              "(target: pytorch), which has no input that holds the end of the output back.", name,
+                              "unsupported_parameter")
 
 
 def _min_tokens(req: _Request, max_tokens: int) -> int:
@@ -107,20 +129,67 @@ def triton_request(gen: Generation, request_id: str, model: str = MODEL_NAME) ->
     return r
 
 
+def _bytes_tensor(request: service_pb2.ModelInferRequest, name: str, values: Sequence[str]) -> None:
+    """A BYTES tensor [len(values)]: each element its 4-byte little-endian length, then its UTF-8 bytes."""
+    raw = b"".join(len(b).to_bytes(4, "little") + b for b in (v.encode("utf-8") for v in values))
+    _tensor(request, name, "BYTES", [len(values)], raw)
+
+
+def llmapi_request(gen: Generation, request_id: str, model: str = LLMAPI_MODEL) -> service_pb2.ModelInferRequest:
+    """The streamed request to TensorRT-LLM's LLM-API model (TRT-LLM 1.2.1 all_models/llmapi) for ``gen``.
+
+    Its config declares every input with dims [1] and max_batch_size 0, so each scalar is a [1] tensor. The prompt
+    goes as text (the model tokenizes it, with its tokenizer's special tokens). Greedy is asked as top_k = 1 with no
+    temperature and no top_p: TensorRT-LLM decodes greedily when top_k is 1 in every sampler it has (a temperature
+    of 0 is not accepted by all of them). Stop sequences are not sent as ``sampling_param_stop``: stoker's shim
+    (stoker/gpu/llmapi.py) adds the model's extra end ids only to requests that name no stop strings of their own,
+    so sending them would let e.g. Llama 3.1's <|eot_id|> run on; they are cut here, from the text, as for the
+    ensemble. No min_tokens: the model has no such input (``plan`` refuses it).
+    """
+    if gen.prompt_text is None:
+        raise ValueError("the LLM API's model takes the prompt as text: the generation has none")
+    r = service_pb2.ModelInferRequest(model_name=model, id=request_id)
+    _bytes_tensor(r, "text_input", [gen.prompt_text])
+    _tensor(r, "streaming", "BOOL", [1], b"\x01")
+    _tensor(r, "sampling_param_max_tokens", "INT32", [1], np.int32(gen.max_tokens).astype("<i4").tobytes())
+    _tensor(r, "sampling_param_exclude_input_from_output", "BOOL", [1], b"\x01")
+    _tensor(r, "return_finish_reason", "BOOL", [1], b"\x01")
+    if gen.greedy:
+        _tensor(r, "sampling_param_top_k", "INT32", [1], np.int32(1).astype("<i4").tobytes())
+    else:
+        _tensor(r, "sampling_param_temperature", "FP32", [1], np.float32(gen.temperature).astype("<f4").tobytes())
+        _tensor(r, "sampling_param_top_p", "FP32", [1], np.float32(gen.top_p).astype("<f4").tobytes())
+        _tensor(r, "sampling_param_seed", "UINT64", [1], np.uint64(gen.seed).astype("<u8").tobytes())
+    r.outputs.add().name = "text_output"
+    r.outputs.add().name = "finish_reason"
+    # A stream cancelled or ended without a last response still ends with an empty one flagged final.
+    r.parameters["triton_enable_empty_final_response"].bool_param = True
+    return r
+
+
 @dataclass(frozen=True)
 class Step:
-    """One streamed response: new token ids, whether it is the last, or Triton's error."""
+    """One streamed response: new token ids, whether it is the last, or Triton's error.
+
+    From the LLM API's model: ``text``, the whole output so far, and ``finish``, its finish_reason ("None" until
+    the end, then TensorRT-LLM's: "stop", "length", "timeout", "cancelled")."""
 
     token_ids: tuple[int, ...]
     final: bool
     error: str | None = None
+    text: str | None = None
+    finish: str | None = None
+
+
+def _final(r) -> bool:
+    return r.parameters["triton_final_response"].bool_param if "triton_final_response" in r.parameters else False
 
 
 def parse_response(resp: service_pb2.ModelStreamInferResponse) -> Step:
     if resp.error_message:
         return Step((), True, resp.error_message)
     r = resp.infer_response
-    final = r.parameters["triton_final_response"].bool_param if "triton_final_response" in r.parameters else False
+    final = _final(r)
     ids: tuple[int, ...] = ()
     lengths = None
     for i, out in enumerate(r.outputs):
@@ -133,25 +202,76 @@ def parse_response(resp: service_pb2.ModelStreamInferResponse) -> Step:
     return Step(ids, final)
 
 
+def _first_string(raw: bytes) -> str:
+    """The first element of a BYTES tensor's raw contents, as text."""
+    if len(raw) < 4:
+        return ""
+    n = int.from_bytes(raw[:4], "little")
+    return raw[4:4 + n].decode("utf-8", errors="replace")
+
+
+def parse_llmapi_response(resp: service_pb2.ModelStreamInferResponse) -> Step:
+    """A response of the LLM API's model: its text (the output so far) and finish_reason; a finish reason other
+    than "None" ends the output even where Triton's final flag comes in a response of its own."""
+    if resp.error_message:
+        return Step((), True, resp.error_message)
+    r = resp.infer_response
+    text = finish = None
+    for i, out in enumerate(r.outputs):
+        if i >= len(r.raw_output_contents):
+            break
+        if out.name == "text_output":
+            text = _first_string(r.raw_output_contents[i])
+        elif out.name == "finish_reason":
+            finish = _first_string(r.raw_output_contents[i])
+    done = finish not in (None, "", "None")
+    return Step((), _final(r) or done, text=text, finish=finish if done else None)
+
+
+class StopCut:
+    """Text in, piece by piece; text out, cut at the first stop sequence.
+
+    Text that could still be the start of a stop sequence is held back, so no part of a stop sequence is ever
+    sent; at a match the text before it is released and ``stopped`` is set."""
+
+    def __init__(self, stop: Sequence[str] = ()) -> None:
+        self._stop = tuple(s for s in stop if s)
+        self._hold = max((len(s) for s in self._stop), default=1) - 1
+        self._pending = ""
+        self.stopped = False
+
+    def push(self, text: str, final: bool = False) -> str:
+        if self.stopped:
+            return ""
+        self._pending += text
+        hits = [i for i in (self._pending.find(s) for s in self._stop) if i >= 0]
+        if hits:
+            out, self._pending, self.stopped = self._pending[:min(hits)], "", True
+            return out
+        keep = 0 if final else min(self._hold, len(self._pending))
+        out, self._pending = self._pending[:len(self._pending) - keep], self._pending[len(self._pending) - keep:]
+        return out
+
+
 class TextStream:
     """Generated token ids in, text out, one token at a time; stop sequences cut the text.
 
     Decoding a token on its own breaks characters that span tokens (byte-level BPE) and leading
     spaces (SentencePiece), so each step decodes a short window of ids and releases only what the
     new token added, holding back an incomplete character (TGI's and vLLM's offsets). Text that
-    could still be the start of a stop sequence is held back too, so no part of a stop sequence is
-    ever sent; at a match the text before it is released and ``stopped`` is set.
+    could still be the start of a stop sequence is held back too (``StopCut``).
     """
 
     def __init__(self, decode: Callable[[list[int]], str], stop: Sequence[str] = ()) -> None:
         self._decode = decode
-        self._stop = tuple(s for s in stop if s)
-        self._hold = max((len(s) for s in self._stop), default=1) - 1
+        self._cut = StopCut(stop)
         self.ids: list[int] = []
         self._prefix = 0  # the window's start: ids already released, kept as context
         self._read = 0  # ids[:_read] are text (released or pending)
-        self._pending = ""
-        self.stopped = False
+
+    @property
+    def stopped(self) -> bool:
+        return self._cut.stopped
 
     def push(self, token_id: int) -> str:
         """The text that ``token_id`` lets out (often '', e.g. inside a character or a possible stop)."""
@@ -160,29 +280,67 @@ class TextStream:
         self.ids.append(int(token_id))
         before = self._decode(self.ids[self._prefix:self._read])
         now = self._decode(self.ids[self._prefix:])
+        added = ""
         if len(now) > len(before) and not now.endswith("\ufffd"):
-            self._pending += now[len(before):]
+            added = now[len(before):]
             self._prefix, self._read = self._read, len(self.ids)
-        return self._release(final=False)
+        return self._cut.push(added)
 
     def flush(self) -> str:
         """The rest, at the end of generation (an incomplete character comes out as U+FFFD)."""
+        added = ""
         if not self.stopped and self._read < len(self.ids):
             before = self._decode(self.ids[self._prefix:self._read])
-            self._pending += self._decode(self.ids[self._prefix:])[len(before):]
+            added = self._decode(self.ids[self._prefix:])[len(before):]
             self._read = len(self.ids)
-        return self._release(final=True)
+        return self._cut.push(added, final=True)
 
-    def _release(self, final: bool) -> str:
+
+class CumulativeText:
+    """The LLM API's streamed text in (each response the whole output so far), the new text out, cut at stop
+    sequences (``StopCut``). ``sent``: all the text let out.
+
+    A trailing U+FFFD (a character whose bytes have not all come) is held back until a later response completes
+    it or the output ends. Should a response not begin with the text already taken (a detokenizer that revised
+    it), only what goes beyond the length already taken is new: text already sent cannot be taken back."""
+
+    def __init__(self, stop: Sequence[str] = ()) -> None:
+        self._cut = StopCut(stop)
+        self._taken = ""  # the model's output consumed so far
+        self._last = ""  # the last response's text, as it came
+        self.sent = ""
+
+    @property
+    def stopped(self) -> bool:
+        return self._cut.stopped
+
+    def push(self, text: str, final: bool = False) -> str:
+        """The new text that the output so far, ``text``, lets out; ``final``: nothing more will come."""
         if self.stopped:
             return ""
-        hits = [i for i in (self._pending.find(s) for s in self._stop) if i >= 0]
-        if hits:
-            out, self._pending, self.stopped = self._pending[:min(hits)], "", True
-            return out
-        keep = 0 if final else min(self._hold, len(self._pending))
-        out, self._pending = self._pending[:len(self._pending) - keep], self._pending[len(self._pending) - keep:]
+        self._last = text
+        usable = text if final else text.rstrip("\ufffd")
+        new = usable[len(self._taken):]  # (empty when shorter: a revision of text already taken)
+        if len(usable) >= len(self._taken):
+            self._taken = usable
+        out = self._cut.push(new, final=final)
+        self.sent += out
         return out
+
+    def flush(self) -> str:
+        """The rest, at the end of the output (what was held back as a possible stop sequence or character)."""
+        return self.push(self._last, final=True)
+
+
+def llmapi_finish(model_reason: str | None, stopped: bool, completion_tokens: int, max_tokens: int) -> str:
+    """OpenAI's finish_reason for an LLM-API output: ``stop`` at a stop sequence cut here; else the model's
+    ("length" when max_tokens ran out; "stop" at an end id or stop string); a model that said nothing (no finish
+    output), or ended otherwise ("timeout", "cancelled"), is judged by the count as for the ensemble."""
+    if stopped:
+        return "stop"
+    if model_reason in ("stop", "length"):
+        return model_reason
+    return finish_reason(False, completion_tokens, max_tokens)
 
 
 def finish_reason(stopped: bool, completion_tokens: int, max_tokens: int) -> str:

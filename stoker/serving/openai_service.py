@@ -10,7 +10,8 @@ build, its tokenizer files, stoker writes beside it at each switch:
     <state>/openai/app/<code digest>/stoker_openai/   the service's code
     <state>/openai/assets/<content key>/              a build's tokenizer files (tensorrt_llm/<v>/weights/)
     <state>/openai/backends/<container id>.json       which assets a backend container serves
-    <state>/openai/live.json                          the live one; the service re-reads it when it changes
+    <state>/openai/live.json                          the live one and its backend's interface (ensemble or
+                                                      llmapi); the service re-reads it when it changes
 
 The files come from the model repository in S3 that the backend loaded (its ``--model-repository``,
 with its own credentials), fetched when a candidate is proven (``prefetch``) so that the switch
@@ -241,7 +242,9 @@ def follow(client: docker.DockerClient, state_dir: Path, backend: str, log: Log,
         else:
             entry = fetch_assets(c, state)
             write_atomic(index, json.dumps(entry))
-        live = {**entry, "backend": backend}
+        # How the service speaks to this backend (stoker.protocol's layout, the label start_backend sets; a backend
+        # started before the label existed served the ensemble): the service follows it with the tokenizer.
+        live = {**entry, "interface": c.labels.get(engine.LABEL_INTERFACE) or "ensemble", "backend": backend}
     except Exception as err:  # noqa: BLE001 - any cause; it goes into live.json and the log
         live = {"error": f"the tokenizer files of {backend} could not be fetched: {engine.one_line(err)}",
                 "backend": backend}

@@ -21,14 +21,15 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @contextlib.contextmanager
 def openai_service(model: str, grpc_url: str, assets: Path, log: Path | None = None,
-                   timeout_s: float = 60) -> Iterator[tuple[str, subprocess.Popen]]:
-    """Start the service and wait until /v1/models answers; yields (base URL ending in /v1, the process)."""
+                   timeout_s: float = 60, extra_args: tuple[str, ...] = ()) -> Iterator[tuple[str, subprocess.Popen]]:
+    """Start the service and wait until /v1/models answers; yields (base URL ending in /v1, the process).
+    ``extra_args``: more of its arguments (e.g. ``("--interface", "llmapi")``)."""
     port = free_port()
     out = open(log, "wb") if log else None
     try:
         service = subprocess.Popen(
             [sys.executable, "-m", "stoker.openai_api", "--model", model, "--grpc", grpc_url, "--assets", str(assets),
-             "--port", str(port), "--log-level", "warning"],
+             "--port", str(port), "--log-level", "warning", *extra_args],
             cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=out,
             stderr=subprocess.STDOUT if out else None)
     finally:
