@@ -3,8 +3,8 @@ side in one run, on a real tritonserver; writes JSON.
 
 Two models, both built here as the demo builds its model (stoker.workers.tinymodel → build_reference →
 stoker.triton.repository.assemble, the full ensemble with the spec's defaults, 2 torch threads): the demo's tiny
-Llama (hidden 256, 4 layers) and a larger tiny Llama (hidden 512, 8 layers). Each is served twice by a local
-tritonserver (nvidia-pytriton wheel): "before" with `max_concurrent_requests` 1 in the model's config.pbtxt (the
+Llama (hidden 256, 4 layers) and a larger tiny Llama (hidden 512, 8 layers). Each is served by two local
+tritonservers at once (nvidia-pytriton wheel), measured in turn at each level: "before" with `max_concurrent_requests` 1 in the model's config.pbtxt (the
 old path: requests one after another), "after" with the default (the config's max_batch_size, 8: in-flight
 batching). stoker's own benchmark client (stoker.bench, gRPC stream_infer on the ensemble) runs concurrency 1, 2,
 4, 8, the same prompts (demo workload: 32 input tokens, 32 output tokens with min_tokens so every request runs to
@@ -13,6 +13,9 @@ and each level's ratio to concurrency 1 of the same mode. Client and server shar
 demo. Goal (issue 31): tok/s at c=4 >= 2x c=1, TTFT p50 at c=4 <= 3x c=1.
 
     python benchmarks/batching.py --out benchmarks/results/batching.json
+    PYTHONPATH=. taskset -c 0,1 python benchmarks/batching.py --in-process   # the scheduler alone, no Triton
+
+The committed benchmarks/results/batching.json is an --in-process run (its `machine` and `note` say where and why).
 """
 
 from __future__ import annotations
@@ -66,31 +69,144 @@ def _stats(s) -> dict | None:
     return None if s is None else {"p50": round(s.p50, 2), "p99": round(s.p99, 2), "mean": round(s.mean, 2)}
 
 
-def measure(repo: Path, log: Path, requests: int, tokens: int, input_tokens: int) -> list[dict]:
-    from stoker.bench.client import BenchConfig, run_sweep
+def _row(level) -> dict:
+    return {"concurrency": level.concurrency, "requests": level.requests, "completed": level.completed,
+            "errors": level.errors, "short_outputs": level.short_outputs,
+            "output_tokens": round(level.output_tokens.mean * level.completed) if level.output_tokens else 0,
+            "output_tok_per_s": round(level.output_tokens_per_s, 1), "ttft_ms": _stats(level.ttft_ms),
+            "itl_ms": _stats(level.itl_ms), "duration_s": round(level.duration_s, 2),
+            "client_saturated": level.client_saturated}
+
+
+def measure(repos: dict[str, Path], logs: Path, requests: int, tokens: int, input_tokens: int) -> dict[str, list[dict]]:
+    """Both modes served at once; each concurrency level runs before then after, so load from elsewhere on the host
+    falls on both alike."""
+    from contextlib import ExitStack
+
+    from stoker.bench.client import BenchConfig, progress_line, run_sweep
     from stoker.bench.load import Level
     from stoker.bench.workload import make_prompts
     from stoker.stack import local_triton
 
-    with local_triton.start(repo, local_triton.pick_free_ports(), log) as server:
-        config = BenchConfig(url=server.grpc_url, model="ensemble", levels=[Level(concurrency=c) for c in CONCURRENCY],
-                             max_tokens=tokens, requests_per_level=requests, warmup_requests=4, timeout_s=300,
-                             ignore_eos=True)
-        result = run_sweep(config, make_prompts(requests, input_tokens, seed=0),
-                           progress=lambda line: print(f"  {line}", file=sys.stderr))
-    rows = []
-    for level in result.levels:
-        rows.append({"concurrency": level.concurrency, "requests": level.requests, "completed": level.completed,
-                     "errors": level.errors, "short_outputs": level.short_outputs,
-                     "output_tokens": round(level.output_tokens.mean * level.completed) if level.output_tokens else 0,
-                     "output_tok_per_s": round(level.output_tokens_per_s, 1), "ttft_ms": _stats(level.ttft_ms),
-                     "itl_ms": _stats(level.itl_ms), "duration_s": round(level.duration_s, 2),
-                     "client_saturated": level.client_saturated})
-    base = rows[0]
-    for row in rows:
-        row["tok_per_s_over_c1"] = round(row["output_tok_per_s"] / base["output_tok_per_s"], 2)
-        row["ttft_p50_over_c1"] = round(row["ttft_ms"]["p50"] / base["ttft_ms"]["p50"], 2)
+    prompts = make_prompts(requests, input_tokens, seed=0)
+    rows: dict[str, list[dict]] = {mode: [] for mode in repos}
+    with ExitStack() as stack:
+        servers = {mode: stack.enter_context(local_triton.start(repo, local_triton.pick_free_ports(),
+                                                                 logs / f"{repo.name}.log"))
+                   for mode, repo in repos.items()}
+        for c in CONCURRENCY:
+            for mode, server in servers.items():
+                config = BenchConfig(url=server.grpc_url, model="ensemble", levels=[Level(concurrency=c)],
+                                     max_tokens=tokens, requests_per_level=requests, warmup_requests=2,
+                                     timeout_s=300, ignore_eos=True)
+                level = run_sweep(config, prompts).levels[0]
+                print(f"  {mode}: {progress_line(level)}", file=sys.stderr)
+                rows[mode].append(_row(level))
+    for mode_rows in rows.values():
+        base = mode_rows[0]
+        for row in mode_rows:
+            row["tok_per_s_over_c1"] = round(row["output_tok_per_s"] / base["output_tok_per_s"], 2)
+            row["ttft_p50_over_c1"] = round(row["ttft_ms"]["p50"] / base["ttft_ms"]["p50"], 2)
     return rows
+
+
+
+def in_process(args) -> dict:
+    """The scheduler alone (stoker.runtime.batch.Batcher) in this process: no Triton, no client stack. Client threads
+    (one per concurrency slot) submit random-id prompts and time each token as the scheduler hands it over."""
+    import random
+    import threading
+
+    import torch
+    import transformers
+
+    from stoker.runtime.batch import Batcher
+    from stoker.runtime.model import load_model
+
+    def artifact(root: Path, hidden: int, intermediate: int, layers: int) -> Path:
+        torch.manual_seed(0)
+        config = transformers.LlamaConfig(vocab_size=2048, hidden_size=hidden, intermediate_size=intermediate,
+                                          num_hidden_layers=layers, num_attention_heads=8, num_key_value_heads=2,
+                                          max_position_embeddings=2048, tie_word_embeddings=False)
+        transformers.LlamaForCausalLM(config).float().eval().save_pretrained(root)
+        (root / "stoker_runtime.json").write_text(json.dumps({
+            "format": "stoker-reference/1", "dtype": "float32", "end_id": 2, "pad_id": 3,
+            "quantization": {"format": "none", "kv_cache_dtype": None, "kv_scales": {}}}))
+        return root
+
+    def level(model, limit: int, c: int) -> dict:
+        rng = random.Random(0)
+        prompts = [[rng.randrange(4, 2048) for _ in range(args.input_tokens)] for _ in range(args.requests)]
+        batcher = Batcher(model, max_batch=limit).start()
+        todo = iter(range(args.requests))
+        lock = threading.Lock()
+        ttft, itl, e2e, tokens = [], [], [], []
+
+        def client() -> None:
+            while True:
+                with lock:
+                    i = next(todo, None)
+                if i is None:
+                    return
+                sent = time.perf_counter()
+                stamps = [time.perf_counter() for _ in batcher.submit(prompts[i], args.tokens, -1,
+                                                                        min_new_tokens=args.tokens)]
+                with lock:
+                    ttft.append(stamps[0] - sent)
+                    itl.extend(b - a for a, b in zip(stamps, stamps[1:]))
+                    e2e.append(stamps[-1] - sent)
+                    tokens.append(len(stamps))
+
+        for warm in prompts[:2]:
+            list(batcher.submit(warm, 4, -1))
+        t0 = time.perf_counter()
+        threads = [threading.Thread(target=client) for _ in range(c)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        wall = time.perf_counter() - t0
+        batcher.stop()
+
+        def pct(values: list[float], q: float) -> float:
+            ordered = sorted(values)
+            return round(1000 * ordered[min(len(ordered) - 1, int(round(q / 100 * (len(ordered) - 1))))], 2)
+
+        return {"concurrency": c, "requests": len(tokens), "errors": args.requests - len(tokens),
+                "output_tokens": sum(tokens), "output_tok_per_s": round(sum(tokens) / wall, 1),
+                "ttft_ms": {"p50": pct(ttft, 50), "p99": pct(ttft, 99)}, "itl_ms": {"p50": pct(itl, 50), "p99": pct(itl, 99)},
+                "duration_s": round(wall, 2), "decode_steps": batcher.steps,
+                "mean_sequences_per_step": round(batcher.stepped_sequences / max(1, batcher.steps), 2)}
+
+    results: dict[str, dict] = {}
+    with tempfile.TemporaryDirectory(prefix="stoker-batching-") as tmp:
+        for name in args.models.split(","):
+            hidden, intermediate, layers = MODELS[name]
+            model = load_model(artifact(Path(tmp) / name, hidden, intermediate, layers), num_threads=2)
+            rows: dict[str, list[dict]] = {"before": [], "after": []}
+            for c in CONCURRENCY:
+                for mode, limit in (("before", 1), ("after", 8)):
+                    rows[mode].append(level(model, limit, c))
+                    r = rows[mode][-1]
+                    print(f"  {name} {mode} c={c}: {r['output_tok_per_s']} tok/s, TTFT p50 {r['ttft_ms']['p50']} ms, "
+                          f"ITL p50 {r['itl_ms']['p50']} ms", file=sys.stderr)
+            for mode_rows in rows.values():
+                for row in mode_rows:
+                    row["tok_per_s_over_c1"] = round(row["output_tok_per_s"] / mode_rows[0]["output_tok_per_s"], 2)
+                    row["ttft_p50_over_c1"] = round(row["ttft_ms"]["p50"] / mode_rows[0]["ttft_ms"]["p50"], 2)
+            results[name] = {"shape": {"hidden": hidden, "intermediate": intermediate, "layers": layers}, **rows}
+            summarize_goal(results[name])
+    return results
+
+
+def summarize_goal(entry: dict) -> None:
+    before, after = entry["before"], entry["after"]
+    at4 = next(r for r in after if r["concurrency"] == 4)
+    entry["after_over_before_tok_per_s"] = {
+        str(a["concurrency"]): round(a["output_tok_per_s"] / b["output_tok_per_s"], 2) for a, b in zip(after, before)}
+    entry["goal"] = {"tok_per_s_c4_over_c1": at4["tok_per_s_over_c1"], "wanted_at_least": 2.0,
+                     "ttft_p50_c4_over_c1": at4["ttft_p50_over_c1"], "wanted_at_most": 3.0,
+                     "met": at4["tok_per_s_over_c1"] >= 2.0 and at4["ttft_p50_over_c1"] <= 3.0}
 
 
 def main() -> None:
@@ -100,7 +216,32 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=32, help="output tokens per request (demo: 32)")
     ap.add_argument("--input-tokens", type=int, default=32, help="prompt words per request (demo: 32)")
     ap.add_argument("--models", default=",".join(MODELS), help="which of " + ", ".join(MODELS))
+    ap.add_argument("--in-process", action="store_true",
+                    help="measure the scheduler alone in this process (no Triton, no client stack); "
+                         "writes the same figures under harness 'in_process'")
     args = ap.parse_args()
+    if args.in_process:
+        started = time.time()
+        LOAD_AT_START[:] = os.getloadavg()
+        results = in_process(args)
+        out = {"harness": "in_process",
+               "what": "stoker.runtime.batch.Batcher alone in one Python process: client threads submit random-id "
+                       "prompts, tokens timed as the scheduler hands them over; before = max_batch 1, after = 8. "
+                       "No Triton, no gRPC, no tokenizer.",
+               "workload": {"input_tokens": args.input_tokens, "output_tokens": args.tokens,
+                            "requests_per_level": args.requests, "warmup_requests_per_level": 2,
+                            "concurrency": list(CONCURRENCY), "torch_threads": 2},
+               "models": results,
+               "counts": {"requests": sum(r["requests"] for m in results.values() for mode in MODES for r in m[mode]),
+                          "errors": sum(r["errors"] for m in results.values() for mode in MODES for r in m[mode]),
+                          "output_tokens": sum(r["output_tokens"] for m in results.values() for mode in MODES
+                                               for r in m[mode])},
+               "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
+                           "torch_threads": 2, "load_avg_at_start": LOAD_AT_START, "load_avg_at_end": os.getloadavg()},
+               "wall_s": round(time.time() - started, 1)}
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(out, indent=2) + "\n")
+        return
     # A SIGTERM (timeout) unwinds the `with` blocks, so no tritonserver outlives the run.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit("stopped by SIGTERM"))
 
@@ -112,12 +253,12 @@ def main() -> None:
             hidden, intermediate, layers = MODELS[name]
             artifact = build_artifact(Path(tmp) / name, hidden, intermediate, layers)
             results[name] = {"shape": {"hidden": hidden, "intermediate": intermediate, "layers": layers}}
+            repos = {}
             for mode, limit in MODES.items():
-                print(f"{name} {mode} (max_concurrent_requests {limit or 'default: max_batch_size 8'})", file=sys.stderr)
-                repo = Path(tmp) / f"{name}-{mode}"
-                write_repo(artifact, repo, limit)
-                results[name][mode] = measure(repo, Path(tmp) / f"{name}-{mode}.log", args.requests, args.tokens,
-                                              args.input_tokens)
+                repos[mode] = Path(tmp) / f"{name}-{mode}"
+                write_repo(artifact, repos[mode], limit)
+            print(f"{name}: before = max_concurrent_requests 1, after = default (max_batch_size 8)", file=sys.stderr)
+            results[name].update(measure(repos, Path(tmp), args.requests, args.tokens, args.input_tokens))
             before, after = results[name]["before"], results[name]["after"]
             at4 = next(r for r in after if r["concurrency"] == 4)
             results[name]["after_over_before_tok_per_s"] = {
@@ -144,7 +285,9 @@ def write(args, results: dict, started: float) -> None:
                   "tensorrt_llm -> postprocessing), spec defaults (1 model instance, 2 torch threads)",
         "client": "stoker.bench over gRPC stream_infer, same host",
         "workload": {"input_tokens": args.input_tokens, "output_tokens": args.tokens, "min_tokens": args.tokens,
-                     "requests_per_level": args.requests, "warmup_requests": 4, "concurrency": list(CONCURRENCY)},
+                     "requests_per_level": args.requests, "warmup_requests_per_level": 2,
+                     "concurrency": list(CONCURRENCY),
+                     "order": "both modes served at once; at each concurrency, before then after"},
         "models": results,
         "counts": counts,
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "load_avg_at_start": LOAD_AT_START,
