@@ -8,14 +8,14 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from tasks import evaluate, gate, modelopt, reference, rollout, triton_client, triton_repo, trtllm
+from tasks import evaluate, gate, modelopt, reference, rollout, s3, triton_client, triton_repo, trtllm
 
 _HOMES: dict[str, ModuleType] = {
     "quantize_weights": modelopt, "build_reference": reference, "package_repository": triton_repo,
     "stage_candidate": rollout, "switch_traffic": rollout, "abandon_candidate": rollout, "scrape_metrics": rollout,
     "benchmark_endpoint": triton_client, "gate_benchmark": gate,
     "evaluate_candidate": evaluate, "baseline_reference": evaluate, "baseline_recorded": evaluate,
-    "build_gpu": trtllm, "package_gpu": trtllm,
+    "build_gpu": trtllm, "package_gpu": trtllm, "upload_repository": s3, "remove_candidate": rollout,
 }
 
 

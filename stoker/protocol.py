@@ -29,6 +29,9 @@ class Interface:
     finish_reason: str | None = None  # the output that says why a request ended, where the model has one
     # Each streamed response carries the whole output so far (the LLM API's RequestOutput.text), not the new part.
     cumulative_text: bool = False
+    # The served repository has a model that takes and returns token ids (the ensemble's `tensorrt_llm`): the
+    # evaluation scores through it; otherwise it scores through text and the tokenizer.
+    token_ids: bool = False
 
     def new_part(self, text: bytes, so_far: bytes) -> bytes:
         """What a streamed response adds to the output received so far."""
@@ -55,7 +58,7 @@ class Interface:
 
 
 ENSEMBLE = Interface(layout="ensemble", model="ensemble", max_tokens="max_tokens", stream="stream",
-                     stream_always=False, min_tokens="min_tokens")
+                     stream_always=False, min_tokens="min_tokens", token_ids=True)
 LLMAPI = Interface(layout="llmapi", model="tensorrt_llm", max_tokens="sampling_param_max_tokens", stream="streaming",
                    stream_always=True,
                    always=(("sampling_param_exclude_input_from_output", True), ("return_finish_reason", True)),

@@ -51,12 +51,13 @@ def evaluation_data(spec: Spec, fetched: StepResult, ctx: RunContext) -> StepRes
     evalset, warnings = make_evalset(spec, fetched.path / "tokenizer.json", ctx.run_dir / "eval-data")
     for w in warnings:
         logger.warning(w)
-    require_record(spec, fetched.digest, evalset.digest)
+    record = require_record(spec, fetched.digest, evalset.digest)
     tokens = sum(len(w) for w in evalset.windows)
     logger.info(f"eval-data: {len(evalset.windows)} windows ({tokens} tokens), {len(evalset.prompts)} prompts × "
                 f"{evalset.greedy_tokens} tokens from {evalset.source}")
     return StepResult(name="eval-data", duration_s=time.perf_counter() - t0,
-                      detail={"evalset": evalset.to_dict(), "digest": evalset.digest, "warnings": warnings})
+                      detail={"evalset": evalset.to_dict(), "digest": evalset.digest, "warnings": warnings,
+                              "baseline_record": record})
 
 
 @step_task("baseline", retries=1)
@@ -81,7 +82,8 @@ def baseline_reference(spec: Spec, fetched: StepResult, eval_data: StepResult, c
 
 
 def record_key(spec: Spec, weights_digest: str, evalset_digest: str) -> str:
-    return f"{spec.storage.prefix}/evaluation/baselines/{weights_digest}/{evalset_digest}.json"
+    """Per target: the engine and the LLM API serve the same weights through different runtimes."""
+    return f"{spec.storage.prefix}/evaluation/baselines/{spec.target}/{weights_digest}/{evalset_digest}.json"
 
 
 def needs_record(spec: Spec) -> bool:
@@ -90,15 +92,25 @@ def needs_record(spec: Spec) -> bool:
 
 def recorded_baseline(spec: Spec, weights_digest: str, evalset_digest: str) -> dict | None:
     st = spec.storage
+    if st.create_bucket:  # a bucket the upload will create may not exist yet: then nothing is recorded in it
+        s3.ensure_bucket(s3.client(st), st, create=True)
     return s3.get_json(s3.client(st), st, record_key(spec, weights_digest, evalset_digest))
 
 
-def require_record(spec: Spec, weights_digest: str, evalset_digest: str) -> None:
-    """A quantized build on a GPU target needs its weights' bf16 baseline: refuse before the GPU build."""
-    if needs_record(spec) and recorded_baseline(spec, weights_digest, evalset_digest) is None:
+def require_record(spec: Spec, weights_digest: str, evalset_digest: str) -> str | None:
+    """Whether a quantized build on a GPU target has its weights' bf16 baseline: "present", "missing" (the target
+    records it first), None (not needed); with evaluation.require_recorded_baseline a missing one fails here,
+    before the GPU build."""
+    if not needs_record(spec):
+        return None
+    if recorded_baseline(spec, weights_digest, evalset_digest) is not None:
+        return "present"
+    if spec.evaluation.require_recorded_baseline:
         raise StepError(f"evaluation: no bf16 baseline recorded for these weights and evaluation set "
-                        f"(s3://{spec.storage.bucket}/{record_key(spec, weights_digest, evalset_digest)}): run this "
-                        "spec once with quantization.format none, or set evaluation.enabled false")
+                        f"(s3://{spec.storage.bucket}/{record_key(spec, weights_digest, evalset_digest)}) and "
+                        "evaluation.require_recorded_baseline is true: run this spec once with quantization.format "
+                        "none, or drop the setting to have it recorded first")
+    return "missing"
 
 
 @step_task("baseline", retries=1)
@@ -142,10 +154,14 @@ def evaluate_candidate(spec: Spec, served: StepResult, packaged: StepResult, fet
     task = ev.lm_eval.model_dump(mode="json", exclude={"min_score"}) if ev.lm_eval else None
 
     def produce(out: Path) -> dict:
-        from stoker.evaluation.endpoint import score
+        from stoker.evaluation.endpoint import score, score_text
 
-        measured = score(served.detail["grpc"], evalset, logger.info,
-                         context_logits=targets.get(spec.target).scores_perplexity(spec))
+        target = targets.get(spec.target)
+        if target.interface.token_ids:
+            measured = score(served.detail["grpc"], evalset, logger.info, context_logits=target.scores_perplexity(spec))
+        else:
+            measured = score_text(served.detail["http"], evalset, fetched.path / "tokenizer.json", target.interface,
+                                  logger.info)
         (out / CANDIDATE_FILE).write_text(json.dumps(measured))
         if baseline.detail.get("self"):
             _self_baseline(spec, fetched, eval_data, measured, out, logger.info)

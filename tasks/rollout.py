@@ -72,6 +72,14 @@ def abandon_candidate(spec: Spec, staged: StepResult, ctx: RunContext, cause: st
     record(ctx, rec)
 
 
+@step_task("remove", retries=0)
+def remove_candidate(spec: Spec, staged: StepResult, ctx: RunContext) -> StepResult:
+    """A candidate staged only to be measured (a bf16 baseline): removed, never served; the live build untouched."""
+    t0 = time.perf_counter()
+    action = rollout.abandon(spec, staged.detail, get_run_logger().info)
+    return StepResult(name="remove", duration_s=time.perf_counter() - t0, detail={"action": action})
+
+
 def record(ctx: RunContext, rec: dict) -> None:
     rec.setdefault("at", time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
     write_atomic(Path(ctx.run_dir) / ROLLBACK_FILE, json.dumps(rec, indent=1))

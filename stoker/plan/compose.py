@@ -27,8 +27,15 @@ def plan(spec: Spec, ctx: RunContext) -> list[PlannedStep]:
     serves = what_serves(spec, target.gpu_sets(spec))
     steps = [replace(s, note="; ".join(filter(None, [s.note, serves]))) if s.name == "deploy" else s for s in steps]
     if spec.evaluation.enabled and target.evaluates:
-        source = ("the unquantized build, scored here" if target.baseline_source == "runtime"
-                  else "the bf16 build's record in S3")
+        if target.baseline_source == "runtime":
+            source = "the unquantized build, scored here"
+        elif spec.quantization.format == "none":
+            source = "itself (this bf16 build, checked and recorded in S3 for the quantized builds of these weights)"
+        elif spec.evaluation.require_recorded_baseline:
+            source = "the bf16 build's record in S3 (required: refused before the build when missing)"
+        else:
+            source = ("the bf16 build's record in S3, recorded first when missing (the none build of these weights "
+                      "on this target: staged, scored, removed)")
         what = "" if target.scores_perplexity(spec) else " (greedy agreement only: no context logits)"
         steps.append(PlannedStep("evaluate", None, "runs", "; ".join(
             [f"against {source}{what}; cached by served digest, data and code", *warnings])))

@@ -109,6 +109,9 @@ class Evaluation(_Section):
                                              "between the unquantized build as served and transformers; default: "
                                              "the target's (reference 1e-3: float32; GPU 0.1: a bf16 engine)")
     lm_eval: LmEvalTask | None = None
+    require_recorded_baseline: bool = Field(False, description="GPU targets: a quantized run whose weights have no "
+                                            "recorded bf16 baseline fails at once instead of recording it first "
+                                            "(the none build of the same weights, staged, scored, removed)")
 
     @model_validator(mode="after")
     def _one_text(self) -> Evaluation:

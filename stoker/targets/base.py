@@ -56,6 +56,8 @@ class Tasks(Protocol):
     baseline_recorded: Callable[..., StepResult]
     build_gpu: Callable[..., StepResult]
     package_gpu: Callable[..., StepResult]
+    upload_repository: Callable[..., StepResult]
+    remove_candidate: Callable[..., StepResult]
 
 
 class StepRunner(Protocol):
@@ -171,6 +173,10 @@ class Target(ABC):
             raise
         steps.run("switch", steps.tasks.switch_traffic, spec, staged, ctx)  # switch, watch, retire (or switch back)
         return benchmarked
+
+    def record_baseline(self, steps: StepRunner, spec: Spec, ctx: RunContext) -> None:
+        """Before the candidate: record what its evaluation needs and cannot find (GPU targets: the bf16 baseline of
+        these weights). Nothing for a target that makes its baseline itself."""
 
     def start_baseline(self, steps: StepRunner, spec: Spec, ctx: RunContext) -> Callable[[], StepResult] | None:
         """Start the accuracy baseline in the background; returns what joins it (None: no evaluation).

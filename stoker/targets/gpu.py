@@ -19,6 +19,7 @@ from contextlib import nullcontext
 from pathlib import Path
 
 from ..gpu import standin
+from ..run import StepResult
 from .base import StepRunner, Target
 
 GPUS_LABEL = "ai.stoker.gpus"  # the device ids a backend was given (or, under the stand-in, would have been)
@@ -107,6 +108,29 @@ class GpuTarget(Target):
 
         return plan_rollout(spec, model_facts(spec))
 
+    def record_baseline(self, steps: StepRunner, spec, ctx) -> None:
+        """A quantized run whose weights have no recorded bf16 baseline records it first: the `none` build of the
+        same weights on this target (cached by the weights' digest like any build), packaged, uploaded, staged as
+        a candidate, scored through its endpoint against transformers, recorded in S3, then removed: it never
+        serves. Its steps are in the manifest as bf16-<step>. evaluation.require_recorded_baseline refuses instead
+        (at eval-data)."""
+        if "eval-data" not in steps or steps["eval-data"].detail.get("baseline_record") != "missing":
+            return
+        fetched, eval_data = steps["fetch"], steps["eval-data"]
+        q = spec.quantization.model_copy(update={"format": "none", "kv_cache_dtype": "none"})
+        bf16 = spec.model_copy(update={"quantization": q})
+        sub = _Prefixed(steps, "bf16-")
+        built = self.build(sub, bf16, fetched, ctx)
+        packaged = self.package(sub, bf16, fetched, built, ctx)
+        uploaded = sub.run("upload", steps.tasks.upload_repository, bf16, packaged, ctx)
+        staged = sub.run("deploy", steps.tasks.stage_candidate, bf16, uploaded, ctx,
+                         self.repository_of(packaged, uploaded))
+        try:
+            own = StepResult(name="baseline", detail={"self": True})
+            sub.run("evaluate", steps.tasks.evaluate_candidate, bf16, staged, packaged, fetched, eval_data, own, ctx)
+        finally:
+            sub.run("remove", steps.tasks.remove_candidate, bf16, staged, ctx)
+
     def start_baseline(self, steps: StepRunner, spec, ctx):
         if not spec.evaluation.enabled:
             return None
@@ -120,3 +144,18 @@ class GpuTarget(Target):
     @abstractmethod
     def fill_repository(self, slot: Path, fetched, built) -> None:
         """Put the model files into the repository's `tensorrt_llm/1/` (`slot`)."""
+
+
+class _Prefixed:
+    """A step recorder whose steps are named with a prefix: a run inside the run (the bf16 baseline)."""
+
+    def __init__(self, steps: StepRunner, prefix: str) -> None:
+        self.steps, self.prefix, self.tasks = steps, prefix, steps.tasks
+        self.metrics: list[dict] = []
+        self.evaluation: dict | None = None
+
+    def __getitem__(self, name: str):
+        return self.steps[self.prefix + name]
+
+    def run(self, name: str, task, *args):
+        return self.steps.run(self.prefix + name, task, *args)

@@ -17,6 +17,9 @@ class PyTorch(GpuTarget):
     layout = "llmapi"
     interface = LLMAPI  # one python model, `tensorrt_llm`, with the LLM API's inputs
 
+    def scores_perplexity(self, spec) -> bool:
+        return False  # the LLM API's model returns no context logits: greedy agreement only (evaluation/endpoint.py)
+
     def check_built(self, ws, spec) -> dict:
         return {}  # the unified checkpoint, its only output, is checked for every GPU target
 

@@ -1,0 +1,129 @@
+"""`target: pytorch` end to end on the STAND-IN (STOKER_STANDIN=1): real Hub mirror, S3, Docker, Triton, Prefect.
+
+STAND-IN, NOT TensorRT-LLM: the build is the reference path's and the serving image is the CPU Triton whose
+/app/all_models/llmapi holds a model with the contract of TensorRT-LLM's LLM-API model (stoker/triton/models/llmapi.py)
+where stoker's shim looks for upstream's. Everything else is the LLM-API target's own code: the llmapi repository as
+rendered (config.pbtxt, model.yaml and the shim, served unchanged), upload, the one serving path (stage, smoke,
+benchmark, switch, watch, retire) speaking the LLM API's interface, rollback, the plan and the manifest, which say
+the stand-in ran. This proves stoker around the LLM API, never the LLM API.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import urllib.request
+import uuid
+from pathlib import Path
+
+import pytest
+import yaml
+from operate_helpers import free_base_port
+
+from stoker.containers import engine
+from stoker.demo import DEMO_SPEC
+from stoker.protocol import LLMAPI
+
+pytestmark = [pytest.mark.docker, pytest.mark.s3, pytest.mark.hub, pytest.mark.prefect, pytest.mark.slow]
+
+
+@pytest.fixture
+def spec_data(local_stack, standin_image):
+    data = yaml.safe_load(DEMO_SPEC.read_text())
+    base = free_base_port()
+    data.update(target="pytorch", gpus={"type": "h100-80gb", "count": 2, "rollout": "surge"})
+    data["model"]["endpoint"] = local_stack["hub"]
+    data["storage"].update(endpoint_url=local_stack["s3"], bucket=f"stp-{uuid.uuid4().hex[:8]}")
+    data["deploy"].update(name=f"stp-{uuid.uuid4().hex[:6]}", ports={"http": base, "grpc": base + 1,
+                                                                      "metrics": base + 2},
+                          image="nvcr.io/nvidia/tritonserver:26.07-trtllm-python-py3",  # what the stand-in replaces
+                          settle_s=1, watch_s=3, openai=False)
+    data["benchmark"].update({"concurrency": [1], "requests_per_level": 4, "output_tokens": 8})
+    data["quantization"]["format"] = "int4_awq"
+    data["evaluation"] = {"enabled": True, "prompts": 4, "greedy_tokens": 8}
+    yield data
+    engine.remove_deployment(engine.connect(), data["deploy"]["name"], lambda _m: None)
+
+
+def _stoker(args, env, timeout=1200):
+    return subprocess.run([sys.executable, "-m", "stoker.cli", *args], env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def _env(tmp_path, local_stack, standin: bool = True):
+    env = {**os.environ, **local_stack["aws_env"], "STOKER_HOME": str(tmp_path / "home"),
+           "PREFECT_HOME": str(tmp_path / "prefect")}
+    if standin:
+        env["STOKER_STANDIN"] = "1"
+    return env
+
+
+def _manifest(result) -> dict:
+    last = result.stdout.strip().splitlines()[-1]
+    assert last.startswith("manifest: "), result.stdout[-3000:] + result.stderr[-3000:]
+    return json.loads(Path(last.removeprefix("manifest: ")).read_text())
+
+
+def test_a_pytorch_spec_runs_end_to_end_on_the_standin_and_rolls_back(tmp_path, local_stack, spec_data):
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(spec_data))
+    env = _env(tmp_path, local_stack)
+
+    plan = _stoker(["plan", str(path)], env)
+    assert plan.returncode == 0, plan.stderr[-2000:]
+    assert "STAND-IN" in plan.stdout, plan.stdout
+
+    first = _stoker(["run", str(path)], env)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    m1 = _manifest(first)
+    assert m1["status"] == "completed" and m1["standin"]["ran"] is True
+    assert m1["steps"]["switch"]["status"] == "completed"
+    # No bf16 baseline was recorded for these weights: the run recorded it first (the none build, staged, scored
+    # through the LLM API's text interface, removed), then judged the int4_awq candidate against it.
+    for step in ("bf16-build", "bf16-package", "bf16-upload", "bf16-deploy", "bf16-evaluate", "bf16-remove"):
+        assert m1["steps"][step]["status"] == "completed", step
+    assert m1["evaluation"]["passed"] is True
+    agreement = next(r for r in m1["evaluation"]["rows"] if r["metric"] == "greedy agreement")
+    assert 0 < agreement["candidate"] <= 1
+    [level] = m1["benchmark"]["levels"]
+    assert level["completed"] == 4 and level["errors"] == 0  # measured through the LLM API's inputs
+    client = engine.connect()
+    [backend] = engine.containers(client, spec_data["deploy"]["name"], role=engine.ROLE_BACKEND)
+    assert backend.labels["ai.stoker.gpu.standin"] == "true" and backend.labels[engine.LABEL_INTERFACE] == "llmapi"
+    assert backend.image.tags == ["stoker/triton-standin:2.51.0-cpu"]
+    # The llmapi repository as rendered, served unchanged: model.yaml names the mounted checkpoint, model.py is
+    # stoker's shim, which loaded the model it found at TensorRT-LLM's path in the image.
+    packaged = Path(m1["steps"]["deploy"]["detail"]["repository_uri"])
+    for rel in ("tensorrt_llm/config.pbtxt", "tensorrt_llm/1/model.yaml", "tensorrt_llm/1/model.py"):
+        assert backend.exec_run(["cat", f"/models/{rel}"]).output.decode() == (packaged / rel).read_text(), rel
+    assert "/models/tensorrt_llm/1/checkpoint" in (packaged / "tensorrt_llm/1/model.yaml").read_text()
+    logs = backend.logs().decode(errors="replace")
+    assert "llmapi STAND-IN" in logs
+
+    # Through the stable address, with the LLM API's inputs: the answer is the whole output so far.
+    base = f"http://127.0.0.1:{spec_data['deploy']['ports']['http']}"
+    body = json.dumps(LLMAPI.request("Hello", 6, streaming=False)).encode()
+    req = urllib.request.Request(f"{base}/v2/models/tensorrt_llm/generate", data=body,
+                                 headers={"Content-Type": "application/json"})
+    answer = json.loads(urllib.request.urlopen(req, timeout=60).read())
+    assert answer["text_output"] and answer["finish_reason"] in ("length", "stop")
+
+    # A rebuild (another format): staged on the other GPU set (surge), smoke-tested, judged against the baseline
+    # recorded by the first run (no second bf16 run), switched.
+    spec_data["quantization"]["format"] = "w4a8_awq"
+    path.write_text(yaml.safe_dump(spec_data))
+    second = _stoker(["run", str(path)], env)
+    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+    m2 = _manifest(second)
+    assert m2["status"] == "completed" and m2["steps"]["switch"]["status"] == "completed"
+    assert not any(name.startswith("bf16-") for name in m2["steps"]) and m2["evaluation"]["passed"] is True
+    [backend2] = engine.containers(client, spec_data["deploy"]["name"], role=engine.ROLE_BACKEND)
+    assert backend2.labels["ai.stoker.gpus"] == "1" and backend2.id != backend.id
+
+    back = _stoker(["rollback", spec_data["deploy"]["name"]], env, timeout=600)
+    assert back.returncode == 0, back.stdout[-3000:] + back.stderr[-3000:]
+    [backend3] = engine.containers(client, spec_data["deploy"]["name"], role=engine.ROLE_BACKEND)
+    assert backend3.labels[engine.LABEL_DIGEST] == m1["steps"]["deploy"]["digest"]
+    assert backend3.labels[engine.LABEL_INTERFACE] == "llmapi" and backend3.labels["ai.stoker.gpus"] == "0"
