@@ -1,9 +1,12 @@
 """Promotion under load, through the stable endpoint: every request counted; writes JSON.
 
     .venv/bin/python benchmarks/operate.py [OUT.json] [--no-dockerd-restart] [--keys] [--target tensorrt]
-                                           [--replicas N]
+                                           [--replicas N] [--rollouts-only]
     (default OUT: benchmarks/results/operate.json, with --keys operate_keys.json, with --target tensorrt
     operate_tensorrt_standin.json, with --replicas N operate_replicas_N.json; ~6 min on 2 cores)
+
+--rollouts-only: the load and the rollouts (replace x3, switch to reload, reload x3, rollback), no faults (~4 min;
+default OUT operate_busy_streams.json): the busy stream's figures per phase (issue 31 item 5).
 
 --replicas N: deploy.replicas N (reference target): N backends behind the address; each phase also records the
 fewest proxy servers taking new requests seen during it (polled every 50 ms); the S3 `reload` phases do not apply.
@@ -380,6 +383,10 @@ def restart_dockerd_mid_deploy(run: Run, tag: str) -> dict:
     return {"note": "deploy survived the restart", "next": after["live"]["container"]}
 
 
+class _Done(Exception):
+    """--rollouts-only: the phases after the rollouts are skipped."""
+
+
 def attribute(records: list, phases: list[dict]) -> None:
     for ph in phases:  # by the request's start: each request counts in exactly one phase
         inside = [r for r in records if ph["start"] <= r[1] < ph["end"]]
@@ -387,6 +394,14 @@ def attribute(records: list, phases: list[dict]) -> None:
         ph["failed"] = sum(1 for r in inside if not r[3] and not r[4])
         ph["truncated"] = sum(1 for r in inside if r[4])
         ph["errors"] = sorted({r[5] for r in inside if r[5]})[:5]
+        busy = [r for r in inside if r[0] == "grpc-busy"]
+        ph["busy_stream"] = {"requests": len(busy), "failed": sum(1 for r in busy if not r[3] and not r[4]),
+                             "truncated": sum(1 for r in busy if r[4]),
+                             # an error before any response (records with a response that then failed are truncated)
+                             "refused_before_answer": sum(1 for r in busy if r[5] and not r[3] and not r[4]),
+                             "errors": sorted({r[5] for r in busy if r[5]})[:3]}
+        if isinstance(ph.get("result"), dict) and "retire_s" in ph["result"]:
+            ph["busy_stream"]["retire_s"] = ph["result"]["retire_s"]
 
 
 def main() -> int:
@@ -400,10 +415,12 @@ def main() -> int:
     if replicas > 1:
         os.environ["STOKER_OPERATE_REPLICAS"] = str(replicas)
     args = [a for i, a in enumerate(sys.argv[1:], 1) if a != "tensorrt" and sys.argv[i - 1] != "--replicas"]
-    default = ("operate_tensorrt_standin.json" if gpu else f"operate_replicas_{replicas}.json" if replicas > 1
+    default = ("operate_busy_streams.json" if "--rollouts-only" in sys.argv
+               else "operate_tensorrt_standin.json" if gpu else f"operate_replicas_{replicas}.json" if replicas > 1
                else "operate_keys.json" if keyed else "operate.json")
     out = Path(next((a for a in args if not a.startswith("--")), ROOT / "benchmarks" / "results" / default)).resolve()
     with_dockerd = "--no-dockerd-restart" not in sys.argv
+    rollouts_only = "--rollouts-only" in sys.argv
     from stoker.spec.schema import Deploy
     from stoker.stack.image import ensure_proxy_image
     from stoker.stack.services import stop_all
@@ -419,53 +436,59 @@ def main() -> int:
     from stoker.containers import engine
 
     try:
-        first = run.phase("deploy A (first backend)", lambda: run.deploy("A"))
-        endpoint = first["endpoint_after"]
-        backend = first["result"]["live"]
-        latency = added_latency({"http": backend["http"], "grpc": backend["grpc"]}, endpoint)
-        print(f"proxy added latency: {latency}", flush=True)
+        try:
+            first = run.phase("deploy A (first backend)", lambda: run.deploy("A"))
+            endpoint = first["endpoint_after"]
+            backend = first["result"]["live"]
+            latency = added_latency({"http": backend["http"], "grpc": backend["grpc"]}, endpoint)
+            print(f"proxy added latency: {latency}", flush=True)
 
-        ctx = mp.get_context("spawn")
-        stop, ready = ctx.Event(), ctx.Event()
-        load_out = state / "load.json"
-        loader = ctx.Process(target=load_process, args=(endpoint, stop, str(load_out), ready))
-        loader.start()
-        ready.wait(60)
-        time.sleep(3)
-        for tag in ("B", "C", "D"):
-            run.phase(f"replace -> {tag}", lambda tag=tag: run.deploy(tag, interval_s=0.005))
-        if not gpu and replicas == 1:
-            run.phase("switch to reload (reload backend staged)", lambda: run.deploy("E", "reload"))
-            for tag in ("F", "G", "H"):
-                run.phase(f"reload -> {tag} (in place)", lambda tag=tag: run.deploy(tag, "reload"))
+            ctx = mp.get_context("spawn")
+            stop, ready = ctx.Event(), ctx.Event()
+            load_out = state / "load.json"
+            loader = ctx.Process(target=load_process, args=(endpoint, stop, str(load_out), ready))
+            loader.start()
+            ready.wait(60)
+            time.sleep(3)
+            for tag in ("B", "C", "D"):
+                run.phase(f"replace -> {tag}", lambda tag=tag: run.deploy(tag, interval_s=0.005))
+            if not gpu and replicas == 1:
+                run.phase("switch to reload (reload backend staged)", lambda: run.deploy("E", "reload"))
+                for tag in ("F", "G", "H"):
+                    run.phase(f"reload -> {tag} (in place)", lambda tag=tag: run.deploy(tag, "reload"))
 
-        def rollback():
-            from stoker.commands.rollback import rollback_to
+            def rollback():
+                from stoker.commands.rollback import rollback_to
 
-            return rollback_to(run.spec.deploy.name, None, run.log)
+                return rollback_to(run.spec.deploy.name, None, run.log)
 
-        run.phase("stoker rollback (to the previous run)", rollback)
-        run.phase("fault: candidate ready, then exits", lambda: run.deploy("X1", mode="exit_after", arg=0.5),
-                  expect_error=True)
-        run.phase("fault: candidate never ready",
-                  lambda: (run.data["deploy"].update(ready_timeout_s=8), run.deploy("X2", mode="hang"))[1],
-                  expect_error=True)
-        run.data["deploy"]["ready_timeout_s"] = 60
-        run.phase("fault: smoke inference fails (a model that raises)", lambda: run.deploy("X3", mode="raise"),
-                  expect_error=True)
-        run.phase("fault: new backend dies in the watch window", lambda: run.deploy("X4", mode="exit_after", arg=3.0),
-                  expect_error=True)
-        run.phase("fault: internal port taken by another process", lambda: take_internal_port(run, "I"))
-        run.phase("fault: SIGKILL of a deploy midway, then a rerun", lambda: kill_deploy_midway(run, "K"))
-        run.phase("fault: proxy container killed", lambda: kill_proxy(run))
-        if with_dockerd:
-            run.phase("fault: dockerd restarted mid-deploy", lambda: restart_dockerd_mid_deploy(run, "R"),
+            run.phase("stoker rollback (to the previous run)", rollback)
+            if rollouts_only:  # --rollouts-only: the busy-stream figures of issue 31 item 5, without the faults
+                time.sleep(3)
+                raise _Done
+            run.phase("fault: candidate ready, then exits", lambda: run.deploy("X1", mode="exit_after", arg=0.5),
                       expect_error=True)
-        time.sleep(3)
+            run.phase("fault: candidate never ready",
+                      lambda: (run.data["deploy"].update(ready_timeout_s=8), run.deploy("X2", mode="hang"))[1],
+                      expect_error=True)
+            run.data["deploy"]["ready_timeout_s"] = 60
+            run.phase("fault: smoke inference fails (a model that raises)", lambda: run.deploy("X3", mode="raise"),
+                      expect_error=True)
+            run.phase("fault: new backend dies in the watch window", lambda: run.deploy("X4", mode="exit_after", arg=3.0),
+                      expect_error=True)
+            run.phase("fault: internal port taken by another process", lambda: take_internal_port(run, "I"))
+            run.phase("fault: SIGKILL of a deploy midway, then a rerun", lambda: kill_deploy_midway(run, "K"))
+            run.phase("fault: proxy container killed", lambda: kill_proxy(run))
+            if with_dockerd:
+                run.phase("fault: dockerd restarted mid-deploy", lambda: restart_dockerd_mid_deploy(run, "R"),
+                          expect_error=True)
+            time.sleep(3)
+        except _Done:
+            pass
         stop.set()
         loader.join(120)
         loaded = json.loads(load_out.read_text())
-        records, long_stats = loaded["records"], loaded["long_stream"]
+        records, long_stats, busy_stats = loaded["records"], loaded["long_stream"], loaded.get("busy_stream", {})
     finally:
         engine.remove_deployment(engine.connect(), run.spec.deploy.name, lambda _l: None)
         stop_all(state)
@@ -475,12 +498,19 @@ def main() -> int:
     rollout_phases = [p for p in run.phases if p["phase"] not in disruptive]
     in_rollouts = [r for r in records if not any(p["start"] <= r[1] < p["end"] for p in run.phases
                                                  if p["phase"] in disruptive)]
+    rollouts = [p for p in run.phases if p["phase"].startswith(("replace", "switch to reload", "reload"))]
     switches = [p["result"]["switch_s"] for p in run.phases
                 if isinstance(p.get("result"), dict) and p["result"].get("switched") and "switch_s" in p["result"]]
     endpoints = {json.dumps(p["endpoint_after"], sort_keys=True) for p in run.phases}
     data = {
         "added_latency": latency,
-        "load": {"clients": {"grpc": 2, "grpc_long_lived_stream": 1, "http_sse": 2}, "tokens_per_request": TOKENS,
+        "load": {"clients": {"grpc": 2, "grpc_long_lived_stream": 1, "grpc_busy_stream": 1, "http_sse": 2},
+                 "tokens_per_request": TOKENS,
+                 "busy_stream": {"gap_between_requests_s": 0.0, "reconnects": busy_stats.get("reconnects", 0),
+                                 **{k: sum(1 for r in records if r[0] == "grpc-busy" and f(r)) for k, f in (
+                                     ("requests", lambda r: True), ("failed", lambda r: not r[3] and not r[4]),
+                                     ("truncated", lambda r: r[4]),
+                                     ("refused_before_answer", lambda r: r[5] and not r[3] and not r[4]))}},
                  "backoff_after_failure_s": 0.05,
                  "long_lived_stream": {"gap_between_requests_s": 0.3, "reconnects": long_stats.get("reconnects", 0),
                                        **{k: sum(1 for r in records if r[0] == "grpc-long" and f(r)) for k, f in (
@@ -488,12 +518,24 @@ def main() -> int:
                                            ("truncated", lambda r: r[4]))}},
                  "requests": len(records), "failed": sum(1 for r in records if not r[3] and not r[4]),
                  "truncated": sum(1 for r in records if r[4]),
-                 "by_protocol": {proto: sum(1 for r in records if r[0] == proto) for proto in ("grpc", "grpc-long", "http")}},
+                 "by_protocol": {proto: sum(1 for r in records if r[0] == proto)
+                                 for proto in ("grpc", "grpc-long", "grpc-busy", "http")}},
         "targets": {
             "zero_failed_and_truncated_outside_proxy_and_dockerd_kills": {
                 "requests": len(in_rollouts), "failed": sum(1 for r in in_rollouts if not r[3] and not r[4]),
                 "truncated": sum(1 for r in in_rollouts if r[4]),
                 "met": all(r[3] for r in in_rollouts)},
+            # issue 31 item 5: per rollout at most one request of the busy stream fails, before any answer; none
+            # is cut part-way; retire never waits the drain deadline for it.
+            "busy_stream_through_rollouts": {
+                "rollouts": len(rollouts), "truncated": sum(p["busy_stream"]["truncated"] for p in rollouts),
+                "failed": sum(p["busy_stream"]["failed"] for p in rollouts),
+                "most_failed_in_one_rollout": max((p["busy_stream"]["failed"] for p in rollouts), default=0),
+                "retire_s": [p["busy_stream"].get("retire_s") for p in rollouts if "retire_s" in p["busy_stream"]],
+                "drain_timeout_s": run.spec.deploy.drain_timeout_s,
+                "met": all(p["busy_stream"]["truncated"] == 0 and p["busy_stream"]["failed"] <= 1
+                           and p["busy_stream"].get("retire_s", 0) < run.spec.deploy.drain_timeout_s
+                           for p in rollouts)},
             "endpoint_constant": {"distinct_endpoints": len(endpoints), "met": len(endpoints) == 1},
             "switch_over_s": {"switches": len(switches), "max": max(switches) if switches else None,
                               "median": statistics.median(switches) if switches else None,
@@ -512,7 +554,7 @@ def main() -> int:
                    | {"seconds": round(p["end"] - p["start"], 2), "from_s": round(p["start"] - t_start, 2)}
                    for p in run.phases],
         "meta": {"machine": f"{platform.node()} ({os.cpu_count()} CPUs)", "wall_s": round(time.time() - t_start, 1),
-                 "api_keys": keyed, "target": run.spec.target, "replicas": replicas,
+                 "api_keys": keyed, "target": run.spec.target, "replicas": replicas, "rollouts_only": rollouts_only,
                  "standin": ("STAND-IN (STOKER_STANDIN=1): the tensorrt target's backends on stoker/triton-standin "
                              "serving scripted models; stoker's serving path for that target, not TensorRT-LLM")
                             if gpu else False,

@@ -110,6 +110,12 @@ def backend_spec(spec: Spec, repository_uri: str, digest: str, env: dict[str, st
         fields["repository_uri"] = s3.triton_uri(spec.storage, f"{live_prefix(spec.storage, d.name)}/model_repository")
         digest = live_digest(spec.storage, d.name)
         extra += EXPLICIT_ARGS
+    elif spec.parallel.world_size == 1:
+        # Explicit model control lets retire unload the old backend's models: it refuses new requests before any
+        # answer while those in flight finish, so a busy long-lived stream moves without a cut answer
+        # (serving.promote.refuse_new). Not with TP×PP > 1: its other ranks load only tensorrt_llm, and these
+        # arguments reach every rank.
+        extra += EXPLICIT_ARGS
     return docker_engine.BackendSpec(
         name=d.name, repo_digest=digest, env=env, shm_size=d.shm_size,
         ulimits={k: (v.soft, v.hard) for k, v in d.ulimits.items()}, ready_timeout_s=d.ready_timeout_s,

@@ -17,6 +17,7 @@ import boto3
 import pytest
 
 from stoker.containers import engine
+from stoker.deploy.rollout import EXPLICIT_ARGS
 from stoker.serving import promote
 from stoker.containers.ports import Ports
 from stoker.stack.services import free_port
@@ -73,9 +74,11 @@ class Build:
         c, bucket, endpoint, env = self.s3
         uri, digest = publish(c, bucket, endpoint, write_repo(self.tmp / f"{tag}-{uuid.uuid4().hex[:6]}", tag,
                                                                **model))
+        # As the reference target's backends run (rollout.backend_spec): explicit model control, so that retire
+        # can make the old backend refuse new requests (promote.refuse_new).
         return engine.BackendSpec(name=self.name, image=self.image, repository_uri=uri, repo_digest=digest,
                                   env={**env, "AWS_DEFAULT_REGION": "us-east-1"}, ready_timeout_s=ready_timeout_s,
-                                  run_id=f"run-{tag}")
+                                  run_id=f"run-{tag}", extra_args=list(EXPLICIT_ARGS))
 
     def source(self, b: engine.BackendSpec) -> str:
         """Python that makes ``b`` again in another process (which imports json and stoker's docker_engine)."""

@@ -90,12 +90,15 @@ def _http_client(url: str, stop, records: list) -> None:
             time.sleep(0.05)  # a real client backs off a little after a failure
 
 
-def long_stream_client(url: str, stop, records: list, gap_s: float = 0.3, stats: dict | None = None) -> None:
+def long_stream_client(url: str, stop, records: list, gap_s: float = 0.3, stats: dict | None = None,
+                       protocol: str = "grpc-long") -> None:
     """One gRPC bidi stream carrying request after request, ``gap_s`` apart, as a chat front end keeps one open.
 
     What the README tells clients: a stream can end between requests (its backend was retired); open a new one
     and go on. A request whose stream ended before any response is recorded as failed (not truncated) and is
     not resent here, so the count stays honest. ``stats["reconnects"]`` counts the streams opened after the first.
+    ``gap_s`` 0: a busy stream, request after request with no pause (tritonclient's streaming examples); its
+    records are named ``protocol``.
     """
     import numpy as np
     import tritonclient.grpc as grpcclient
@@ -140,27 +143,32 @@ def long_stream_client(url: str, stop, records: list, gap_s: float = 0.3, stats:
                 got.append(result.as_numpy("text_output")[0].decode())
         except Exception as exc:  # noqa: BLE001 - recorded (queue.Empty: no answer in 30 s)
             err = f"{type(exc).__name__}: {exc}"
-        records.append(("grpc-long", t0, time.time(), err is None and len(got) == TOKENS,
+        records.append((protocol, t0, time.time(), err is None and len(got) == TOKENS,
                         (err is None and len(got) != TOKENS) or (err is not None and 0 < len(got)), err,
                         got[0].split(":")[0] if got else None))
         if err:
             reopen()
-        time.sleep(gap_s)
+        if gap_s:
+            time.sleep(gap_s)
     client.stop_stream()
     client.close()
 
 
 def load_process(endpoint: dict, stop, out_path: str, ready) -> None:
-    """2 gRPC clients (a stream per request), 1 long-lived bidi stream, 2 HTTP SSE clients; writes
-    {"records": [...], "long_stream": {"reconnects": N}} to ``out_path`` when ``stop`` is set."""
+    """2 gRPC clients (a stream per request), 1 long-lived bidi stream (0.3 s between requests), 1 busy bidi stream
+    (no pause), 2 HTTP SSE clients; writes {"records": [...], "long_stream": {"reconnects": N},
+    "busy_stream": {"reconnects": N}} to ``out_path`` when ``stop`` is set."""
     records: list = []
     long_stats: dict = {}
+    busy_stats: dict = {}
     threads = [threading.Thread(target=_grpc_client, args=(endpoint["grpc"], stop, records)) for _ in range(2)]
     threads.append(threading.Thread(target=long_stream_client, args=(endpoint["grpc"], stop, records, 0.3, long_stats)))
+    threads.append(threading.Thread(target=long_stream_client, args=(endpoint["grpc"], stop, records, 0.0, busy_stats,
+                                                                    "grpc-busy")))
     threads += [threading.Thread(target=_http_client, args=(endpoint["http"], stop, records)) for _ in range(2)]
     for t in threads:
         t.start()
     ready.set()
     for t in threads:
         t.join()
-    Path(out_path).write_text(json.dumps({"records": records, "long_stream": long_stats}))
+    Path(out_path).write_text(json.dumps({"records": records, "long_stream": long_stats, "busy_stream": busy_stats}))

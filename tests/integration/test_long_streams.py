@@ -69,3 +69,45 @@ def test_an_idle_long_lived_stream_is_ended_between_requests_not_waited_for(clie
     assert len(failed) <= 1, failed
     assert {r[6] for r in records if r[3]} == {"A", "B"}
     assert_one_live(client, target, "B")
+
+
+BUSY_STREAMS = 2
+
+
+@pytest.mark.parametrize("build", ["reference", "tensorrt"], indirect=True)
+def test_busy_streams_lose_no_answer_part_way_through_a_replace(client, target, build):
+    """Streams that carry request after request with no pause (tritonclient's streaming examples) are never idle:
+    the old backend refuses new requests before any answer, finishes those in flight, then the streams end."""
+    deploy(client, target, build("A", interval_s=0.05))
+    stop = threading.Event()
+    streams = [([], {}) for _ in range(BUSY_STREAMS)]
+    threads = [threading.Thread(target=long_stream_client, args=(target.endpoint["grpc"], stop, recs, 0.0, stats),
+                                daemon=True) for recs, stats in streams]
+    for t in threads:
+        t.start()
+    log = Lines()
+    try:
+        _wait(lambda: all(sum(r[3] for r in recs) >= 2 for recs, _ in streams), 60, "answers on every busy stream")
+        staged = promote.prepare(client, target, build("B", interval_s=0.05), 1.0, log)
+        began = time.time()
+        done = promote.go_live(client, target, staged, 2.0, 1.0, DRAIN_TIMEOUT_S, log)
+        _wait(lambda: all(any(r[3] and r[6] == "B" for r in recs) for recs, _ in streams), 60,
+              "answers from B on every busy stream")
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=60)
+
+    for i, (recs, stats) in enumerate(streams):
+        truncated = [r for r in recs if r[4]]
+        assert truncated == [], (i, truncated)  # every answer that started has all its tokens
+        failed = [r for r in recs if not r[3]]
+        print(f"stream {i}: {len(recs)} requests, {len(failed)} failed before any answer, "
+              f"{stats['reconnects']} reconnect(s): {[r[5] for r in failed]}")
+        # At most one request per stream per rollout fails, before any answer (truncated is empty): safe to resend.
+        assert len([r for r in failed if r[1] >= began]) <= 1, (i, failed)
+        assert {r[6] for r in recs if r[3]} == {"A", "B"}, i
+        assert stats["reconnects"] >= 1, i
+    assert any("refuses new requests" in line for line in log), log
+    assert done["retire_s"] < DRAIN_TIMEOUT_S, done  # the busy streams did not hold the old backend to the deadline
+    assert_one_live(client, target, "B")
