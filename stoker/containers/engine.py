@@ -186,14 +186,20 @@ def admin_headers(container: Container) -> dict[str, str]:
     return {}
 
 
+def backend_command(spec: BackendSpec, ports: Ports, token: str) -> list[str]:
+    """The backend's command on ``ports``: the target's serve command, or tritonserver's, each with Triton's admin
+    APIs restricted to the header carrying ``token`` (every tritonserver process of it). Pure."""
+    extra = [*spec.extra_args, *restricted_args(token)]
+    return spec.command(ports, extra) if spec.command else triton_args(spec.repository_uri, ports, extra)
+
+
 def start_backend(client: docker.DockerClient, spec: BackendSpec, slot: str, ports: Ports, replica: int = 0) -> Container:
     """Run Triton for ``spec`` in ``slot`` (its replica ``replica``) on ``ports``. No restart policy until promoted."""
     labels = {**spec.labels, LABEL_MANAGED: "true", LABEL_DEPLOYMENT: spec.name, LABEL_ROLE: ROLE_BACKEND,
               LABEL_DIGEST: spec.repo_digest, LABEL_SLOT: slot, LABEL_PORTS: ports.label(), LABEL_RUN: spec.run_id,
               LABEL_INTERFACE: spec.interface,
               **({LABEL_REPLICA: str(replica)} if replica else {})}
-    extra = [*spec.extra_args, *restricted_args(secrets.token_hex(16))]
-    args = spec.command(ports, extra) if spec.command else triton_args(spec.repository_uri, ports, extra)
+    args = backend_command(spec, ports, secrets.token_hex(16))
     kwargs: dict = {}
     if spec.entrypoint is not None:
         kwargs["entrypoint"] = spec.entrypoint

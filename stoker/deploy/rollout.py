@@ -87,13 +87,13 @@ def version_key(src_key: str, src_root: str, dst_root: str, version: int) -> str
 
 def target_for(spec: Spec) -> promote.Target:
     d = spec.deploy
+    target = targets.get(spec.target)
     return promote.Target(name=d.name, listen=Ports(d.ports.http, d.ports.grpc, d.ports.metrics),
                           proxy_image=d.proxy_image, state_dir=stoker_home() / "proxy" / d.name, address=d.listen,
                           keys=api_keys.load(d.api_keys) if d.api_keys else None,
                           tls=(d.tls.cert_file, d.tls.key_file) if d.tls else None,
-                          # The OpenAI service runs on the CPU image's Python; GPU images are not built here: the
-                          # engine target's backends host Triton's own frontend instead, on their metrics port.
-                          openai_image=d.image if d.openai and targets.get(spec.target).openai_service else "",
+                          # stoker's OpenAI service, for every target (stoker/targets/base.py: openai_image).
+                          openai_image=target.openai_image(spec) if d.openai and target.openai_service else "",
                           openai_on_metrics=openai_frontend.renders(spec), replicas=d.replicas)
 
 

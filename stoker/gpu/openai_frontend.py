@@ -1,4 +1,4 @@
-"""Triton's own OpenAI-compatible frontend for the engine target: its command, ports and proxy route.
+"""Triton's own OpenAI-compatible frontend: why it is not the serve command, and the command it would be.
 
 Rendered by contract, not run here (no GPU, no TensorRT-LLM, no NGC image on stoker's machines).
 The CPU reference path has stoker's own OpenAI service (stoker.serving.openai_service); GPU images
@@ -62,37 +62,21 @@ def ships_frontend(image: str) -> bool:
 
 
 def findings(spec) -> list[Finding]:
-    """What `deploy.openai` means for this GPU spec: nothing, a note (not rendered, and why) or a refusal.
-
-    deploy.openai defaults to true, so a target or layout the frontend cannot serve gets a note,
-    not a refusal; only an image that lacks the frontend is refused, naming the first one that has it.
-    """
+    """What `deploy.openai` means for this GPU spec: stoker's OpenAI service, and why not Triton's frontend."""
     if not spec.deploy.openai:
         return []
-    if not ships_frontend(spec.deploy.image):
-        ref = matrix.split_ref(spec.deploy.image)[0]
-        return [Finding("refuse", f"{ref} does not ship Triton's OpenAI frontend (first in "
-                                  f"{matrix.image_ref(FIRST_TAG)}); use {matrix.current_image()} or set "
-                                  "deploy.openai: false")]
-    if spec.target != "tensorrt":
-        return [Finding("note", f"not rendered for target {spec.target!r}: Triton's OpenAI frontend sends the "
-                                "ensemble's inputs (text_input, max_tokens, stream), which the llmapi model does "
-                                "not take; set deploy.openai: false to silence this")]
-    if spec.parallel.world_size > 1:
-        return [Finding("note", f"not rendered for tensor x pipeline = {spec.parallel.world_size}: the frontend "
-                                "hosts Triton in its own process and supports TRT-LLM's orchestrator mode only, "
-                                "while stoker serves several ranks in leader mode (mpirun, one rank per GPU)")]
-    out = [Finding("note", f"Triton's OpenAI frontend is the serve command: /v1/ with model {MODEL_NAME!r}, "
-                           f"KServe HTTP/gRPC from the same process (rendered by contract, not run here)")]
-    if not spec.runtime.decoupled:
-        out.append(Finding("note", "runtime.decoupled is false: streamed OpenAI requests (stream: true) will fail"))
-    return out
+    return [Finding("note", "stoker's OpenAI service (a container of stoker/triton-cpu, built here by `stoker image`) "
+                            "serves /v1/ in front of the backend, speaking the target's interface; Triton's own "
+                            "frontend is not the serve command: its KServe endpoints cannot restrict Triton's admin "
+                            "APIs")]
 
 
 def renders(spec) -> bool:
-    """Whether the serve step runs the frontend instead of tritonserver (see `findings` for why not)."""
-    return (spec.deploy.openai and spec.target == "tensorrt" and spec.parallel.world_size == 1
-            and ships_frontend(spec.deploy.image))
+    """Never, since every serve command must restrict Triton's admin APIs with the backend's token: Triton's frontend
+    (main.py, up to 26.07) starts its KServe HTTP/gRPC endpoints without restricted APIs (only its OpenAI routes take
+    --openai-restricted-api), and stoker's probes, benchmark and evaluation need those endpoints. `argv` is kept as
+    the recorded command, should a release restrict them."""
+    return False
 
 
 def argv(kserve_http: int, kserve_grpc: int, openai_port: int = PORT, host: str = "127.0.0.1") -> list[str]:

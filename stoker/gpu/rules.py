@@ -114,7 +114,7 @@ def check(spec, facts: ModelFacts | None, token_present: bool) -> list[Finding]:
     elif not img.supported:
         refuse("deploy.image", f"{img.ref} carries TRT-LLM {img.trtllm}, which stoker does not support; "
                                f"use {current} (TRT-LLM {matrix.image_info(current).trtllm})")
-    # -- deploy.openai: Triton's own OpenAI frontend, where the image ships it (openai_frontend.py) --
+    # -- deploy.openai: stoker's OpenAI service, not Triton's frontend (openai_frontend.py says why) --
     # Only for an image that passed the checks above: a refused image needs no second refusal.
     if not any(f.level == "refuse" and f.field == "deploy.image" for f in out):
         for f in openai_frontend.findings(spec):

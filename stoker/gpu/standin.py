@@ -67,11 +67,6 @@ def check(spec) -> None:
     if not ipaddress.ip_address(spec.deploy.listen).is_loopback:
         raise PlanRefused(f"{ENV}=1 with deploy.listen {spec.deploy.listen}: a stand-in serves no engine, and an "
                           "endpoint other machines reach is meant for production; unset it or listen on 127.0.0.1")
-    from . import openai_frontend
-
-    if openai_frontend.renders(spec):
-        raise PlanRefused(f"{ENV}=1 with deploy.openai: the stand-in image has no Triton OpenAI frontend (the serving "
-                          "image's); set deploy.openai: false")
     from ..plan.model_checks import formats_for
 
     runs = ("none", *formats_for("reference"))

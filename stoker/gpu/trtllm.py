@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..containers.execute import ContainerStep, Mount
-from . import matrix, openai_frontend
+from . import matrix
 from .facts import ModelFacts
 from .rules import max_seq_len
 
@@ -124,11 +124,9 @@ def serve_command(spec, ports, extra_args: list[str]) -> list[str]:
     One GPU: tritonserver on the mounted repository. TP×PP > 1: one MPI rank per GPU (what TensorRT-LLM's
     launch_triton_server.py starts, written out so each rank gets loopback addresses and the restricted APIs):
     rank 0 loads every model and serves; the other ranks load only tensorrt_llm and stay inside the backend's
-    worker loop, so they never reach the point of binding the ports. Triton's OpenAI frontend (which hosts
-    Triton itself) where deploy.openai asks and the image ships it: its own port takes the metrics role.
+    worker loop, so they never reach the point of binding the ports. deploy.openai is stoker's OpenAI service, a
+    container of its own (stoker/gpu/openai_frontend.py says why not Triton's frontend).
     """
-    if openai_frontend.renders(spec):
-        return openai_frontend.argv(ports.http, ports.grpc, openai_port=ports.metrics, host="127.0.0.1")
     world = spec.parallel.world_size
     common = [f"--http-address=127.0.0.1", f"--http-port={ports.http}", f"--grpc-address=127.0.0.1",
               f"--grpc-port={ports.grpc}", f"--metrics-address=127.0.0.1", f"--metrics-port={ports.metrics}",

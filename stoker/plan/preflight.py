@@ -84,6 +84,8 @@ def check_docker(spec: Spec, log: Callable[[str], None] = print, standin_ran: bo
         ensure_standin_image(image, d.docker_host, log)
     docker_engine.require_image(client, image)
     docker_engine.require_image(client, d.proxy_image)
+    if d.openai:  # stoker's OpenAI service, in stoker's CPU image for GPU targets
+        docker_engine.require_image(client, targets.get(spec.target).openai_image(spec))
     promote.check_listen_ports(client, target_for(spec))
     return image
 

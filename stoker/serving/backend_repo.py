@@ -1,4 +1,5 @@
-"""The S3 model repository a running backend container serves, read with that container's own credentials.
+"""The model repository a running backend container serves: in S3, read with that container's own credentials, or
+a folder of the Docker host mounted into it (GPU targets mount the package step's folder).
 
 Both the OpenAI service (tokenizer files of the live build) and `stoker bench` (the deployment's
 tokenizer) need it; the container's `--model-repository` and `AWS_*` environment are the truth.
@@ -6,6 +7,7 @@ tokenizer) need it; the container's `--model-repository` and `AWS_*` environment
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import NamedTuple
 
 
@@ -33,6 +35,17 @@ def repository_of(container) -> Repository | None:
     args = (container.attrs or {}).get("Args") or []
     uri = next((a.split("=", 1)[1] for a in args if a.startswith("--model-repository=s3://")), None)
     return parse_triton_s3(uri) if uri else None
+
+
+def mounted_repository(container) -> Path | None:
+    """The host folder mounted where the container's Triton loads its models (``--model-repository=/models``)."""
+    args = (container.attrs or {}).get("Args") or []
+    inside = next((a.split("=", 1)[1] for a in args if a.startswith("--model-repository=")
+                   and not a.startswith("--model-repository=s3://")), None)
+    for m in (container.attrs or {}).get("Mounts") or []:
+        if inside is not None and m.get("Destination") == inside and m.get("Source"):
+            return Path(m["Source"])
+    return None
 
 
 def container_env(container) -> dict[str, str]:

@@ -31,7 +31,7 @@ from pathlib import Path
 import docker
 import docker.errors
 
-from .backend_repo import repository_of, s3_client
+from .backend_repo import mounted_repository, repository_of, s3_client
 from ..containers import engine
 from ..atomic import write_atomic
 from ..openai_api.layout import ASSET_FILES, LIVE_FILE
@@ -182,7 +182,10 @@ def fetch_assets(c, state: Path) -> dict:
     """
     repo = repository_of(c)
     if repo is None:
-        raise OpenAIServiceError(f"{c.name} serves no model repository in S3")
+        mounted = mounted_repository(c)
+        if mounted is None:
+            raise OpenAIServiceError(f"{c.name} serves no model repository in S3 or from a mounted folder")
+        return _copy_mounted(c, mounted, state)
     _endpoint, bucket, key = repo
     s3 = s3_client(c, repo)
     base = f"{key}/{MODEL_NAME}/"
@@ -191,6 +194,25 @@ def fetch_assets(c, state: Path) -> dict:
         for o in page.get("Contents", []):
             listing[o["Key"][len(base):]] = (o.get("ETag", ""), o.get("Size", 0))
     version, files = pick_assets(listing)
+    content = _store(state, listing, files, lambda rel: s3.get_object(Bucket=bucket, Key=base + rel)["Body"].read())
+    digest = c.labels.get(engine.LABEL_DIGEST, "")
+    return {"assets": f"assets/{content}", "digest": content if not digest or digest.startswith("live-") else digest,
+            "repository": f"s3://{bucket}/{key}", "version": version}
+
+
+def _copy_mounted(c, root: Path, state: Path) -> dict:
+    """fetch_assets for a repository mounted from a folder of this host (GPU targets): the same files, copied."""
+    base = root / MODEL_NAME
+    listing = {p.relative_to(base).as_posix(): (f"{p.stat().st_mtime_ns}", p.stat().st_size)
+               for p in base.rglob("*") if p.is_file() and p.name in ASSET_FILES}
+    version, files = pick_assets(listing)
+    content = _store(state, listing, files, lambda rel: (base / rel).read_bytes())
+    return {"assets": f"assets/{content}", "digest": c.labels.get(engine.LABEL_DIGEST, "") or content,
+            "repository": str(root), "version": version}
+
+
+def _store(state: Path, listing: dict, files: dict[str, str], read) -> str:
+    """The asset files under state/assets/<content key> (written once, atomically: a temp folder renamed)."""
     content = hashlib.sha256(json.dumps(sorted((n, *listing[k]) for n, k in files.items())).encode()).hexdigest()[:24]
     dest = state / "assets" / content
     if not dest.is_dir():
@@ -198,16 +220,14 @@ def fetch_assets(c, state: Path) -> dict:
         tmp = Path(tempfile.mkdtemp(dir=dest.parent, prefix=".fetch-"))
         try:
             for name, rel in files.items():
-                (tmp / name).write_bytes(s3.get_object(Bucket=bucket, Key=base + rel)["Body"].read())
+                (tmp / name).write_bytes(read(rel))
             tmp.rename(dest)
         except OSError:
             if not dest.is_dir():
                 raise
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
-    digest = c.labels.get(engine.LABEL_DIGEST, "")
-    return {"assets": f"assets/{content}", "digest": content if not digest or digest.startswith("live-") else digest,
-            "repository": f"s3://{bucket}/{key}", "version": version}
+    return content
 
 
 def _index(state: Path, c) -> Path:

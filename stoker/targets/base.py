@@ -84,9 +84,14 @@ class Target(ABC):
     baseline_tolerance: ClassVar[float] = 1e-3  # nats; spec evaluation.baseline_tolerance overrides
     # runtime: the `none` build scored in a child process; recorded: the bf16 build's own measurement, in S3
     baseline_source: ClassVar[Literal["runtime", "recorded"]] = "runtime"
-    # stoker's OpenAI service (a container on the serving image's Python) behind the proxy's /v1/; GPU targets'
-    # images host Triton's own frontend instead (stoker/gpu/openai_frontend.py)
-    openai_service: ClassVar[bool] = False
+    # stoker's OpenAI service behind the proxy's /v1/, for every target: a container of stoker's CPU image (its
+    # Python carries the service) speaking the target's interface to the live backend. Triton's own frontend is not
+    # used: its KServe endpoints cannot restrict Triton's admin APIs (stoker/gpu/openai_frontend.py).
+    openai_service: ClassVar[bool] = True
+
+    def openai_image(self, spec: Spec) -> str:
+        """The image the OpenAI service runs in: the serving image where it is stoker's CPU image."""
+        return spec.deploy.image
 
     def scores_perplexity(self, spec: Spec) -> bool:
         """Whether the served build returns context logits (the perplexity windows need them)."""

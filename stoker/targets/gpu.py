@@ -94,6 +94,13 @@ class GpuTarget(Target):
             labels[STANDIN_LABEL] = "true"
         return fields | {"labels": labels}
 
+    def openai_image(self, spec) -> str:
+        # The serving image is NVIDIA's; the OpenAI service runs in stoker's CPU image (built on any host by
+        # `stoker image`, no registry), in front of the GPU backend like any other.
+        from ..stack.image import DEFAULT_IMAGE
+
+        return DEFAULT_IMAGE
+
     def gpu_sets(self, spec) -> tuple[tuple[int, ...], ...]:
         """A generation's GPUs (every replica's, in order); surge: two such sets."""
         planned = self.gpu_rollout(spec)

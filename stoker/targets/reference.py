@@ -21,7 +21,6 @@ class Reference(Target):
     runs_on = "cpu"
     layout = "ensemble"  # preprocessing → tensorrt_llm (stoker runtime, decoupled) → postprocessing
     evaluates = True
-    openai_service = True
 
     def check_quantization(self, q) -> None:
         runs = ("none", *self.formats())

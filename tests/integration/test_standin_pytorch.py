@@ -18,6 +18,7 @@ import urllib.request
 import uuid
 from pathlib import Path
 
+import openai
 import pytest
 import yaml
 from operate_helpers import free_base_port
@@ -39,7 +40,7 @@ def spec_data(local_stack, standin_image):
     data["deploy"].update(name=f"stp-{uuid.uuid4().hex[:6]}", ports={"http": base, "grpc": base + 1,
                                                                       "metrics": base + 2},
                           image="nvcr.io/nvidia/tritonserver:26.07-trtllm-python-py3",  # what the stand-in replaces
-                          settle_s=1, watch_s=3, openai=False)
+                          settle_s=1, watch_s=3, openai=True)
     data["benchmark"].update({"concurrency": [1], "requests_per_level": 4, "output_tokens": 8})
     data["quantization"]["format"] = "int4_awq"
     data["evaluation"] = {"enabled": True, "prompts": 4, "greedy_tokens": 8}
@@ -109,6 +110,13 @@ def test_a_pytorch_spec_runs_end_to_end_on_the_standin_and_rolls_back(tmp_path, 
                                  headers={"Content-Type": "application/json"})
     answer = json.loads(urllib.request.urlopen(req, timeout=60).read())
     assert answer["text_output"] and answer["finish_reason"] in ("length", "stop")
+    # The OpenAI API at the same address: stoker's service, speaking the LLM API's interface to the live backend.
+    api = openai.OpenAI(base_url=m1["endpoint"]["openai"], api_key="unused", max_retries=0, timeout=60)
+    done = api.completions.create(model=spec_data["deploy"]["name"], prompt="Hello", max_tokens=6, temperature=0)
+    assert done.choices[0].text == answer["text_output"] and done.choices[0].finish_reason == answer["finish_reason"]
+    streamed = "".join(c.choices[0].text for c in api.completions.create(
+        model=spec_data["deploy"]["name"], prompt="Hello", max_tokens=6, temperature=0, stream=True) if c.choices)
+    assert streamed == answer["text_output"]
 
     # A rebuild (another format): staged on the other GPU set (surge), smoke-tested, judged against the baseline
     # recorded by the first run (no second bf16 run), switched.

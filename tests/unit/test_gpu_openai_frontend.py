@@ -1,7 +1,8 @@
-"""Triton's OpenAI frontend on the engine target: command, ports, proxy route, refusals.
+"""Every serve command restricts Triton's admin APIs; deploy.openai on GPU targets is stoker's OpenAI service, not
+Triton's frontend (whose KServe endpoints cannot restrict them); what the frontend's facts still pin down.
 
-Contract tests: rendered by contract, not run here (no GPU, no TensorRT-LLM, no NGC image). The
-upstream facts they check against are recorded in stoker/gpu/openai_frontend.py with their commits.
+Contract tests: rendered by contract, not run here (no GPU, no TensorRT-LLM, no NGC image). The upstream facts they
+check against are recorded in stoker/gpu/openai_frontend.py with their commits.
 """
 
 from __future__ import annotations
@@ -41,19 +42,35 @@ def openai_findings(spec) -> list[tuple[str, str]]:
     return [(f.level, f.message) for f in rules.check(spec, LLAMA, True) if f.field == "deploy.openai"]
 
 
-def test_engine_spec_serves_through_the_frontend_exactly():
-    spec = load_spec(SPECS / "llama3-8b-fp8-h100-engine.yaml")
-    assert spec.deploy.openai  # the default
-    # A backend's own loopback ports (stoker/serving chooses them): KServe HTTP/gRPC on theirs, the frontend's
-    # port (OpenAI + /metrics) takes the metrics role.
-    assert trtllm.serve_command(spec, Ports(21000, 21001, 21002), ["--x"]) == [
-        "python3", "/opt/tritonserver/python/openai/openai_frontend/main.py", "--model-repository", "/models",
-        "--tokenizer", "/models/preprocessing/1/tokenizer", "--backend", "tensorrtllm", "--host", "127.0.0.1",
-        "--openai-port", "21002", "--enable-kserve-frontends", "--kserve-http-port", "21000",
-        "--kserve-grpc-port", "21001"]
-    backend = targets.get("tensorrt").backend(spec, "/host/repo", (0,))
-    assert backend["image"] == CURRENT and backend["mounts"] == {"/host/repo": "/models"}
-    assert backend["device_ids"] == (0,) and backend["labels"] == {"ai.stoker.gpus": "0"}
+@pytest.mark.parametrize("path", sorted(SPECS.glob("*.yaml")), ids=lambda p: p.stem)
+def test_every_example_specs_serve_command_restricts_the_admin_apis(path):
+    """The command each backend of every example spec runs: every tritonserver process in it (one, or one per MPI
+    rank) restricts model repository, model config, shared memory, statistics, trace and logging to the token."""
+    from stoker.containers import engine
+    from stoker.deploy.rollout import backend_spec
+
+    spec = load_spec(path)
+    gpus = tuple(range(spec.parallel.world_size)) if spec.target != "reference" else ()
+    b = backend_spec(spec, "/host/repo" if spec.target != "reference" else "s3://bkt/repo", "d" * 64, {}, gpus=gpus)
+    argv = engine.backend_command(b, Ports(21000, 21001, 21002), "tok3n")
+    servers = argv.count("tritonserver") + sum(a.endswith("/tritonserver") for a in argv) or 1
+    assert sum(a.startswith("--http-restricted-api=") and a.endswith("=tok3n") for a in argv) == servers, argv
+    assert sum(a.startswith("--grpc-restricted-protocol=") and a.endswith("=tok3n") for a in argv) == servers, argv
+    assert "openai_frontend/main.py" not in " ".join(argv)
+    assert all(a.split("=", 1)[1] == "127.0.0.1" for a in argv if a.endswith("-address=127.0.0.1") or
+               a.startswith(("--http-address=", "--grpc-address=", "--metrics-address=")))
+
+
+def test_gpu_targets_serve_openai_through_stokers_service():
+    from stoker.deploy.rollout import target_for
+    from stoker.stack.image import DEFAULT_IMAGE
+
+    for name in ("llama3-8b-fp8-h100-engine.yaml", "llama3-8b-fp8-llmapi-h100.yaml"):
+        spec = load_spec(SPECS / name)
+        assert spec.deploy.openai and not openai_frontend.renders(spec)
+        assert trtllm.serve_command(spec, Ports(21000, 21001, 21002), ["--x"])[0] == "tritonserver"
+        target = target_for(spec)
+        assert target.openai_image == DEFAULT_IMAGE and not target.openai_on_metrics
 
 
 def test_rendered_flags_exist_in_every_supported_image():
@@ -70,13 +87,8 @@ def test_names_match_what_the_package_step_writes():
 
 
 def test_the_plan_says_what_serves():
-    spec = gpu_spec(gpus={"count": 1})
-    assert openai_findings(spec) == [("note", "Triton's OpenAI frontend is the serve command: /v1/ with model "
-                                              "'ensemble', KServe HTTP/gRPC from the same process (rendered by "
-                                              "contract, not run here)")]
-    streaming_off = gpu_spec(gpus={"count": 1}, runtime={"decoupled": False})
-    assert ("note", "runtime.decoupled is false: streamed OpenAI requests (stream: true) will fail") \
-        in openai_findings(streaming_off)
+    [(level, message)] = openai_findings(gpu_spec(gpus={"count": 1}))
+    assert level == "note" and message.startswith("stoker's OpenAI service") and "cannot restrict" in message
 
 
 def test_openai_off_keeps_tritonserver():
@@ -85,14 +97,6 @@ def test_openai_off_keeps_tritonserver():
     assert trtllm.serve_command(spec, Ports(21000, 21001, 21002), ["--x"]) == [
         "tritonserver", "--model-repository=/models", "--http-address=127.0.0.1", "--http-port=21000",
         "--grpc-address=127.0.0.1", "--grpc-port=21001", "--metrics-address=127.0.0.1", "--metrics-port=21002", "--x"]
-
-
-def test_llmapi_target_is_not_rendered_and_says_why():
-    spec = load_spec(SPECS / "llama3-8b-fp8-llmapi-h100.yaml")
-    assert spec.deploy.openai and not openai_frontend.renders(spec)
-    assert trtllm.serve_command(spec, Ports(1, 2, 3), [])[0] == "tritonserver"
-    [(level, message)] = openai_findings(spec)
-    assert level == "note" and message.startswith("not rendered for target 'pytorch'")
 
 
 def test_several_ranks_run_one_mpi_rank_per_gpu_on_loopback_with_the_restricted_apis():
@@ -108,8 +112,6 @@ def test_several_ranks_run_one_mpi_rank_per_gpu_on_loopback_with_the_restricted_
         assert f"shm-region-prefix-name=prefix{i}_" in rank
         # Rank 0 serves every model; the others load only the engine (they stay in the backend's worker loop).
         assert ("--load-model=tensorrt_llm" in rank) is (i > 0)
-    [(level, message)] = openai_findings(spec)
-    assert level == "note" and "orchestrator mode" in message
 
 
 @pytest.mark.parametrize("tag, ships", [("24.09", False), ("24.11", False), ("24.12", True), ("26.04", True),
@@ -117,20 +119,6 @@ def test_several_ranks_run_one_mpi_rank_per_gpu_on_loopback_with_the_restricted_
 def test_first_release_that_ships_it(tag, ships):
     assert openai_frontend.ships_frontend(f"nvcr.io/nvidia/tritonserver:{tag}-trtllm-python-py3") is ships
     assert not openai_frontend.ships_frontend("stoker/triton-cpu:2.51.0-cpu")
-
-
-def test_an_image_without_it_is_refused_at_plan_time_in_one_line(monkeypatch):
-    # Every image stoker supports today ships the frontend: pretend an older one were supported.
-    old = "nvcr.io/nvidia/tritonserver:24.09-trtllm-python-py3"
-    monkeypatch.setitem(matrix.data()["images"]["24.09"], "supported", True)
-    spec = gpu_spec(gpus={"count": 1}, deploy={"image": old})
-    with pytest.raises(PlanRefused) as err:
-        rules.enforce(rules.check(spec, LLAMA, True))
-    assert str(err.value) == (f"deploy.openai: {old} does not ship Triton's OpenAI frontend (first in "
-                              "nvcr.io/nvidia/tritonserver:24.12-trtllm-python-py3); use "
-                              f"{CURRENT} or set deploy.openai: false")
-    assert not openai_frontend.renders(spec) and trtllm.serve_command(spec, Ports(1, 2, 3), [])[0] == "tritonserver"
-    assert openai_findings(gpu_spec(gpus={"count": 1}, deploy={"image": old, "openai": False})) == []
 
 
 def test_a_refused_image_is_refused_once():

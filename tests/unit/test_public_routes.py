@@ -51,13 +51,3 @@ def test_the_metrics_port_serves_v1_only_where_the_backends_host_tritons_openai_
     assert "acl openai path_beg /v1/" in metrics and "if !{ path /metrics } !openai" in metrics
 
 
-def test_an_engine_spec_with_the_frontend_names_its_openai_endpoint_on_the_stable_metrics_port():
-    from pathlib import Path
-
-    from stoker.deploy.rollout import target_for
-    from stoker.spec.load import load_spec
-
-    spec = load_spec(Path(__file__).resolve().parents[2] / "deployments/specs/llama3-8b-fp8-h100-engine.yaml")
-    target = target_for(spec)
-    assert target.openai_on_metrics and not target.openai_image and "openai-metrics" in target.front
-    assert target.endpoint["openai"] == f"http://127.0.0.1:{spec.deploy.ports.metrics}/v1"
