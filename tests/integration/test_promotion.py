@@ -4,7 +4,9 @@ Every fault ends the same way: the old build still serves at the same address, a
 line naming the cause. Load during a replace streams through the proxy over gRPC and HTTP at once.
 The tests marked with ``build`` ["reference", "tensorrt"] run twice: with the reference target's backends, and with
 the backends `target: tensorrt` supplies on the STAND-IN (its image, serve command, mounted repository, labelled
-device ids): one serving path, the same assertions.
+device ids): one serving path, the same assertions. Only where a target's code differs: the replace under load
+(a GPU backend started, smoke-tested, switched, retired) and the SIGKILL-then-reconcile (GPU backends observed from
+their labels); the fault tests in between exercise serving code that no target changes, so they run once.
 """
 
 from __future__ import annotations
@@ -64,7 +66,6 @@ def test_replace_under_streaming_load_keeps_the_address_and_drops_nothing(client
 # ------------------------------------------------------------------ faults: the old build keeps serving
 
 
-@pytest.mark.parametrize("build", ["reference", "tensorrt"], indirect=True)
 def test_candidate_ready_then_exits_is_caught_by_the_settle_window(client, target, build):
     """Regression: Triton answered ready once, then exited (its metrics port was taken); the old one was gone."""
     deploy(client, target, build("A"))
@@ -77,7 +78,6 @@ def test_candidate_ready_then_exits_is_caught_by_the_settle_window(client, targe
     assert_one_live(client, target, "A")
 
 
-@pytest.mark.parametrize("build", ["reference", "tensorrt"], indirect=True)
 def test_candidate_that_never_becomes_ready(client, target, build):
     deploy(client, target, build("A"))
     t0 = time.monotonic()
@@ -89,7 +89,6 @@ def test_candidate_that_never_becomes_ready(client, target, build):
     assert_one_live(client, target, "A")
 
 
-@pytest.mark.parametrize("build", ["reference", "tensorrt"], indirect=True)
 def test_candidate_whose_smoke_inference_fails(client, target, build):
     deploy(client, target, build("A"))
     with pytest.raises(engine.NotReady) as err:
@@ -99,7 +98,6 @@ def test_candidate_whose_smoke_inference_fails(client, target, build):
     assert_one_live(client, target, "A")
 
 
-@pytest.mark.parametrize("build", ["reference", "tensorrt"], indirect=True)
 def test_new_backend_dying_in_the_watch_window_switches_back(client, target, build):
     deploy(client, target, build("A"))
     lines = Lines()
