@@ -336,16 +336,18 @@ def retire(client: docker.DockerClient, target: Target, old: BackendRef, drain_t
 
     Idle is read two ways: the proxy has no stream open to ``old``, or ``old`` itself reports no request in
     flight twice in a row while the proxy still holds streams (clients keep a gRPC bidi stream open between
-    requests): those streams are then ended between requests, never mid-answer, and their clients reconnect
-    to the live backend (README, "Clients that keep a gRPC stream open").
+    requests). Streams still open are never ended on that reading alone: a client that paused between requests
+    can send its next one in the instant the streams are ended, and that answer would be cut part-way. Instead
+    ``old`` first stops taking new requests (refuse_new: its models are unloaded; Triton finishes the answers in
+    flight and refuses each new request with an error before any response), and its streams are ended only once
+    nothing is loaded (every answer in flight has finished); their clients reconnect to the live backend (README,
+    "Clients that keep a gRPC stream open"). The same happens after BUSY_GRACE_S to streams that are never idle
+    (request after request, no pause), which would otherwise hold ``old`` until the deadline and be cut then.
+    Each stream loses at most the one request it sent after the refusal began, before any answer: safe to resend.
 
-    A stream that is never idle (request after request, no pause) would hold ``old`` until the deadline and then
-    be cut mid-answer. After BUSY_GRACE_S with streams still open and requests in flight, ``old`` stops taking new
-    requests (refuse_new: its models are unloaded; Triton finishes the answers in flight and refuses each new
-    request with an error before any response); once every answer in flight has finished, the streams are ended
-    and their clients reconnect to the live backend. Each busy stream loses at most the one request it sent after
-    the refusal began, before any answer: safe to resend. A backend that cannot unload its models (not started in
-    explicit model-control mode) is waited for as before.
+    A backend that cannot unload its models (not started in explicit model-control mode: deploy.rollout
+    backend_spec, TP×PP > 1) keeps the older behaviour: its streams are ended on the idle reading (between
+    requests, barring that instant) or waited for until the deadline.
     """
     t0 = time.monotonic()
     rt = runtime_for(target, proxy_container(client, target.name))
@@ -369,9 +371,17 @@ def retire(client: docker.DockerClient, target: Target, old: BackendRef, drain_t
             time.sleep(DRAIN_POLL_S)
             continue
         idle_reads = idle_reads + 1 if _in_flight(old) == 0 else 0
+        if idle_reads >= IDLE_READS and refusing is None:
+            # Unload first even though nothing is in flight now: a paused stream may be sending its next request
+            # this very instant, and ending the streams then would cut its answer part-way.
+            refusing = refuse_new(client, old, log)
+            if refusing:
+                log(f"{old.container}: {open_} stream(s) still open with no request in flight; it now refuses new "
+                    f"requests before any answer, and its streams end once nothing is loaded")
+                continue
         if idle_reads >= IDLE_READS:
-            log(f"{old.container}: {open_} stream(s) still open with no request in flight; ending them between "
-                f"requests (their clients reconnect to the live backend)")
+            log(f"{old.container}: {open_} stream(s) still open with no request in flight and it cannot refuse new "
+                f"requests; ending them between requests (their clients reconnect to the live backend)")
             _end_sessions(rt, old, log)
             open_ = 0
             break

@@ -56,15 +56,18 @@ def test_an_idle_long_lived_stream_is_ended_between_requests_not_waited_for(clie
         stop.set()
         streamer.join(timeout=60)
 
-    assert any("no request in flight; ending them between requests" in line for line in log), log
+    # Unloaded first, never ended on the in-flight reading alone: the stream ends once nothing is loaded, or
+    # earlier, when its client met the refusal and reconnected to the live backend itself.
+    assert any("no request in flight; it now refuses new requests" in line for line in log), log
+    assert not any("ending them between requests" in line for line in log), log
     # Far below DRAIN_TIMEOUT_S: the idle stream did not hold the old backend (a bound against hangs, >= 10x
     # the ~1 s it takes).
     assert done["retire_s"] < DRAIN_TIMEOUT_S / 4, done
     assert stats["reconnects"] >= 1
     truncated = [r for r in records if r[4]]
     assert truncated == [], truncated  # never mid-answer
-    # A request that met the stream's end before any response (sent in the instant it was ended) is the only
-    # failure a client can see; the README tells it to resend. None is expected at a 0.5 s gap.
+    # A request sent while the old backend refused new ones (or in the instant its stream ended) fails before any
+    # response: the only failure a client can see, at most one per stream; the README tells it to resend.
     failed = [r for r in records if not r[3] and not r[4]]
     assert len(failed) <= 1, failed
     assert {r[6] for r in records if r[3]} == {"A", "B"}
@@ -111,3 +114,50 @@ def test_busy_streams_lose_no_answer_part_way_through_a_replace(client, target, 
     assert any("refuses new requests" in line for line in log), log
     assert done["retire_s"] < DRAIN_TIMEOUT_S, done  # the busy streams did not hold the old backend to the deadline
     assert_one_live(client, target, "B")
+
+
+PAUSED_GAPS_S = (0.3, 0.05)
+
+
+def test_paused_and_busy_streams_lose_no_answer_part_way_through_a_replace(client, target, build):
+    """A stream that pauses between requests reads as idle to the in-flight gauge; its next request can start in
+    the instant the streams would be ended. Retire unloads the old backend first (new requests refused before any
+    answer, those in flight finish) and ends the streams only once nothing is loaded: no answer is cut, and each
+    stream, paused or busy, loses at most one request, before any answer. Two replaces, so the idle reading (paused
+    streams alone between busy requests) and the busy one both get their chance."""
+    deploy(client, target, build("A", interval_s=0.05))
+    stop = threading.Event()
+    gaps = (*PAUSED_GAPS_S, 0.0)
+    streams = [([], {}) for _ in gaps]
+    threads = [threading.Thread(target=long_stream_client, args=(target.endpoint["grpc"], stop, recs, gap, stats),
+                                daemon=True) for (recs, stats), gap in zip(streams, gaps)]
+    for t in threads:
+        t.start()
+    log, windows = Lines(), []
+    try:
+        _wait(lambda: all(sum(r[3] for r in recs) >= 2 for recs, _ in streams), 60, "answers on every stream")
+        for tag in ("B", "C"):
+            staged = promote.prepare(client, target, build(tag, interval_s=0.05), 1.0, log)
+            began = time.time()
+            done = promote.go_live(client, target, staged, 2.0, 1.0, DRAIN_TIMEOUT_S, log)
+            windows.append((began, time.time()))
+            assert done["retire_s"] < DRAIN_TIMEOUT_S, done
+            _wait(lambda: all(any(r[3] and r[6] == tag for r in recs) for recs, _ in streams), 60,
+                  f"answers from {tag} on every stream")
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=60)
+
+    for i, ((recs, stats), gap) in enumerate(zip(streams, gaps)):
+        truncated = [r for r in recs if r[4]]
+        assert truncated == [], (gap, truncated)  # no answer stopped part-way, paused stream or busy
+        failed = [r for r in recs if not r[3]]
+        print(f"stream gap {gap}: {len(recs)} requests, {len(failed)} failed before any answer, "
+              f"{stats['reconnects']} reconnect(s): {[r[5] for r in failed]}")
+        for began, ended in windows:  # at most one request per stream per rollout, refused before any answer
+            assert len([r for r in failed if began <= r[1] <= ended]) <= 1, (gap, failed)
+        assert len(failed) <= len(windows), (gap, failed)
+        assert {r[6] for r in recs if r[3]} == {"A", "B", "C"}, gap
+    assert not any("cannot refuse new requests" in line for line in log), log
+    assert_one_live(client, target, "C")
