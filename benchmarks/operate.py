@@ -1,9 +1,10 @@
 """Promotion under load, through the stable endpoint: every request counted; writes JSON.
 
-    .venv/bin/python benchmarks/operate.py [OUT.json] [--no-dockerd-restart] [--keys] [--target tensorrt]
-                                           [--replicas N] [--rollouts-only]
+    .venv/bin/python benchmarks/operate.py [OUT.json] [--no-dockerd-restart] [--keys]
+                                           [--target tensorrt|pytorch] [--replicas N] [--rollouts-only]
     (default OUT: benchmarks/results/operate.json, with --keys operate_keys.json, with --target tensorrt
-    operate_tensorrt_standin.json, with --replicas N operate_replicas_N.json; ~6 min on 2 cores)
+    operate_tensorrt_standin.json, with --target pytorch operate_pytorch_standin.json, with --replicas N
+    operate_replicas_N.json; ~6 min on 2 cores)
 
 --rollouts-only: the load and the rollouts (replace x3, switch to reload, reload x3, rollback), no faults (~4 min;
 default OUT operate_busy_streams.json): the busy stream's figures per phase (issue 31 item 5).
@@ -16,6 +17,14 @@ fewest proxy servers taking new requests seen during it (polled every 50 ms); th
 repository mounted from a folder, the GPU set per backend, labelled; device requests dropped) serving the same
 scripted models. Not TensorRT-LLM: it measures stoker's serving path for that target. The S3 `reload` phases do
 not apply (a GPU backend mounts its repository); the rest runs as for the reference target.
+
+--target pytorch: the same on the STAND-IN for a `target: pytorch` spec (TensorRT-LLM's LLM API, the `llmapi`
+layout; issue 30 "Measure"): its backends serve one decoupled python model, `tensorrt_llm`, with the contract of
+TensorRT-LLM's llmapi model (the config stoker renders, scripted like the ensemble: "<tag>:<i> " per token, the same
+fault modes; tests/integration/serving_models.py write_llmapi_repo), and every client speaks the LLM API's
+interface (stoker/protocol.py LLMAPI: text_input, streaming, sampling_param_max_tokens, the whole text so far in
+each response; STOKER_OPERATE_INTERFACE=llmapi for the load process). Not TensorRT-LLM: stoker's serving path for
+that target (smoke inference, watch, retire's unload of `tensorrt_llm`, the proxy) under the same load.
 
 --keys: the deployment asks for an API key (deploy.api_keys, a file of two keys): every client sends one,
 so the side-by-side latency is the proxy checking keys, and the load's requests all pass the check.
@@ -58,7 +67,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests" / "integration"))
-from stream_clients import KEY_ENV, TOKENS, auth_headers, load_process  # noqa: E402 -- after sys.path
+from stream_clients import (INTERFACE_ENV, KEY_ENV, TOKENS, auth_headers, grpc_inputs,  # noqa: E402 -- after sys.path
+                            load_process, request_values)
 
 
 # ---------------------------------------------------------------- side-by-side latency
@@ -68,11 +78,11 @@ def added_latency(direct: dict, proxied: dict, n: int = 300) -> dict:
     """p50 of a 1-token streamed request, backend vs proxy, interleaved so both see the same machine."""
     import http.client
 
-    import numpy as np
-    from tritonclient.grpc import InferInput
+    import tritonclient.grpc as grpcclient
     from tritonclient.grpc.aio import InferenceServerClient
 
-    body = json.dumps({"text_input": "hi", "max_tokens": 1, "stream": True})
+    model, values = request_values(1, http=True)  # the served interface's (stream_clients: ensemble or llmapi)
+    body = json.dumps(values)
     conns = {}
     for k, ep in (("direct", direct), ("proxy", proxied)):
         host, port = ep["http"].removeprefix("http://").split(":")
@@ -81,7 +91,7 @@ def added_latency(direct: dict, proxied: dict, n: int = 300) -> dict:
     for i in range(n + 20):
         for k in (("direct", "proxy") if i % 2 else ("proxy", "direct")):
             t0 = time.perf_counter()
-            conns[k].request("POST", "/v2/models/ensemble/generate_stream", body,
+            conns[k].request("POST", f"/v2/models/{model}/generate_stream", body,
                              {"Content-Type": "application/json", **auth_headers()})
             raw = conns[k].getresponse().read()
             assert b"text_output" in raw, raw[:200]
@@ -91,14 +101,11 @@ def added_latency(direct: dict, proxied: dict, n: int = 300) -> dict:
     async def grpc_side() -> dict[str, list[float]]:
         clients = {"direct": InferenceServerClient(direct["grpc"]), "proxy": InferenceServerClient(proxied["grpc"])}
         out: dict[str, list[float]] = {"direct": [], "proxy": []}
-        text = InferInput("text_input", [1], "BYTES")
-        text.set_data_from_numpy(np.array([b"hi"], dtype=np.object_))
-        one = InferInput("max_tokens", [1], "INT32")
-        one.set_data_from_numpy(np.array([1], dtype=np.int32))
+        model, inputs = grpc_inputs(grpcclient, 1)
         for i in range(n + 20):
             for k in (("direct", "proxy") if i % 2 else ("proxy", "direct")):
                 async def req():
-                    yield {"model_name": "ensemble", "inputs": [text, one]}
+                    yield {"model_name": model, "inputs": inputs}
 
                 t0 = time.perf_counter()
                 async for _result, error in clients[k].stream_infer(req(), headers=auth_headers() or None):
@@ -148,8 +155,9 @@ class Run:
         }
         if os.environ.get("STOKER_OPERATE_REPLICAS"):
             self.data["deploy"]["replicas"] = int(os.environ["STOKER_OPERATE_REPLICAS"])
-        if os.environ.get("STOKER_STANDIN"):  # --target tensorrt: what a GPU spec says, the stand-in replaces
-            self.data.update(model={"repo_id": "meta-llama/Meta-Llama-3-8B-Instruct"}, target="tensorrt",
+        if os.environ.get("STOKER_STANDIN"):  # --target tensorrt|pytorch: what a GPU spec says, the stand-in replaces
+            self.data.update(model={"repo_id": "meta-llama/Meta-Llama-3-8B-Instruct"},
+                             target=os.environ.get("STOKER_OPERATE_TARGET", "tensorrt"),
                              gpus={"type": "h100-80gb", "count": 2, "rollout": "surge"})
             self.data["deploy"].update(image="nvcr.io/nvidia/tritonserver:26.07-trtllm-python-py3", openai=False)
         if os.environ.get(KEY_ENV):
@@ -157,6 +165,8 @@ class Run:
             keys.write_text(f"operate-old-{uuid.uuid4().hex}\n{os.environ[KEY_ENV]}\n")
             self.data["deploy"]["api_keys"] = {"file": str(keys)}
         self.spec = parse_spec(self.data, "operate")
+        # The stand-in is recorded per build (stoker/gpu/standin.py), never read from the environment at deploy.
+        self.standin = bool(os.environ.get("STOKER_STANDIN")) and self.spec.target != "reference"
         self.s3 = boto3.client("s3", endpoint_url=s3_url, region_name="us-east-1")
         self.s3.create_bucket(Bucket=self.spec.storage.bucket)
         self.phases: list[dict] = []
@@ -168,11 +178,15 @@ class Run:
         return parse_spec({**self.data, "deploy": {**self.data["deploy"], "rollout": rollout, **deploy}}, "operate")
 
     def build(self, tag: str, **model) -> tuple[str, str]:
-        from serving_models import repo_digest, write_repo
+        from serving_models import repo_digest, write_llmapi_repo, write_repo
 
         from stoker.storage import s3
 
-        root = write_repo(self.state / "repos" / f"{tag}-{uuid.uuid4().hex[:6]}", tag, full_layout=True, **model)
+        root = self.state / "repos" / f"{tag}-{uuid.uuid4().hex[:6]}"
+        if self.spec.target == "pytorch":  # the llmapi layout: one `tensorrt_llm` with the LLM API's contract
+            write_llmapi_repo(root, tag, **model)
+        else:
+            write_repo(root, tag, full_layout=True, **model)
         digest = repo_digest(root)
         if self.spec.target != "reference":  # a GPU target's backend mounts the package step's folder
             return str(root), digest
@@ -191,9 +205,10 @@ class Run:
         uri, digest = self.build(tag, **model)
         self.runs += 1
         run_id = f"20261123T{self.runs:06d}-{tag.lower()}"
-        staged = ro.stage(spec, uri, digest, run_id, self.log)
+        staged = ro.stage(spec, uri, digest, run_id, self.log, standin=self.standin)
         done = ro.go_live(spec, staged, self.log)
         manifest = {"run_id": run_id, "spec": spec.model_dump(mode="json"),
+                    "standin": {"ran": self.standin},  # what stoker run records; rollback reads it
                     "steps": {"upload": {"status": "completed", "digest": digest, "detail": {"repository_uri": uri}},
                               "deploy": {"status": "completed"}, "switch": {"status": "completed"}}}
         write_atomic(Path(os.environ["STOKER_HOME"]) / "runs" / run_id / "manifest.json", json.dumps(manifest))
@@ -211,9 +226,9 @@ class Run:
         try:
             import urllib.request
 
-            req = urllib.request.Request(f"{d['endpoint']['http']}/v2/models/ensemble/generate_stream",
-                                         data=json.dumps({"text_input": "x", "max_tokens": 1}).encode(),
-                                         headers=auth_headers())
+            model, values = request_values(1, text="x", http=True)
+            req = urllib.request.Request(f"{d['endpoint']['http']}/v2/models/{model}/generate_stream",
+                                         data=json.dumps(values).encode(), headers=auth_headers())
             with urllib.request.urlopen(req, timeout=10) as r:
                 tag = json.loads(r.read().decode().split("data:", 1)[1])["text_output"].split(":")[0]
         except Exception as exc:  # noqa: BLE001 - recorded as no answer
@@ -287,7 +302,7 @@ from stoker.deploy import rollout
 from stoker.spec.load import parse_spec
 spec = parse_spec(json.loads({json.dumps(json.dumps({**run.data, 'deploy': {**run.data['deploy'], 'settle_s': 60}}))}),
                   "operate")
-rollout.stage(spec, {uri!r}, {digest!r}, "killed", lambda l: print(l, flush=True))
+rollout.stage(spec, {uri!r}, {digest!r}, "killed", lambda l: print(l, flush=True), standin={run.standin!r})
 """
     proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, env=os.environ)
     for line in proc.stdout:
@@ -355,7 +370,7 @@ def restart_dockerd_mid_deploy(run: Run, tag: str) -> dict:
 
     def deploy() -> None:
         try:
-            ro.stage(spec, uri, digest, "dockerd", run.log)
+            ro.stage(spec, uri, digest, "dockerd", run.log, standin=run.standin)
         except Exception as exc:  # noqa: BLE001 - the expected one-line cause
             err.append(f"{type(exc).__name__}: {str(exc).splitlines()[0]}")
 
@@ -408,15 +423,22 @@ def main() -> int:
     keyed = "--keys" in sys.argv
     if keyed:
         os.environ[KEY_ENV] = f"operate-{uuid.uuid4().hex}"
-    gpu = "--target" in sys.argv and sys.argv[sys.argv.index("--target") + 1] == "tensorrt"
+    target = sys.argv[sys.argv.index("--target") + 1] if "--target" in sys.argv else "reference"
+    if target not in ("reference", "tensorrt", "pytorch"):
+        print(f"--target {target}: reference, tensorrt or pytorch", file=sys.stderr)
+        return 2
+    gpu = target != "reference"
     if gpu:
         os.environ["STOKER_STANDIN"] = "1"
+        os.environ["STOKER_OPERATE_TARGET"] = target
+    if target == "pytorch":
+        os.environ[INTERFACE_ENV] = "llmapi"  # every client, the load process's included, speaks the LLM API's
     replicas = int(sys.argv[sys.argv.index("--replicas") + 1]) if "--replicas" in sys.argv else 1
     if replicas > 1:
         os.environ["STOKER_OPERATE_REPLICAS"] = str(replicas)
-    args = [a for i, a in enumerate(sys.argv[1:], 1) if a != "tensorrt" and sys.argv[i - 1] != "--replicas"]
+    args = [a for i, a in enumerate(sys.argv[1:], 1) if sys.argv[i - 1] not in ("--replicas", "--target")]
     default = ("operate_busy_streams.json" if "--rollouts-only" in sys.argv
-               else "operate_tensorrt_standin.json" if gpu else f"operate_replicas_{replicas}.json" if replicas > 1
+               else f"operate_{target}_standin.json" if gpu else f"operate_replicas_{replicas}.json" if replicas > 1
                else "operate_keys.json" if keyed else "operate.json")
     out = Path(next((a for a in args if not a.startswith("--")), ROOT / "benchmarks" / "results" / default)).resolve()
     with_dockerd = "--no-dockerd-restart" not in sys.argv
@@ -440,7 +462,10 @@ def main() -> int:
             first = run.phase("deploy A (first backend)", lambda: run.deploy("A"))
             endpoint = first["endpoint_after"]
             backend = first["result"]["live"]
-            latency = added_latency({"http": backend["http"], "grpc": backend["grpc"]}, endpoint)
+            try:
+                latency = added_latency({"http": backend["http"], "grpc": backend["grpc"]}, endpoint)
+            except Exception as exc:  # noqa: BLE001 - recorded: the run's other figures do not depend on it
+                latency = {"error": f"{type(exc).__name__}: {exc}", "backend": backend}
             print(f"proxy added latency: {latency}", flush=True)
 
             ctx = mp.get_context("spawn")
@@ -540,7 +565,8 @@ def main() -> int:
             "switch_over_s": {"switches": len(switches), "max": max(switches) if switches else None,
                               "median": statistics.median(switches) if switches else None,
                               "met": bool(switches) and max(switches) <= 1.0},
-            "proxy_added_p50_ms": {k: v["added_p50_ms"] for k, v in latency.items()},
+            "proxy_added_p50_ms": ({k: v["added_p50_ms"] for k, v in latency.items()} if "error" not in latency
+                                   else latency["error"]),
             **({"never_fewer_than_n_minus_1_ready_in_rollouts": {
                 "replicas": replicas,
                 "fewest": min((p["fewest_ready_servers"] for p in rollout_phases
@@ -555,9 +581,13 @@ def main() -> int:
                    for p in run.phases],
         "meta": {"machine": f"{platform.node()} ({os.cpu_count()} CPUs)", "wall_s": round(time.time() - t_start, 1),
                  "api_keys": keyed, "target": run.spec.target, "replicas": replicas, "rollouts_only": rollouts_only,
-                 "standin": ("STAND-IN (STOKER_STANDIN=1): the tensorrt target's backends on stoker/triton-standin "
-                             "serving scripted models; stoker's serving path for that target, not TensorRT-LLM")
-                            if gpu else False,
+                 "standin": (f"STAND-IN (STOKER_STANDIN=1): the {target} target's backends on "
+                             "stoker/triton-standin serving scripted models"
+                             + (" with the contract of TensorRT-LLM's llmapi model (one `tensorrt_llm`), every client "
+                                "speaking the LLM API's interface (text_input, streaming, sampling_param_max_tokens, "
+                                "cumulative text)" if target == "pytorch" else "")
+                             + "; stoker's serving path for that target, not TensorRT-LLM") if gpu else False,
+                 "interface": os.environ.get(INTERFACE_ENV) or "ensemble",
                  "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                  "note": "switch_over_s is the proxy's runtime-API switch (candidate proven -> new requests routed "
                          "to it). Killing the proxy or restarting dockerd takes the endpoint itself down until "

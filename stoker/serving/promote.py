@@ -435,7 +435,8 @@ def _loaded(http: str, admin: dict[str, str]) -> dict[str, str]:
 def refuse_new(client: docker.DockerClient, backend: BackendRef, log: Log) -> bool:
     """Make every replica of ``backend`` refuse new inference while its answers in flight finish.
 
-    The entry models (the ensemble) are unloaded: Triton takes them out of service at once (a new request is
+    The entry models (the ensemble; in a layout without one, every model, as the `llmapi` layout's `tensorrt_llm`)
+    are unloaded: Triton takes them out of service at once (a new request is
     answered with an error, before any response: "has no available versions") and unloads each when its requests
     in flight have finished; the models they compose stay loaded until then (_answers_finished unloads them next).
     False when a replica cannot (Triton refuses unloads outside explicit model-control mode); nothing changed then
@@ -444,7 +445,10 @@ def refuse_new(client: docker.DockerClient, backend: BackendRef, log: Log) -> bo
     for member in backend.members():
         try:
             admin = engine.admin_headers(client.containers.get(member.container))
-            entry = [m for m in _loaded(member.http, admin) if m in ENTRY_MODELS]
+            loaded = _loaded(member.http, admin)
+            # The ensemble's layout: the ensemble first. A layout without one (the LLM API's `llmapi`: one
+            # `tensorrt_llm` that clients call directly): every model it serves.
+            entry = [m for m in loaded if m in ENTRY_MODELS] or list(loaded)
             for model in entry:
                 _model_control(member.http, f"/models/{model}/unload", admin)
         except urllib.error.HTTPError as err:

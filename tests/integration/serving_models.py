@@ -122,3 +122,93 @@ def publish(s3, bucket: str, s3_endpoint: str, root: Path) -> tuple[str, str]:
         if p.is_file():
             s3.upload_file(str(p), bucket, f"{digest[:16]}/{p.relative_to(root).as_posix()}")
     return f"s3://{s3_endpoint.removeprefix('http://')}/{bucket}/{digest[:16]}", digest
+
+
+# The pytorch target's layout (`llmapi`): one decoupled python model, `tensorrt_llm`, with the contract of
+# TensorRT-LLM's LLM-API model (stoker/protocol.py LLMAPI; its config is the one stoker renders,
+# stoker/gpu/llmapi.config): text_input, streaming, sampling_param_max_tokens, exclude_input_from_output,
+# return_finish_reason; every streamed response carries the whole text so far, the last one flagged final.
+# Scripted like the ensemble above: "<tag>:<i> " per token, the same modes, the same in-flight gauge.
+LLMAPI_MODEL = """\
+import os
+import signal
+import threading
+import time
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+TAG, MODE, ARG, INTERVAL = {tag!r}, {mode!r}, {arg!r}, {interval!r}
+FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+
+
+def _value(request, name, default):
+    t = pb_utils.get_input_tensor_by_name(request, name)
+    if t is None:
+        return default
+    v = t.as_numpy().reshape(-1)[0]
+    return v.decode() if isinstance(v, bytes) else v.item()
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.family = pb_utils.MetricFamily(name="stoker_requests_in_flight", description="begun, not answered",
+                                            kind=pb_utils.MetricFamily.GAUGE)
+        self.in_flight = self.family.Metric(labels={{"model": "tensorrt_llm"}})
+        if MODE == "hang":
+            time.sleep(3600)
+        if MODE == "exit_after":
+            threading.Timer(ARG, lambda: os.kill(1, signal.SIGTERM)).start()
+
+    def execute(self, requests):
+        # Answered in execute, as the ensemble above (2 instances): no thread outlives the call.
+        self.in_flight.increment(len(requests))
+        for request in requests:
+            got = {{"n": int(_value(request, "sampling_param_max_tokens", 32)),
+                    "streaming": bool(_value(request, "streaming", False)),
+                    "prefix": "" if _value(request, "sampling_param_exclude_input_from_output", False)
+                    else _value(request, "text_input", ""),
+                    "with_finish": bool(_value(request, "return_finish_reason", False))}}
+            self._serve(got, request.get_response_sender())
+        return None
+
+    def _serve(self, got, sender):
+        try:
+            if MODE == "raise":
+                sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError("model raising on purpose")),
+                            flags=FINAL)
+                return
+            n, streaming, with_finish = got["n"], got["streaming"], got["with_finish"]
+            text = got["prefix"]
+            for i in range(n):
+                if INTERVAL:
+                    time.sleep(INTERVAL)
+                text += f"{{TAG}}:{{i}} "
+                last = i == n - 1
+                if streaming or last:
+                    out = [pb_utils.Tensor("text_output", np.array([text.encode()], dtype=np.object_))]
+                    if with_finish:
+                        out.append(pb_utils.Tensor("finish_reason",
+                                                   np.array([b"length" if last else b"None"], dtype=np.object_)))
+                    sender.send(pb_utils.InferenceResponse(output_tensors=out), flags=FINAL if last else 0)
+            if n <= 0:
+                sender.send(flags=FINAL)
+        finally:
+            self.in_flight.increment(-1)
+"""
+
+
+def write_llmapi_repo(root: Path, tag: str, mode: str = "ok", arg: float = 0.0, interval_s: float = 0.0,
+                      instances: int = 2) -> Path:
+    from google.protobuf import text_format
+
+    from stoker.gpu import llmapi
+
+    model = root / llmapi.MODEL_NAME
+    (model / "1").mkdir(parents=True)
+    cfg = llmapi.config(None)
+    cfg.model_transaction_policy.decoupled = True  # upstream's comes from model.yaml's triton_config
+    cfg.instance_group[0].count = instances
+    (model / "config.pbtxt").write_text(text_format.MessageToString(cfg))
+    (model / "1" / "model.py").write_text(LLMAPI_MODEL.format(tag=tag, mode=mode, arg=arg, interval=interval_s))
+    return root

@@ -4,6 +4,11 @@ carrying request after request, and HTTP keep-alive SSE.
 
 A record is (protocol, start, end, ok, truncated, error, tag): ok = every response arrived; truncated = the
 answer stopped part-way (some responses, then the end or an error); tag = the build that answered.
+
+The clients speak the served layout's interface (stoker/protocol.py): the ensemble's (``ensemble``: text_input,
+max_tokens, one new piece per response) by default, or with ``STOKER_OPERATE_INTERFACE=llmapi`` the LLM API's
+(``tensorrt_llm``: text_input, streaming, sampling_param_max_tokens, exclude_input_from_output, the whole text so
+far in every response, the last one flagged final). Either way an answer is TOKENS responses.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from pathlib import Path
 
 TOKENS = 4
 KEY_ENV = "STOKER_OPERATE_KEY"  # set by --keys; inherited by the load process
+INTERFACE_ENV = "STOKER_OPERATE_INTERFACE"  # ensemble (default) or llmapi; inherited by the load process
 
 
 def auth_headers() -> dict[str, str]:
@@ -25,21 +31,53 @@ def auth_headers() -> dict[str, str]:
     return {"authorization": f"Bearer {key}"} if key else {}
 
 
-def _grpc_client(url: str, stop, records: list, interval_s: float = 0.0) -> None:
+def interface():
+    from stoker.protocol import by_layout
+
+    return by_layout(os.environ.get(INTERFACE_ENV) or "ensemble")
+
+
+def request_values(max_tokens: int = TOKENS, text: str = "hi", http: bool = False) -> tuple[str, dict]:
+    """(model, {input: value}) of one streamed request in the served interface; ``http``: the generate
+    extension's JSON body, which always names the stream flag."""
+    iface = interface()
+    values = {iface.text_input: text, iface.max_tokens: max_tokens, **dict(iface.always)}
+    if iface.stream_always or http:
+        values[iface.stream] = True
+    return iface.model, values
+
+
+def grpc_inputs(module, max_tokens: int = TOKENS) -> tuple[str, list]:
+    """(model, [InferInput]) for tritonclient's grpc or grpc.aio ``module`` (its InferInput)."""
     import numpy as np
-    from tritonclient.grpc import InferInput
+
+    model, values = request_values(max_tokens)
+    inputs = []
+    for name, value in values.items():
+        kind, dtype = (("BYTES", np.object_) if isinstance(value, str) else ("BOOL", np.bool_)
+                       if isinstance(value, bool) else ("INT32", np.int32))
+        t = module.InferInput(name, [1], kind)
+        t.set_data_from_numpy(np.array([value.encode() if isinstance(value, str) else value], dtype=dtype))
+        inputs.append(t)
+    return model, inputs
+
+
+def tag_of(first_text: str) -> str:
+    """The build named by an answer's first response ("<tag>:0 ", cumulative or not)."""
+    return first_text.split(":")[0]
+
+
+def _grpc_client(url: str, stop, records: list, interval_s: float = 0.0) -> None:
+    import tritonclient.grpc as grpcclient
     from tritonclient.grpc.aio import InferenceServerClient
 
     async def run() -> None:
         client = InferenceServerClient(url)
         while not stop.is_set():
-            text = InferInput("text_input", [1], "BYTES")
-            text.set_data_from_numpy(np.array([b"hi"], dtype=np.object_))
-            n = InferInput("max_tokens", [1], "INT32")
-            n.set_data_from_numpy(np.array([TOKENS], dtype=np.int32))
+            model, inputs = grpc_inputs(grpcclient)
 
             async def one():
-                yield {"model_name": "ensemble", "inputs": [text, n]}
+                yield {"model_name": model, "inputs": inputs}
 
             t0, got, err = time.time(), [], None
             try:
@@ -52,7 +90,7 @@ def _grpc_client(url: str, stop, records: list, interval_s: float = 0.0) -> None
             except BaseException as exc:  # noqa: BLE001 - recorded (a cancelled call is CancelledError)
                 err = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
             records.append(("grpc", t0, time.time(), err is None and len(got) == TOKENS,
-                            err is None and len(got) != TOKENS, err, got[0].split(":")[0] if got else None))
+                            err is None and len(got) != TOKENS, err, tag_of(got[0]) if got else None))
             if err:
                 await asyncio.sleep(0.05)  # a real client backs off a little after a failure
             elif interval_s:
@@ -66,12 +104,13 @@ def _http_client(url: str, stop, records: list) -> None:
     import http.client
 
     host, port = url.removeprefix("http://").split(":")
-    body = json.dumps({"text_input": "hi", "max_tokens": TOKENS, "stream": True})
+    model, values = request_values(http=True)
+    body = json.dumps(values)
     conn = http.client.HTTPConnection(host, int(port), timeout=30)
     while not stop.is_set():
         t0, events, err = time.time(), [], None
         try:
-            conn.request("POST", "/v2/models/ensemble/generate_stream", body,
+            conn.request("POST", f"/v2/models/{model}/generate_stream", body,
                          {"Content-Type": "application/json", **auth_headers()})
             resp = conn.getresponse()
             raw = resp.read().decode()
@@ -85,7 +124,7 @@ def _http_client(url: str, stop, records: list) -> None:
             conn = http.client.HTTPConnection(host, int(port), timeout=30)
         tokens = [e.get("text_output", "") for e in events if "text_output" in e]
         records.append(("http", t0, time.time(), err is None and len(tokens) == TOKENS,
-                        err is None and len(tokens) != TOKENS, err, tokens[0].split(":")[0] if tokens else None))
+                        err is None and len(tokens) != TOKENS, err, tag_of(tokens[0]) if tokens else None))
         if err:
             time.sleep(0.05)  # a real client backs off a little after a failure
 
@@ -100,7 +139,6 @@ def long_stream_client(url: str, stop, records: list, gap_s: float = 0.3, stats:
     ``gap_s`` 0: a busy stream, request after request with no pause (tritonclient's streaming examples); its
     records are named ``protocol``.
     """
-    import numpy as np
     import tritonclient.grpc as grpcclient
 
     stats = {} if stats is None else stats
@@ -126,26 +164,25 @@ def long_stream_client(url: str, stop, records: list, gap_s: float = 0.3, stats:
             ended = ended or answers.get_nowait()[1] is not None
         if ended:
             reopen()
-        text = grpcclient.InferInput("text_input", [1], "BYTES")
-        text.set_data_from_numpy(np.array([b"hi"], dtype=np.object_))
-        n = grpcclient.InferInput("max_tokens", [1], "INT32")
-        n.set_data_from_numpy(np.array([TOKENS], dtype=np.int32))
+        model, inputs = grpc_inputs(grpcclient)
         t0, got, err = time.time(), [], None
         try:
-            client.async_stream_infer("ensemble", [text, n], enable_empty_final_response=True)
+            client.async_stream_infer(model, inputs, enable_empty_final_response=True)
             while True:
                 result, error = answers.get(timeout=30)
                 if error is not None:
                     err = f"{type(error).__name__}: {str(error).splitlines()[0][:160] if str(error) else ''}"
                     break
+                text = result.as_numpy("text_output")  # the LLM API's last response carries text and the flag
+                if text is not None:
+                    got.append(text[0].decode())
                 if result.get_response().parameters["triton_final_response"].bool_param:
                     break
-                got.append(result.as_numpy("text_output")[0].decode())
         except Exception as exc:  # noqa: BLE001 - recorded (queue.Empty: no answer in 30 s)
             err = f"{type(exc).__name__}: {exc}"
         records.append((protocol, t0, time.time(), err is None and len(got) == TOKENS,
                         (err is None and len(got) != TOKENS) or (err is not None and 0 < len(got)), err,
-                        got[0].split(":")[0] if got else None))
+                        tag_of(got[0]) if got else None))
         if err:
             reopen()
         if gap_s:
