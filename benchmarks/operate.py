@@ -419,7 +419,17 @@ def attribute(records: list, phases: list[dict]) -> None:
             ph["busy_stream"]["retire_s"] = ph["result"]["retire_s"]
 
 
+KNOWN_FLAGS = {"--keys", "--target", "--replicas", "--rollouts-only", "--no-dockerd-restart"}
+
+
 def main() -> int:
+    if {"-h", "--help"} & set(sys.argv[1:]):
+        print(__doc__)  # the options are read by hand below: say them rather than start a run
+        return 0
+    unknown = [a for a in sys.argv[1:] if a.startswith("-") and a not in KNOWN_FLAGS]
+    if unknown:
+        print(f"operate.py: unknown option {unknown[0]} (--help lists them)", file=sys.stderr)
+        return 2
     keyed = "--keys" in sys.argv
     if keyed:
         os.environ[KEY_ENV] = f"operate-{uuid.uuid4().hex}"
