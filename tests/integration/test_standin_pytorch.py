@@ -11,20 +11,15 @@ the stand-in ran. This proves stoker around the LLM API, never the LLM API.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import urllib.request
-import uuid
 from pathlib import Path
 
 import openai
 import pytest
 import yaml
-from operate_helpers import free_base_port
+from standin_kit import gpu_spec_data, manifest_of, stoker, stoker_env
 
 from stoker.containers import engine
-from stoker.demo import DEMO_SPEC
 from stoker.protocol import LLMAPI
 
 pytestmark = [pytest.mark.docker, pytest.mark.s3, pytest.mark.hub, pytest.mark.prefect, pytest.mark.slow]
@@ -32,53 +27,25 @@ pytestmark = [pytest.mark.docker, pytest.mark.s3, pytest.mark.hub, pytest.mark.p
 
 @pytest.fixture
 def spec_data(local_stack, standin_image):
-    data = yaml.safe_load(DEMO_SPEC.read_text())
-    base = free_base_port()
-    data.update(target="pytorch", gpus={"type": "h100-80gb", "count": 2, "rollout": "surge"})
-    data["model"]["endpoint"] = local_stack["hub"]
-    data["storage"].update(endpoint_url=local_stack["s3"], bucket=f"stp-{uuid.uuid4().hex[:8]}")
-    data["deploy"].update(name=f"stp-{uuid.uuid4().hex[:6]}", ports={"http": base, "grpc": base + 1,
-                                                                      "metrics": base + 2},
-                          image="nvcr.io/nvidia/tritonserver:26.07-trtllm-python-py3",  # what the stand-in replaces
-                          settle_s=1, watch_s=3, openai=True)
-    data["benchmark"].update({"concurrency": [1], "requests_per_level": 4, "output_tokens": 8})
+    data = gpu_spec_data(local_stack, "pytorch", "stp", openai=True)
     data["quantization"]["format"] = "int4_awq"
     data["evaluation"] = {"enabled": True, "prompts": 4, "greedy_tokens": 8}
     yield data
     engine.remove_deployment(engine.connect(), data["deploy"]["name"], lambda _m: None)
 
 
-def _stoker(args, env, timeout=1200):
-    return subprocess.run([sys.executable, "-m", "stoker.cli", *args], env=env, capture_output=True, text=True,
-                          timeout=timeout)
-
-
-def _env(tmp_path, local_stack, standin: bool = True):
-    env = {**os.environ, **local_stack["aws_env"], "STOKER_HOME": str(tmp_path / "home"),
-           "PREFECT_HOME": str(tmp_path / "prefect")}
-    if standin:
-        env["STOKER_STANDIN"] = "1"
-    return env
-
-
-def _manifest(result) -> dict:
-    last = result.stdout.strip().splitlines()[-1]
-    assert last.startswith("manifest: "), result.stdout[-3000:] + result.stderr[-3000:]
-    return json.loads(Path(last.removeprefix("manifest: ")).read_text())
-
-
 def test_a_pytorch_spec_runs_end_to_end_on_the_standin_and_rolls_back(tmp_path, local_stack, spec_data):
     path = tmp_path / "spec.yaml"
     path.write_text(yaml.safe_dump(spec_data))
-    env = _env(tmp_path, local_stack)
+    env = stoker_env(tmp_path, local_stack)
 
-    plan = _stoker(["plan", str(path)], env)
+    plan = stoker(["plan", str(path)], env)
     assert plan.returncode == 0, plan.stderr[-2000:]
     assert "STAND-IN" in plan.stdout, plan.stdout
 
-    first = _stoker(["run", str(path)], env)
+    first = stoker(["run", str(path)], env)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
-    m1 = _manifest(first)
+    m1 = manifest_of(first)
     assert m1["status"] == "completed" and m1["standin"]["ran"] is True
     assert m1["steps"]["switch"]["status"] == "completed"
     # No bf16 baseline was recorded for these weights: the run recorded it first (the none build, staged, scored
@@ -122,15 +89,15 @@ def test_a_pytorch_spec_runs_end_to_end_on_the_standin_and_rolls_back(tmp_path, 
     # recorded by the first run (no second bf16 run), switched.
     spec_data["quantization"]["format"] = "w4a8_awq"
     path.write_text(yaml.safe_dump(spec_data))
-    second = _stoker(["run", str(path)], env)
+    second = stoker(["run", str(path)], env)
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
-    m2 = _manifest(second)
+    m2 = manifest_of(second)
     assert m2["status"] == "completed" and m2["steps"]["switch"]["status"] == "completed"
     assert not any(name.startswith("bf16-") for name in m2["steps"]) and m2["evaluation"]["passed"] is True
     [backend2] = engine.containers(client, spec_data["deploy"]["name"], role=engine.ROLE_BACKEND)
     assert backend2.labels["ai.stoker.gpus"] == "1" and backend2.id != backend.id
 
-    back = _stoker(["rollback", spec_data["deploy"]["name"]], env, timeout=600)
+    back = stoker(["rollback", spec_data["deploy"]["name"]], env, timeout=600)
     assert back.returncode == 0, back.stdout[-3000:] + back.stderr[-3000:]
     [backend3] = engine.containers(client, spec_data["deploy"]["name"], role=engine.ROLE_BACKEND)
     assert backend3.labels[engine.LABEL_DIGEST] == m1["steps"]["deploy"]["digest"]

@@ -1,0 +1,51 @@
+"""What the stand-in end-to-end tests share (test_standin_tensorrt.py, test_standin_pytorch.py): the demo spec turned
+into a GPU target's spec on this machine's stack, `stoker` as a user runs it, the run's manifest."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import yaml
+from operate_helpers import free_base_port
+
+from stoker.demo import DEMO_SPEC
+
+NGC_IMAGE = "nvcr.io/nvidia/tritonserver:26.07-trtllm-python-py3"  # what the stand-in replaces
+
+
+def gpu_spec_data(local_stack, target: str, prefix: str, **deploy) -> dict:
+    """The demo spec as `target` on two H100s (surge), on the stack's Hub mirror and S3, on free ports."""
+    data = yaml.safe_load(DEMO_SPEC.read_text())
+    base = free_base_port()
+    data.update(target=target, gpus={"type": "h100-80gb", "count": 2, "rollout": "surge"})
+    data["model"]["endpoint"] = local_stack["hub"]
+    data["storage"].update(endpoint_url=local_stack["s3"], bucket=f"{prefix}-{uuid.uuid4().hex[:8]}")
+    data["deploy"].update(name=f"{prefix}-{uuid.uuid4().hex[:6]}", ports={"http": base, "grpc": base + 1,
+                                                                           "metrics": base + 2},
+                          image=NGC_IMAGE, settle_s=1, watch_s=3, **deploy)
+    data["benchmark"].update({"concurrency": [1], "requests_per_level": 4, "output_tokens": 8})
+    return data
+
+
+def stoker(args, env, timeout=1200):
+    return subprocess.run([sys.executable, "-m", "stoker.cli", *args], env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def stoker_env(tmp_path, local_stack, standin: bool = True) -> dict:
+    env = {**os.environ, **local_stack["aws_env"], "STOKER_HOME": str(tmp_path / "home"),
+           "PREFECT_HOME": str(tmp_path / "prefect")}
+    if standin:
+        env["STOKER_STANDIN"] = "1"
+    return env
+
+
+def manifest_of(result) -> dict:
+    last = result.stdout.strip().splitlines()[-1]
+    assert last.startswith("manifest: "), result.stdout[-3000:] + result.stderr[-3000:]
+    return json.loads(Path(last.removeprefix("manifest: ")).read_text())
