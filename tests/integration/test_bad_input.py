@@ -9,6 +9,7 @@ import sys
 
 import pytest
 import yaml
+from operate_helpers import free_base_port
 
 from stoker.demo import DEMO_SPEC
 
@@ -25,6 +26,10 @@ def _run(tmp_path, local_stack, prefect_home, edit, args=("run",)):
     data["model"]["endpoint"] = local_stack["hub"]
     data["storage"]["endpoint_url"] = local_stack["s3"]
     data["deploy"]["name"] = "bad-input"
+    # Free ports of its own: the demo's (8000-8002) may be held by another test file's demo deployment meanwhile,
+    # and preflight would refuse them before reaching the input under test.
+    base = free_base_port()
+    data["deploy"]["ports"] = {"http": base, "grpc": base + 1, "metrics": base + 2}
     edit(data)
     spec = tmp_path / "spec.yaml"
     spec.write_text(yaml.safe_dump(data))
