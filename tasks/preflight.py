@@ -11,7 +11,9 @@ from stoker.spec.schema import Spec
 from . import step_task
 
 
-@step_task("preflight")
+# One retry, 2 s later: preflight answers a user waiting at a terminal; an S3 or Docker still down after that is
+# reported, not waited out (the heavy steps' own retries cover outages that start later).
+@step_task("preflight", retries=1)
 def preflight_checks(spec: Spec, standin: bool = False) -> None:
     """Fail in seconds on a model the format/target cannot take, an unreachable S3, a missing daemon or image,
     or a port in use."""

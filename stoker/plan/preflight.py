@@ -29,7 +29,7 @@ def check_storage(spec: Spec) -> None:
     keys fail here, in one line, not at the upload after the heavy steps."""
     st = spec.storage
     require_keys(st)
-    client = s3.client(st)
+    client = s3.client(st, attempts=2)  # a refused or stalled endpoint is reported in seconds, not after 5 backoffs
     try:
         s3.ensure_bucket(client, st, create=False)
     except s3.NoSuchBucket:
@@ -55,7 +55,7 @@ def check_shared_cache(spec: Spec) -> None:
 
     st = spec.storage
     require_keys(st)
-    client = s3.client(st)
+    client = s3.client(st, attempts=2)  # a refused or stalled endpoint is reported in seconds, not after 5 backoffs
     if st.create_bucket:  # the first step reads the cache before the upload step would create the bucket
         s3.ensure_bucket(client, st, create=True)
     probe = f"{st.prefix}/cache/.preflight"
