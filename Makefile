@@ -7,12 +7,13 @@ PY     := $(VENV)/bin/python
 IMAGE  ?= stoker/triton-cpu:2.51.0-cpu
 export STOKER_HOME ?= $(HOME)/.stoker
 
-.PHONY: setup venv venv-dev docker image demo test test-unit test-fast test-services down clean stack stack-down deploy-flows
+.PHONY: setup venv venv-dev docker triton-image image demo test test-unit test-fast test-services down clean stack stack-down deploy-flows
 
-# The Python packages and the Docker engine install side by side (one waits on PyPI, the other on Debian's
-# mirror); the image needs both.
+# Three things at once: the venv's packages (waits on PyPI), the Docker engine (Debian's mirror), then the CPU Triton
+# image (debootstrap and a pip of its own) as soon as the engine answers: the image needs only a bare interpreter
+# with pip, not the venv's packages. Then `stoker image` finds it current and builds the HAProxy image on it.
 setup:
-	@$(MAKE) --no-print-directory -j2 venv docker
+	@$(MAKE) --no-print-directory -j3 venv docker triton-image
 	@$(MAKE) --no-print-directory image
 
 # What the demo and the pipeline need: the orchestrator, the heavy steps' packages, the local services.
@@ -21,10 +22,14 @@ venv: $(VENV)/.installed
 # What the tests need on top: pytest and its plugins, the openai client, selenium, mkdocs, import-linter, ruff.
 venv-dev: $(VENV)/.installed-dev
 
-# torch==2.13.0 resolves to the local CPU wheel (pip's find-links); never let it float to a CUDA build.
-$(VENV)/.installed: pyproject.toml
+# The bare interpreter: build.sh asks its pip for this machine's package index (`pip config list`).
+$(VENV)/.pip:
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade "pip>=24"
+	touch $@
+
+# torch==2.13.0 resolves to the local CPU wheel (pip's find-links); never let it float to a CUDA build.
+$(VENV)/.installed: pyproject.toml $(VENV)/.pip
 	$(PY) -m pip install -q -e '.[heavy,stack]'
 	touch $@
 
@@ -35,8 +40,15 @@ $(VENV)/.installed-dev: $(VENV)/.installed
 docker:
 	bash infra/dockerd.sh
 
-image: venv docker
-	bash infra/system-deps.sh
+# The CPU Triton image, built only when its recipe digest (label ai.stoker.recipe) differs from infra/image's files.
+triton-image: $(VENV)/.pip docker
+	@bash infra/system-deps.sh
+	@want=$$(bash infra/image/build.sh --print-recipe); \
+	have=$$(docker image inspect -f '{{index .Config.Labels "ai.stoker.recipe"}}' $(IMAGE) 2>/dev/null || true); \
+	if [ "$$want" = "$$have" ]; then echo "image $(IMAGE) is up to date"; \
+	else STOKER_PYTHON=$(PY) bash infra/image/build.sh $(IMAGE); fi
+
+image: venv triton-image
 	$(VENV)/bin/stoker image --name $(IMAGE)
 
 demo: setup
