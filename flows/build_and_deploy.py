@@ -93,6 +93,8 @@ def run_steps(spec: Spec, ctx: RunContext, steps: Steps) -> None:
         steps.run("eval-data", evaluation_data, spec, fetched, ctx)
     elif spec.evaluation.enabled:
         get_run_logger().warning(f"evaluate: {target.evaluation_note}")
+    # GPU targets decide the rollout once, here (ctx.gpu): build, package, stage and the manifest read it.
+    ctx.gpu = target.decide_gpus(steps, spec, fetched, ctx)
     if spec.routing.heavy:  # on the pool that has the resource; its results come back through the shared cache
         routed = route_heavy_steps(spec, fetched, ctx)
         built = target.build(steps, spec, fetched, ctx.model_copy(update={"routed_to": spec.routing.heavy}))

@@ -16,6 +16,7 @@ _HOMES: dict[str, ModuleType] = {
     "benchmark_endpoint": triton_client, "gate_benchmark": gate,
     "evaluate_candidate": evaluate, "baseline_reference": evaluate, "baseline_recorded": evaluate,
     "build_gpu": trtllm, "package_gpu": trtllm, "upload_repository": s3, "remove_candidate": rollout,
+    "decide_gpu_rollout": rollout,
 }
 
 

@@ -32,6 +32,9 @@ class RunContext(BaseModel):
     # Whether this run uses the GPU targets' stand-in (stoker/gpu/standin.py): decided once, at the run's start, from
     # STOKER_STANDIN; what builds or serves reads it here, and the manifest and the backends' labels record it.
     standin: bool = False
+    # GPU targets: the run's GPU decision (stoker/gpu/decision.py: rollout, GPU sets, the candidate's set), made once
+    # after the fetch from the fetched files; build, package and stage read it here, the manifest records it.
+    gpu: dict | None = None
 
     @classmethod
     def new(cls, home: Path | None = None) -> RunContext:

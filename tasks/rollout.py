@@ -37,13 +37,30 @@ def stage_candidate(spec: Spec, uploaded: StepResult, ctx: RunContext, repositor
     logger = get_run_logger()
     t0 = time.perf_counter()
     staged = rollout.stage(spec, repository or uploaded.detail["repository_uri"], uploaded.digest, ctx.run_id,
-                           logger.info, standin=ctx.standin)
+                           logger.info, standin=ctx.standin, gpu=ctx.gpu)
     cand = staged["candidate"]
     # http/grpc/metrics: the candidate's own ports, which the benchmark and gates use before the switch.
     detail = {**staged, "http": cand["http"], "grpc": cand["grpc"], "metrics": cand["metrics"],
               "container": cand["container"]}
     return StepResult(name="deploy", cache_hit=bool(staged["reused"]), duration_s=time.perf_counter() - t0,
                       key=uploaded.digest[:24], digest=uploaded.digest, detail=detail)
+
+
+@step_task("gpu-rollout")
+def decide_gpu_rollout(spec: Spec, fetched: StepResult, ctx: RunContext) -> StepResult:
+    """The run's GPU decision, once, from the fetched files and the GPUs the live backend holds
+    (stoker/gpu/decision.py): build, package, stage and the manifest use it."""
+    from stoker.containers import engine as docker_engine
+    from stoker.gpu import decision
+
+    t0 = time.perf_counter()
+    held = rollout.held_gpus(docker_engine.connect(spec.deploy.docker_host), spec)
+    decided = decision.from_fetch(spec, Path(fetched.path), held)
+    planned = decision.planned(decided)
+    get_run_logger().info(f"GPU rollout: {planned.note() if planned else 'not estimated (model facts unknown)'}; "
+                          f"the candidate and its build get GPUs {decided['candidate']}"
+                          + (f" (the live backend holds {decided['held']})" if decided["held"] else ""))
+    return StepResult(name="gpu-rollout", duration_s=time.perf_counter() - t0, detail=decided)
 
 
 @step_task("switch", retries=0)

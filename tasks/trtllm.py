@@ -8,6 +8,7 @@ executor they use is tested for real with the CPU image (tests/integration/test_
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from prefect import get_run_logger
@@ -15,13 +16,18 @@ from prefect import get_run_logger
 from stoker import targets
 from stoker.containers.execute import choose_executor
 from stoker.errors import StepError
-from stoker.gpu import planning, repository, trtllm
+from stoker.gpu import decision, facts as facts_mod, planning, repository, trtllm
 from stoker.gpu.checkpoint_check import CheckpointError, check_unified_checkpoint
 from stoker.cache.keys import calibration_file, gpu_build_key, gpu_package_key
 from stoker.run import RunContext, StepResult, cached_step, stoker_home
 from stoker.spec.schema import Spec
 
 from . import step_task
+
+
+def fetched_facts(fetched: StepResult):
+    """The model's facts from the fetch step's files: what the run decides with, not a second Hub read."""
+    return facts_mod.from_folder(fetched.path) if (Path(fetched.path) / "config.json").is_file() else None
 
 
 def _workspace(spec: Spec, fetched: StepResult, out: Path) -> trtllm.Workspace:
@@ -37,9 +43,11 @@ def build_gpu(spec: Spec, fetched: StepResult, ctx: RunContext) -> StepResult:
     target (stoker/targets/) checks what its steps left.
 
     One cache entry, keyed by weights + quant + build config + image/TRT-LLM + GPU arch: a hit skips all GPU work.
+    It runs on the GPUs the candidate gets (the run's decision, ctx.gpu), not on those the live backend holds.
     """
     logger = get_run_logger()
-    facts = planning.model_facts(spec)
+    facts = fetched_facts(fetched)
+    gpus = list(decision.build_gpus(spec, ctx.gpu))
     q = spec.quantization
     target = targets.get(spec.target)
 
@@ -47,6 +55,7 @@ def build_gpu(spec: Spec, fetched: StepResult, ctx: RunContext) -> StepResult:
         ws = _workspace(spec, fetched, out)
         detail: dict = {"target": spec.target, "image": planning.image_summary(spec), "steps": []}
         for step in trtllm.gpu_steps(spec, facts, ws):
+            step = replace(step, gpus=gpus) if step.gpus is not None else step
             log_file = out / f"{step.name}.log"
             with open(log_file, "w") as fh:
                 def log(line: str, fh=fh) -> None:
@@ -72,10 +81,10 @@ def package_gpu(spec: Spec, fetched: StepResult, built: StepResult, ctx: RunCont
     """inflight_batcher_llm (engine) or llmapi (LLM-API) repository; the target puts its model files inside.
 
     Under a `shared` GPU rollout both backends hold the same GPUs during the overlap: the repository carries the
-    plan's cap (max_tokens_in_paged_kv_cache), so the backend that starts alone leaves the candidate room."""
+    run's decision's cap (max_tokens_in_paged_kv_cache), so the backend that starts alone leaves the candidate room."""
     logger = get_run_logger()
-    facts = planning.model_facts(spec)
-    spec = planning.with_rollout_cap(spec, facts)
+    facts = fetched_facts(fetched)
+    spec = decision.with_cap(spec, ctx.gpu)
 
     def produce(out: Path) -> dict:
         info = repository.write_repository(spec, facts, out, tokenizer_src=fetched.path)

@@ -51,6 +51,7 @@ def choose(runs: list[dict], run_id: str | None, live_digest: str | None) -> dic
 def rollback_to(name: str, run_id: str | None, log=print) -> dict:
     from ..containers import engine as docker_engine
     from ..deploy import rollout
+    from ..gpu import decision
     from ..run import stoker_home
     from ..serving import promote, topology
     from ..spec.load import parse_spec
@@ -90,14 +91,19 @@ def rollback_to(name: str, run_id: str | None, log=print) -> dict:
             or up["detail"]["repository_uri"]
         # The stand-in as that run recorded it, never this shell's environment (stoker/gpu/standin.py).
         ran_standin = bool((chosen.get("standin") or {}).get("ran"))
+        # GPU targets: that run's GPU decision (its sets; a reload rollout stops the live backend first).
+        gpu = (chosen["steps"].get("gpu-rollout") or {}).get("detail")
         bspec = rollout.backend_specs(run_spec, repository, up["digest"], rollout.container_env(run_spec),
-                                      chosen["run_id"], rollout.candidate_gpus(client, run_spec, live), reload=False,
-                                      standin=ran_standin)
-        cand = promote.stage(client, target, bspec, live, spec.deploy.settle_s, log)
+                                      chosen["run_id"], rollout.candidate_gpus(client, run_spec, live, gpu),
+                                      reload=False, standin=ran_standin)
+        started = rollout.start_candidate(client, target, spec, bspec, live, decision.planned(gpu), log)
+        cand = promote.BackendRef.from_dict(started["candidate"])
+        gpu_rollout = started.get("gpu_rollout")
     else:
-        live, cand = routed, promote.BackendRef.of(warm)
+        live, cand, gpu_rollout = routed, promote.BackendRef.of(warm), None
     old = promote.BackendRef.of(live) if isinstance(live, topology.Backend) else None
-    staged = {"candidate": cand.to_dict(), "previous": old.to_dict() if old else None}
+    staged = {"candidate": cand.to_dict(), "previous": old.to_dict() if old else None,
+              **({"gpu_rollout": gpu_rollout} if gpu_rollout else {})}
     done = rollout.go_live(spec, staged, log)
     return {"run_id": chosen["run_id"], "digest": up["digest"], "endpoint": target.endpoint, **done}
 

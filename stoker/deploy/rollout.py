@@ -39,7 +39,7 @@ from ..containers import engine as docker_engine
 from ..storage import s3
 from ..errors import StokerError
 from ..run import stoker_home
-from ..gpu import openai_frontend
+from ..gpu import decision, openai_frontend
 from ..serving import api_keys, openai_service, probe, promote, stop_first
 from ..containers.ports import Ports
 from ..spec.schema import Spec, Storage
@@ -122,21 +122,32 @@ def backend_spec(spec: Spec, repository_uri: str, digest: str, env: dict[str, st
         extra_args=extra, run_id=run_id, **fields)
 
 
-def candidate_gpus(client, spec: Spec, live: promote.topology.Backend | None) -> list[tuple[int, ...]]:
+def held_gpus(client, spec: Spec, live: promote.topology.Backend | None = None) -> tuple[int, ...]:
+    """The device ids the live backend of ``spec``'s deployment holds, all its replicas' (labels); () if none."""
+    if live is None:  # the backend the proxy routes to now
+        view, _ = promote.observe_proxy(client, target_for(spec))
+        live = next((b for b in promote.observe_backends(client, spec.deploy.name)
+                     if view.running and b.slot == view.live and b.running), None)
+    if live is None:
+        return ()
+    try:
+        return tuple(int(i) for m in (live, *live.members)
+                     for i in client.containers.get(m.container).labels.get(GPUS_LABEL, "").split(",") if i)
+    except docker.errors.NotFound:
+        return ()
+
+
+def candidate_gpus(client, spec: Spec, live: promote.topology.Backend | None,
+                   gpu: dict | None = None) -> list[tuple[int, ...]]:
     """The device ids each replica of a new backend gets (one tuple per replica): under surge the set the live
     backend does not hold (blue/green across GPU sets), else the one set, split evenly over deploy.replicas;
-    () each on CPU."""
+    () each on CPU. ``gpu``: the run's decision (stoker/gpu/decision.py), whose sets are used as recorded; the
+    live backend is looked at again, since another run may have switched since the decision."""
     n = spec.deploy.replicas
-    sets = targets.get(spec.target).gpu_sets(spec)
+    sets = decision.sets_of(gpu) if gpu else targets.get(spec.target).gpu_sets(spec)
     if not sets:
         return [()] * n
-    held: tuple[int, ...] = ()
-    if live is not None:
-        try:
-            held = tuple(int(i) for m in (live, *live.members)
-                         for i in client.containers.get(m.container).labels.get(GPUS_LABEL, "").split(",") if i)
-        except docker.errors.NotFound:
-            pass
+    held = held_gpus(client, spec, live) if live is not None else ()
     chosen = next((s for s in sets if tuple(sorted(s)) != tuple(sorted(held))), sets[0])
     each = max(1, len(chosen) // n)
     return [tuple(chosen[r * each:(r + 1) * each]) for r in range(n)]
@@ -285,8 +296,11 @@ def load_all(client, backend: promote.BackendRef, log: Log, models: tuple[str, .
 # ---------------------------------------------------------------- the promotion, strategy by strategy
 
 
-def stage(spec: Spec, repository_uri: str, digest: str, run_id: str, log: Log, standin: bool = False) -> dict:
+def stage(spec: Spec, repository_uri: str, digest: str, run_id: str, log: Log, standin: bool = False,
+          gpu: dict | None = None) -> dict:
     """Reconcile, then prepare ``digest`` to serve without giving it traffic; returns the staging record.
+    ``gpu``: the run's GPU decision (stoker/gpu/decision.py): the candidate's GPU sets and the rollout (reload:
+    the live backend stops first) come from it.
 
     Keys: strategy, reused (the digest already serves), in_place (reload: loaded into the live
     backend), candidate and previous (BackendRef dicts), endpoint (the stable addresses),
@@ -326,11 +340,22 @@ def stage(spec: Spec, repository_uri: str, digest: str, run_id: str, log: Log, s
         log(f"{live.container} already serves digest {digest[:12]}; reusing it")
         out.update(candidate=previous, reused=True)
         return out
-    bspec = backend_specs(spec, repository_uri, digest, env, run_id, candidate_gpus(client, spec, live),
+    bspec = backend_specs(spec, repository_uri, digest, env, run_id, candidate_gpus(client, spec, live, gpu),
                           standin=standin)
     out.update(image=bspec[0].image, gpus=[i for b in bspec for i in b.labels.get(GPUS_LABEL, "").split(",") if i],
                replicas=len(bspec))
-    gpu_rollout = targets.get(spec.target).gpu_rollout(spec)
+    gpu_rollout = decision.planned(gpu) if gpu else targets.get(spec.target).gpu_rollout(spec)
+    out.update(start_candidate(client, target, spec, bspec, live, gpu_rollout, log))
+    return out
+
+
+def start_candidate(client, target: promote.Target, spec: Spec, bspec: list[docker_engine.BackendSpec],
+                    live: promote.topology.Backend | None, gpu_rollout, log: Log) -> dict:
+    """Start and prove the candidate ``bspec`` beside ``live``; under a GPU reload rollout (``gpu_rollout``:
+    stoker.gpu.rollout.Rollout) the live backend drains and stops first (kept, and started again if the
+    candidate fails). Returns the staging record's candidate and gpu_rollout keys."""
+    d = spec.deploy
+    out: dict = {}
     if gpu_rollout is not None:
         out["gpu_rollout"] = {"choice": gpu_rollout.choice, "expected_gap_s": gpu_rollout.gap_s}
     if live is not None and gpu_rollout is not None and gpu_rollout.choice == "reload":

@@ -69,16 +69,6 @@ def check_spec(spec) -> tuple[ModelFacts | None, list[rules.Finding]]:
     return facts, findings
 
 
-def with_rollout_cap(spec, facts):
-    """``spec`` with the shared rollout's KV cap in its runtime section (what the rendered config then says);
-    unchanged under surge, reload or when the engine's size is not estimated."""
-    planned = rollout.plan_rollout(spec, facts)
-    if planned is None or planned.choice != "shared" or planned.max_tokens_in_paged_kv_cache is None:
-        return spec
-    runtime = spec.runtime.model_copy(update={"max_tokens_in_paged_kv_cache": planned.max_tokens_in_paged_kv_cache})
-    return spec.model_copy(update={"runtime": runtime})
-
-
 def rollout_row(spec, facts):
     """`stoker plan`'s rollout row: surge, shared or reload, and what it costs (stoker/gpu/rollout.py)."""
     from ..plan.rows import PlannedStep

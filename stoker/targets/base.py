@@ -58,6 +58,7 @@ class Tasks(Protocol):
     package_gpu: Callable[..., StepResult]
     upload_repository: Callable[..., StepResult]
     remove_candidate: Callable[..., StepResult]
+    decide_gpu_rollout: Callable[..., StepResult]
 
 
 class StepRunner(Protocol):
@@ -158,6 +159,10 @@ class Target(ABC):
     def gpu_sets(self, spec: Spec) -> tuple[tuple[int, ...], ...]:
         """The device-id sets backends take turns on (surge: two; shared/reload: one); () on CPU."""
         return ()
+
+    def decide_gpus(self, steps: StepRunner, spec: Spec, fetched: StepResult, ctx: RunContext) -> dict | None:
+        """The run's GPU decision (stoker/gpu/decision.py), made once after the fetch; None on CPU."""
+        return None
 
     def gpu_rollout(self, spec: Spec):
         """The plan's GPU rollout (stoker.gpu.rollout.Rollout: surge, shared or reload); None on CPU or unknown."""

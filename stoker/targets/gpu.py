@@ -101,15 +101,18 @@ class GpuTarget(Target):
 
         return DEFAULT_IMAGE
 
+    def decide_gpus(self, steps: StepRunner, spec, fetched, ctx) -> dict:
+        return steps.run("gpu-rollout", steps.tasks.decide_gpu_rollout, spec, fetched, ctx).detail
+
     def gpu_sets(self, spec) -> tuple[tuple[int, ...], ...]:
-        """A generation's GPUs (every replica's, in order); surge: two such sets."""
-        planned = self.gpu_rollout(spec)
-        world = spec.parallel.world_size * spec.deploy.replicas
-        if planned is None:
-            return (tuple(spec.gpus.ids[:world]),)
-        return (planned.blue, planned.green) if planned.choice == "surge" else (planned.blue,)
+        """A generation's GPUs (every replica's, in order); surge: two such sets. What `stoker plan` shows: a run
+        decides once from its fetched files (decide_gpus) and uses that."""
+        from ..gpu.decision import generation_sets
+
+        return generation_sets(spec, self.gpu_rollout(spec))
 
     def gpu_rollout(self, spec):
+        """The plan's rollout, from the facts `stoker plan` reads (stoker/gpu/planning.py)."""
         from ..gpu.planning import model_facts
         from ..gpu.rollout import plan_rollout
 

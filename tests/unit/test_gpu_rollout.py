@@ -234,11 +234,13 @@ def test_the_shared_cap_reaches_the_rendered_config_and_surge_leaves_it_alone():
     from stoker.gpu import inflight
 
     shared = spec(count=1)  # one H100, an 8B fp8 engine: shared
-    capped = planning.with_rollout_cap(shared, LLAMA8)
+    from stoker.gpu import decision
+
+    capped = decision.with_cap(shared, decision.decide(shared, LLAMA8, ()))
     want = plan(count=1).max_tokens_in_paged_kv_cache
     assert want and inflight.backend_parameters(capped)["max_tokens_in_paged_kv_cache"] == str(want)
     surge = spec(count=2)
-    assert planning.with_rollout_cap(surge, LLAMA8) is surge
+    assert decision.with_cap(surge, decision.decide(surge, LLAMA8, ())) is surge
     assert "max_tokens_in_paged_kv_cache" not in inflight.backend_parameters(surge)
 
 

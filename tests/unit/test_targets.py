@@ -99,7 +99,7 @@ def calls(monkeypatch) -> list[str]:
         (flow_module, "upload_repository", "upload"), (flow_module, "promote_run", "promote"),
         (tasks.modelopt, "quantize_weights", "quantize"), (tasks.reference, "build_reference", "build"),
         (tasks.triton_repo, "package_repository", "package"), (tasks.rollout, "stage_candidate", "deploy"),
-        (tasks.rollout, "switch_traffic", "switch"),
+        (tasks.rollout, "switch_traffic", "switch"), (tasks.rollout, "decide_gpu_rollout", "gpu-rollout"),
         (tasks.triton_client, "benchmark_endpoint", "benchmark"), (tasks.gate, "gate_benchmark", "gate"),
         (tasks.trtllm, "build_gpu", "build"), (tasks.trtllm, "package_gpu", "package"),
         (flow_module, "evaluation_data", "eval-data"),
@@ -174,9 +174,10 @@ def test_reference_abandons_a_candidate_that_fails_its_gate(calls, monkeypatch, 
 def test_gpu_targets_take_the_one_serving_path(calls, tmp_path, target):
     """Stage a candidate, gate it on its own ports, then switch: the reference's serving steps, after the GPU build."""
     steps = run({"target": target, "gpus": GPUS}, tmp_path)
-    assert calls == ["preflight", "fetch", "eval-data", "gpu slot", "build", "gpu slot released", "package",
-                     "upload", "deploy", "baseline", "benchmark", "metrics", "evaluate", "gate", "switch", "promote"]
-    assert list(steps) == ["fetch", "eval-data", "build", "package", "upload", "deploy", "baseline", "benchmark",
+    assert calls == ["preflight", "fetch", "eval-data", "gpu-rollout", "gpu slot", "build", "gpu slot released",
+                     "package", "upload", "deploy", "baseline", "benchmark", "metrics", "evaluate", "gate", "switch",
+                     "promote"]
+    assert list(steps) == ["fetch", "eval-data", "gpu-rollout", "build", "package", "upload", "deploy", "baseline", "benchmark",
                            "evaluate", "gate", "switch", "promote"]
 
 
@@ -212,3 +213,27 @@ def test_gpu_targets_need_gpus_and_the_reference_refuses_gpu_only_formats():
         parse_spec({**BASE, "quantization": {"format": "nvfp4"}}, "s.yaml")
     assert str(err.value) == ("s.yaml: quantization: format 'nvfp4' needs a GPU target (pytorch or tensorrt); "
                               "the reference path runs none, fp8, int4_awq, int8_sq, w4a8_awq")
+
+
+def test_a_gpu_run_decides_its_rollout_once_and_build_package_and_stage_read_that(calls, monkeypatch, tmp_path):
+    import tasks.rollout
+    import tasks.trtllm
+
+    decided = {"rollout": None, "sets": [[0], [1]], "held": [0], "candidate": [1], "facts": "fetched files"}
+    seen: dict[str, list] = {}
+
+    def recording(step, ctx_at):
+        def task(*args):
+            seen.setdefault(step, []).append(args[ctx_at].gpu)
+            calls.append(step)
+            return StepResult(name=step, digest="d" * 64, detail=decided if step == "gpu-rollout" else {})
+        return task
+
+    monkeypatch.setattr(tasks.rollout, "decide_gpu_rollout", recording("gpu-rollout", 2))
+    monkeypatch.setattr(tasks.trtllm, "build_gpu", recording("build", 2))
+    monkeypatch.setattr(tasks.trtllm, "package_gpu", recording("package", 3))
+    monkeypatch.setattr(tasks.rollout, "stage_candidate", recording("deploy", 2))
+    steps = run({"target": "tensorrt", "gpus": GPUS}, tmp_path)
+    assert calls.count("gpu-rollout") == 1 and steps["gpu-rollout"].detail == decided
+    assert seen["gpu-rollout"] == [None]  # decided before anything had one
+    assert seen["build"] == seen["package"] == seen["deploy"] == [decided]
