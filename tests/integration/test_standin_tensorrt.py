@@ -64,6 +64,11 @@ def test_a_tensorrt_spec_runs_end_to_end_on_the_standin_and_a_rebuild_switches_g
     assert m2["status"] == "completed" and m2["steps"]["switch"]["status"] == "completed"
     [backend2] = engine.containers(client, spec_data["deploy"]["name"], role=engine.ROLE_BACKEND)
     assert backend2.labels["ai.stoker.gpus"] == "1" and backend2.id != backend.id
+    # Each run decided its GPUs once, after the fetch, from the fetched files: the candidate (and its build) on
+    # the set the live backend did not hold; the decision is in the manifest.
+    d1, d2 = m1["steps"]["gpu-rollout"]["detail"], m2["steps"]["gpu-rollout"]["detail"]
+    assert (d1["facts"], d1["rollout"]["choice"], d1["held"], d1["candidate"]) == ("fetched files", "surge", [], [0])
+    assert (d2["held"], d2["candidate"]) == ([0], [1])
 
     # `stoker rollback`: the first run's build again, staged from the folder its backend mounted, on the GPU set
     # the live backend does not hold, switched through the same proxy.
