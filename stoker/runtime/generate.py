@@ -126,6 +126,7 @@ def generate(
     min_new_tokens: int = 0,
     stop_words: Sequence[Sequence[int]] = (),
     record: Record | None = None,
+    adapter: str | None = None,
 ) -> Iterator[int]:
     """Yield generated token ids one at a time: prefill the prompt, then decode with the cache.
 
@@ -136,9 +137,10 @@ def generate(
     (TensorRT-LLM's min_tokens) keeps `end_id` from being sampled before that many tokens.
     `stop_words` (token id sequences) end the generation after the token that completes one.
     `record`, when given, collects each yielded token's log prob and/or the prompt's context logits.
+    `adapter`: the LoRA adapter (by name) the whole sequence runs with; None: the base model.
     """
     return _run(start(model, input_ids, max_new_tokens, end_id, temperature, top_k, top_p, repetition_penalty,
-                      seed, min_new_tokens, stop_words, record))
+                      seed, min_new_tokens, stop_words, record, adapter))
 
 
 def start(
@@ -154,6 +156,7 @@ def start(
     min_new_tokens: int = 0,
     stop_words: Sequence[Sequence[int]] = (),
     record: Record | None = None,
+    adapter: str | None = None,
 ) -> Decoding:
     """Validate a generation (as `generate` does, raising ValueError) and return its state, before any compute."""
     prompt = [int(t) for t in input_ids]
@@ -169,6 +172,7 @@ def start(
         raise ValueError(f"top_k must be >= 0, got {top_k}")
     if repetition_penalty <= 0.0:
         raise ValueError(f"repetition_penalty must be > 0, got {repetition_penalty}")
+    model.lora.resolve(adapter)  # an unknown adapter fails here, before any compute
     vocab = model.vocab_size
     if min(prompt) < 0 or max(prompt) >= vocab:
         raise ValueError(f"input_ids must lie in 0..{vocab - 1}")
@@ -176,7 +180,7 @@ def start(
     budget = min(max_new_tokens, model.max_positions - len(prompt))
     generator = torch.Generator().manual_seed(seed if seed is not None else secrets.randbits(63))
     return Decoding(model, prompt, budget, end_id, temperature, top_k, top_p, repetition_penalty, generator,
-                    min_new_tokens, words, record)
+                    min_new_tokens, words, record, adapter)
 
 
 class Decoding:
@@ -192,7 +196,7 @@ class Decoding:
     def __init__(self, model: ReferenceModel, prompt: list[int], budget: int, end_id: int, temperature: float,
                  top_k: int, top_p: float, repetition_penalty: float, generator: torch.Generator,
                  min_new_tokens: int = 0, stop_words: list[list[int]] | None = None,
-                 record: Record | None = None) -> None:
+                 record: Record | None = None, adapter: str | None = None) -> None:
         self.model = model
         self.prompt = prompt
         self.budget = budget
@@ -203,6 +207,7 @@ class Decoding:
         self.min_new_tokens = min_new_tokens
         self.stop_words = stop_words or []
         self.record = record
+        self.adapter = adapter
         self.cache: Any = None
         self.logits: torch.Tensor | None = None  # of the next position
         self.pending: int | None = None  # chosen and yielded, not yet through the model
@@ -210,7 +215,7 @@ class Decoding:
         self.done = False
 
     def prefill(self) -> None:
-        self.cache = self.model.new_cache()
+        self.cache = self.model.new_cache(self.adapter)
         self.seen = torch.zeros(self.model.vocab_size, dtype=torch.bool)
         self.seen[torch.tensor(self.prompt)] = True
         self.sequence = list(self.prompt)  # stop words may reach back into the prompt, as TensorRT-LLM's do

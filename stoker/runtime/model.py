@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from .kvquant import KV_CACHE_DTYPES, FakeQuantCache
+from .lora import Adapters, load_adapters, rows_active
 
 ARTIFACT_FORMAT = "stoker-reference/1"
 WEIGHTS_FILE = "model.safetensors"
@@ -140,14 +141,19 @@ class ReferenceModel:
         self.rope_original_max = rope.get("original_max_position_embeddings",
                                           getattr(text, "original_max_position_embeddings", None))
         self._batching = False
+        self.lora = Adapters()  # none until load_model(adapters=…)
 
     @property
     def architecture(self) -> str:
         return type(self.hf).__name__
 
-    def new_cache(self) -> Any:
-        """An empty cache for one request; it rounds K/V through the KV-cache dtype when the build has one."""
-        return FakeQuantCache(self.hf.config, self.info.kv_cache_dtype, self.info.kv_scales)
+    def new_cache(self, adapter: str | None = None) -> Any:
+        """An empty cache for one request; it rounds K/V through the KV-cache dtype when the build has one.
+        ``adapter``: the LoRA adapter every forward of this sequence applies (None: the base); ValueError for
+        one this model does not serve."""
+        cache = FakeQuantCache(self.hf.config, self.info.kv_cache_dtype, self.info.kv_scales)
+        cache.adapter = self.lora.resolve(adapter)
+        return cache
 
     @torch.inference_mode()
     def forward(self, tokens: Any, cache: Any) -> torch.Tensor:
@@ -160,7 +166,8 @@ class ReferenceModel:
             raise ValueError("forward needs at least one token")
         if int(ids.min()) < 0 or int(ids.max()) >= self.vocab_size:
             raise ValueError(f"token id outside 0..{self.vocab_size - 1}")
-        out = self.hf(input_ids=ids, past_key_values=cache, use_cache=True)
+        with rows_active([getattr(cache, "adapter", None)]):
+            out = self.hf(input_ids=ids, past_key_values=cache, use_cache=True)
         return out.logits[0].float()
 
     def enable_batching(self) -> bool:
@@ -205,12 +212,13 @@ class ReferenceModel:
             ragged = _RaggedCache([caches[i] for i in rows])
             _ragged.rows = ragged.rows
             try:
-                logits = self.hf(input_ids=torch.tensor([[tokens[i]] for i in rows]),
-                                 position_ids=torch.tensor([[positions[i]] for i in rows]),
-                                 past_key_values=ragged, use_cache=True,
-                                 # A ready 4D mask makes transformers skip building masks from the ragged cache;
-                                 # _ragged_attention ignores it.
-                                 attention_mask=torch.ones(len(rows), 1, 1, 1, dtype=torch.bool)).logits
+                with rows_active([getattr(caches[i], "adapter", None) for i in rows]):
+                    logits = self.hf(input_ids=torch.tensor([[tokens[i]] for i in rows]),
+                                     position_ids=torch.tensor([[positions[i]] for i in rows]),
+                                     past_key_values=ragged, use_cache=True,
+                                     # A ready 4D mask makes transformers skip building masks from the ragged
+                                     # cache; _ragged_attention ignores it.
+                                     attention_mask=torch.ones(len(rows), 1, 1, 1, dtype=torch.bool)).logits
             finally:
                 _ragged.rows = None
             out[rows] = logits[:, -1].float()
@@ -259,10 +267,12 @@ def _load_hf(root: Path) -> Any:
     return model.eval()
 
 
-def load_model(artifact_dir: str | os.PathLike[str], num_threads: int | None = DEFAULT_NUM_THREADS) -> ReferenceModel:
+def load_model(artifact_dir: str | os.PathLike[str], num_threads: int | None = DEFAULT_NUM_THREADS,
+               adapters: dict[str, Path] | None = None) -> ReferenceModel:
     """Load a reference artifact directory; raises ArtifactError naming what is wrong.
 
-    Sets torch's process-wide thread count to `num_threads` (None leaves it alone).
+    Sets torch's process-wide thread count to `num_threads` (None leaves it alone). ``adapters``: LoRA adapter
+    folders by name (PEFT's files), served per request (lora.py); AdapterError for one that does not fit.
     """
     root = Path(artifact_dir)
     config = _read_json(root / CONFIG_FILE)
@@ -273,4 +283,7 @@ def load_model(artifact_dir: str | os.PathLike[str], num_threads: int | None = D
         raise ArtifactError(f"{CONFIG_FILE}: missing key 'num_hidden_layers'")
     info = runtime_info_from_dict(_read_json(root / RUNTIME_FILE), layers)
     configure_threads(num_threads)
-    return ReferenceModel(_load_hf(root), info)
+    model = ReferenceModel(_load_hf(root), info)
+    if adapters:
+        model.lora = load_adapters(model.hf, adapters)
+    return model

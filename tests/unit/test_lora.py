@@ -1,0 +1,112 @@
+"""LoRA adapters on the reference runtime, against transformers + PEFT as the reference: greedy ids equal, alone and
+with sequences for other adapters and for the base in one batch, for each architecture the reference path serves;
+adapters that do not fit are refused in one line."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+peft = pytest.importorskip("peft")
+transformers = pytest.importorskip("transformers")
+
+from test_batching import ARCHS, PROMPTS, _run
+from test_runtime import CONFIGS, NO_END, PROMPT, hf_greedy, hf_model, write_artifact
+
+from stoker.runtime.batch import Batcher
+from stoker.runtime.generate import generate
+from stoker.runtime.lora_config import LINEAR_MODULES, AdapterError, check_against_base, read_config
+from stoker.runtime.model import load_model
+
+
+def make_adapter(base, root: Path, seed: int, r: int = 4, rslora: bool = False, targets=None) -> Path:
+    """A PEFT LoRA adapter for ``base`` with random A and B (PEFT's default B = 0 would change nothing)."""
+    model_type = base.config.model_type
+    config = peft.LoraConfig(r=r, lora_alpha=2 * r + seed, use_rslora=rslora, init_lora_weights=False,
+                             target_modules=list(targets or LINEAR_MODULES[model_type]), lora_dropout=0.0)
+    torch.manual_seed(100 + seed)
+    peft_model = peft.get_peft_model(copy.deepcopy(base), config)
+    with torch.no_grad():  # big enough to change the greedy ids
+        for name, param in peft_model.named_parameters():
+            if "lora_" in name:
+                param.mul_(3.0)
+    peft_model.save_pretrained(root)
+    return root
+
+
+def peft_model(base, adapter: Path):
+    return peft.PeftModel.from_pretrained(copy.deepcopy(base), str(adapter)).eval()
+
+
+@pytest.fixture(scope="module", params=sorted(ARCHS))
+def served(request, tmp_path_factory):
+    arch = request.param
+    CONFIGS.setdefault(arch, ARCHS[arch])
+    root = tmp_path_factory.mktemp(arch)
+    base = hf_model(arch)
+    adapters = {"a1": make_adapter(base, root / "a1", 1), "a2": make_adapter(base, root / "a2", 2, r=8, rslora=True,
+                                                                             targets=LINEAR_MODULES[arch][:2])}
+    model = load_model(write_artifact(base, root / "artifact"), num_threads=2, adapters=adapters)
+    return base, {name: peft_model(base, folder) for name, folder in adapters.items()}, model
+
+
+def test_each_adapter_alone_equals_peft_and_the_base_is_untouched(served):
+    base, adapters, model = served
+    want_base = hf_greedy(base, PROMPT, 16)
+    assert list(generate(model, PROMPT, 16, NO_END)) == want_base
+    for name, reference in adapters.items():
+        want = hf_greedy(reference, PROMPT, 16)
+        assert want != want_base  # the adapter really changes the answer
+        assert list(generate(model, PROMPT, 16, NO_END, adapter=name)) == want, name
+
+
+def test_adapters_and_the_base_in_one_batch_equal_each_alone(served):
+    base, adapters, model = served
+    names = [None, "a1", "a2", "a1", None]
+    want = [hf_greedy(adapters[n] if n else base, p, 12) for n, p in zip(names, PROMPTS)]
+    batcher = Batcher(model, max_batch=8)
+    try:
+        got = _run(batcher, [(p, 12, {"adapter": n}) for n, p in zip(names, PROMPTS)])
+    finally:
+        batcher.stop()
+    assert got == want
+    assert batcher.largest_step > 1 or not batcher.batched
+
+
+def test_an_unknown_adapter_is_refused_before_compute_and_others_go_on(served):
+    _base, _adapters, model = served
+    with pytest.raises(ValueError, match=r"unknown adapter 'nope' \(served: a1, a2\)"):
+        generate(model, PROMPT, 4, NO_END, adapter="nope")
+    assert len(list(generate(model, PROMPT, 4, NO_END, adapter="a1"))) == 4
+
+
+def test_adapters_that_do_not_fit_are_refused_in_one_line(tmp_path):
+    base = hf_model("llama")
+    good = make_adapter(base, tmp_path / "good", 1)
+    cfg = read_config(good)
+    base_cfg = base.config.to_dict()
+    other = hf_model("llama", hidden_size=64, intermediate_size=128)
+    wrong_base = make_adapter(other, tmp_path / "other", 1)
+    artifact = write_artifact(base, tmp_path / "artifact")
+    with pytest.raises(AdapterError) as err:
+        load_model(artifact, adapters={"x": wrong_base})
+    assert "an adapter made for another base" in str(err.value) and "\n" not in str(err.value)
+    with pytest.raises(AdapterError, match="rank 4 is above lora.max_rank 2"):
+        check_against_base(cfg, base_cfg, 2, "adapter good")
+    with pytest.raises(AdapterError, match="target module.*lm_head.*not linear layers of a llama decoder"):
+        check_against_base(read_config(make_adapter(base, tmp_path / "head", 1, targets=["q_proj", "lm_head"])),
+                           base_cfg, 64, "adapter head")
+    pickled = tmp_path / "pickled"
+    pickled.mkdir()
+    (pickled / "adapter_config.json").write_text((good / "adapter_config.json").read_text())
+    (pickled / "adapter_model.bin").write_bytes(b"not served")
+    with pytest.raises(AdapterError, match="no adapter_model.safetensors .safetensors only"):
+        load_model(artifact, adapters={"p": pickled})
+    dora = json.loads((good / "adapter_config.json").read_text()) | {"use_dora": True}
+    (pickled / "adapter_config.json").write_text(json.dumps(dora))
+    with pytest.raises(AdapterError, match="use_dora .DoRA. is not served"):
+        read_config(pickled)
