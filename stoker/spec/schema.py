@@ -17,6 +17,7 @@ from typing import Literal, Protocol
 from pydantic import BaseModel, Field, ValidationInfo, field_validator, model_serializer, model_validator
 
 from ..gpu.sections import Build, Gpus, Parallel, Runtime, check_image_digest
+from .adapters import Adapter, Lora, check_names
 from .base import RepoId, _Section, _without_defaults
 # Also imported from here as stoker.spec.schema's sections, though only Spec's fields name two of them.
 from .quality import Benchmark, BenchmarkGate, EvalDataset, Evaluation, LmEvalTask  # noqa: F401
@@ -308,6 +309,8 @@ class Spec(_Section):
     benchmark: Benchmark = Benchmark()
     evaluation: Evaluation = Evaluation()
     routing: Routing = Routing()
+    adapters: list[Adapter] = Field(default_factory=list, description="LoRA adapters served beside the base")
+    lora: Lora = Lora()
 
     def digest(self) -> str:
         return section_digest(self)
@@ -348,12 +351,25 @@ class Spec(_Section):
                              "model.local_path")
         return self
 
+    @model_validator(mode="after")
+    def _adapter_names(self) -> Spec:
+        # The base's own ids: the ensemble, the engine model, and the id stoker's OpenAI service lists for the base.
+        check_names(self.adapters, {"ensemble": "the ensemble's model name", "tensorrt_llm": "the engine model's name",
+                                    self.deploy.name: "the deployment's own model id (deploy.name)"})
+        return self
+
     @model_serializer(mode="wrap")
     def _omit_default_routing(self, handler):
-        # Left at its default, routing stays out of dumps: manifests and the spec digest read as before.
+        # Left at their defaults, routing, adapters and lora stay out of dumps: manifests and the spec digest read
+        # as before.
         out = handler(self)
-        if isinstance(out, dict) and self.routing == Routing():
-            out.pop("routing", None)
+        if isinstance(out, dict):
+            if self.routing == Routing():
+                out.pop("routing", None)
+            if not self.adapters:
+                out.pop("adapters", None)
+            if self.lora == Lora():
+                out.pop("lora", None)
         return out
 
 
