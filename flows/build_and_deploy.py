@@ -27,7 +27,7 @@ from stoker.spec.schema import Spec
 from stoker.spec.load import target_of
 from tasks.evaluate import evaluation_data
 from tasks.gate import promote_run
-from tasks.hub import fetch_weights
+from tasks.hub import fetch_adapters, fetch_weights
 from tasks.preflight import preflight_checks
 from tasks.rollout import emit_failure, read_rollback
 from tasks.routing import mark_routed, route_heavy_steps
@@ -89,6 +89,8 @@ def run_steps(spec: Spec, ctx: RunContext, steps: Steps) -> None:
     target = target_of(spec)  # a parameter Prefect validated without the registry: checked here
     preflight_checks(spec, ctx.standin)
     fetched = steps.run("fetch", fetch_weights, spec, ctx)
+    if spec.adapters:  # fetched and checked against the base before any heavy step
+        steps.run("adapters", fetch_adapters, spec, fetched, ctx)
     if spec.evaluation.enabled and target.evaluates:  # a bad evaluation text is refused here, before heavy work
         steps.run("eval-data", evaluation_data, spec, fetched, ctx)
     elif spec.evaluation.enabled:

@@ -8,7 +8,8 @@ from pathlib import Path
 from prefect import get_run_logger
 
 from stoker.storage import hub
-from stoker.cache.keys import fetch_key
+from stoker import adapters
+from stoker.cache.keys import adapters_key, fetch_key
 from stoker.run import RunContext, StepResult, cached_step
 from stoker.storage.source import hub_endpoint, hub_token, local_selection, resolve_source
 from stoker.spec.schema import Spec
@@ -36,3 +37,16 @@ def fetch_weights(spec: Spec, ctx: RunContext) -> StepResult:
         return source
 
     return cached_step(ctx, "fetch", fetch_key(spec, source_id), produce, log)
+
+
+@step_task("adapters")
+def fetch_adapters(spec: Spec, fetched: StepResult, ctx: RunContext) -> StepResult:
+    """The spec's LoRA adapters at their resolved commits, checked against the fetched base (stoker/adapters.py):
+    one that does not fit fails here, before any heavy step."""
+    log = get_run_logger().info
+    shas = adapters.resolve(spec)
+
+    def produce(out: Path) -> dict:
+        return {"adapters": adapters.fetch_all(spec, shas, Path(fetched.path), out, log)}
+
+    return cached_step(ctx, "adapters", adapters_key(spec, shas, fetched.digest), produce, log)

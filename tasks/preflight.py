@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prefect import get_run_logger
 
-from stoker.plan.compose import check_evaluation, check_model
+from stoker.plan.compose import check_adapters, check_evaluation, check_model
 from stoker.plan.preflight import preflight
 from stoker.spec.schema import Spec
 
@@ -18,6 +18,8 @@ def preflight_checks(spec: Spec, standin: bool = False) -> None:
     """Fail in seconds on a model the format/target cannot take, an unreachable S3, a missing daemon or image,
     or a port in use."""
     check_model(spec)
+    for note in check_adapters(spec):
+        get_run_logger().info(f"preflight: adapter {note}")
     for warning in check_evaluation(spec):
         get_run_logger().warning(warning)
     preflight(spec, get_run_logger().info, standin)

@@ -51,8 +51,17 @@ def build_key(spec: Spec, checkpoint_digest: str) -> str:
                         "code": code_digest("workers/build_reference.py", "runtime/dequant.py")})
 
 
-def package_key(spec: Spec, build_digest: str) -> str:
-    return step_key("package", inputs={"build": build_digest}, config=spec.triton.model_dump(mode="json"),
+def adapters_key(spec: Spec, shas: dict[str, str], weights_digest: str) -> str:
+    """The adapters at their commits, checked against these base weights and the spec's rank limit."""
+    return step_key("adapters", inputs={"adapters": shas, "weights": weights_digest},
+                    config={"repos": {a.name: a.repo_id for a in spec.adapters}, "max_rank": spec.lora.max_rank},
+                    versions={"code": code_digest("adapters.py", "runtime/lora_config.py", "storage/hub.py")})
+
+
+def package_key(spec: Spec, build_digest: str, adapters_digest: str | None = None) -> str:
+    # The adapters are an input of the package only: a new adapter revision reuses the quantized base and the build.
+    inputs = {"build": build_digest} | ({"adapters": adapters_digest} if adapters_digest else {})
+    return step_key("package", inputs=inputs, config=spec.triton.model_dump(mode="json"),
                     versions=pick("tritonclient") | {
                         "code": code_digest("triton/models", "runtime", "triton/config.py", "triton/repository.py")})
 

@@ -18,8 +18,11 @@ from ..spec.schema import Spec
 def plan(spec: Spec, ctx: RunContext) -> list[PlannedStep]:
     """Each of the target's steps (stoker/targets/), refused first where the spec or the model cannot work."""
     warnings = check_evaluation(spec)
+    adapter_notes = check_adapters(spec)  # refused here, before the target's own rows, when they cannot serve
     steps = targets.get(spec.target).plan(spec, ctx)
     target = targets.get(spec.target)
+    at = next((i + 1 for i, s in enumerate(steps) if s.name == "fetch"), 0)
+    steps[at:at] = [PlannedStep("adapters", None, "checked", note) for note in adapter_notes]
     if spec.routing.heavy:  # a miss runs on the routed deployment's pool, not in this run's process
         where = f"runs on {spec.routing.heavy}'s pool (routing.heavy)"
         steps = [replace(s, note="; ".join(filter(None, [s.note, where])))
@@ -91,6 +94,15 @@ def check_model(spec: Spec) -> None:
     from ..gpu.planning import model_facts
 
     targets.get(spec.target).check_model(spec, model_facts(spec))
+
+
+def check_adapters(spec: Spec) -> list[str]:
+    """The spec's adapters against its target and base, from their adapter_config.json (stoker/adapters.py):
+    PlanRefused in one line, else a note per adapter."""
+    from .. import adapters
+
+    target = targets.get(spec.target)
+    return adapters.check_plan(spec, target.serves_adapters, spec.target)
 
 
 def render_plan(steps: list[PlannedStep]) -> str:

@@ -242,8 +242,10 @@ def fetch(
     dest: Path,
     allow_pickle: bool = False,
     progress: Callable[[str], None] | None = None,
+    select: Callable[..., list[str]] | None = None,
 ) -> list[FileRecord]:
     """Download the selected files of repo_id at commit sha into dest, which appears complete or not at all.
+    ``select`` picks the files from the listing (default select_files: a model's weights, configs, tokenizer).
 
     Files land in a temp dir next to dest that is renamed to dest at the end; sizes (and the
     sha256 of LFS files) are checked against the Hub's listing.
@@ -266,7 +268,7 @@ def fetch(
             for entry in api.list_repo_tree(repo_id, revision=sha, recursive=True)
             if isinstance(entry, RepoFile)
         }
-    selected = select_files(sorted(listing), allow_pickle=allow_pickle)
+    selected = (select or select_files)(sorted(listing), allow_pickle=allow_pickle)
     total = sum(listing[name].size for name in selected)
     say(f"fetching {len(selected)} files ({total / 1e6:.1f} MB) of {repo_id}@{sha[:12]}")
 

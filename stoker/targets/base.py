@@ -89,6 +89,8 @@ class Target(ABC):
     # Python carries the service) speaking the target's interface to the live backend. Triton's own frontend is not
     # used: its KServe endpoints cannot restrict Triton's admin APIs (stoker/gpu/openai_frontend.py).
     openai_service: ClassVar[bool] = True
+    # Serves the spec's LoRA adapters per request (stoker/adapters.py); a target that does not refuses them at plan.
+    serves_adapters: ClassVar[bool] = False
 
     def openai_image(self, spec: Spec) -> str:
         """The image the OpenAI service runs in: the serving image where it is stoker's CPU image."""

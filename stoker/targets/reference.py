@@ -21,6 +21,7 @@ class Reference(Target):
     runs_on = "cpu"
     layout = "ensemble"  # preprocessing → tensorrt_llm (stoker runtime, decoupled) → postprocessing
     evaluates = True
+    serves_adapters = True
 
     def check_quantization(self, q) -> None:
         runs = ("none", *self.formats())
@@ -61,7 +62,8 @@ class Reference(Target):
         return steps.run("build", steps.tasks.build_reference, spec, quantized, ctx)
 
     def package(self, steps: StepRunner, spec, fetched, built, ctx):
-        return steps.run("package", steps.tasks.package_repository, spec, built, ctx)
+        lora = steps["adapters"] if "adapters" in steps else None
+        return steps.run("package", steps.tasks.package_repository, spec, built, ctx, lora)
 
     def start_baseline(self, steps: StepRunner, spec, ctx):
         """The `none` build of the same revision, scored by the runtime in a child process (Prefect task

@@ -49,6 +49,7 @@ MODEL_IN: tuple[Tensor, ...] = (
     ("stop_words_list", "TYPE_INT32", (2, -1), True),
     ("return_log_probs", "TYPE_BOOL", (1,), True),
     ("return_context_logits", "TYPE_BOOL", (1,), True),
+    ("lora_task_id", "TYPE_UINT64", (1,), True),  # TensorRT-LLM's per-request adapter: one the repository carries
 )
 # TensorRT-LLM's optional outputs, sent only when the request asks (return_log_probs, return_context_logits).
 SCORE_OUT: tuple[Tensor, ...] = (
@@ -82,6 +83,7 @@ ENSEMBLE_IN: tuple[Tensor, ...] = (
     ("stop_words", "TYPE_STRING", (-1,), True),  # replaces the model's default stop words; [""] for none
     ("return_log_probs", "TYPE_BOOL", (1,), True),
     ("return_context_logits", "TYPE_BOOL", (1,), True),
+    ("lora_task_id", "TYPE_UINT64", (1,), True),  # a LoRA adapter of the spec's (stoker/adapters.py task_id)
 )
 ENSEMBLE_OUT: tuple[Tensor, ...] = (("text_output", "TYPE_STRING", (-1,), False), *SCORE_OUT)
 
@@ -156,7 +158,7 @@ def ensemble(s: RepoSettings) -> mc.ModelConfig:
                           # Like TensorRT-LLM, a non-streamed answer includes the prompt unless asked not to.
                           "exclude_input_in_output": "exclude_input_in_output", "min_tokens": "min_tokens",
                           "stop_words_list": "_STOP_WORDS_IDS", "return_log_probs": "return_log_probs",
-                          "return_context_logits": "return_context_logits"})
+                          "return_context_logits": "return_context_logits", "lora_task_id": "lora_task_id"})
     gen.output_map.update({"output_ids": "_TOKENS_BATCH", "sequence_length": "_SEQUENCE_LENGTH"})
     # Straight to the ensemble's outputs, as upstream's ensemble does; absent when not asked for.
     gen.output_map.update({name: name for name, *_ in SCORE_OUT})

@@ -11,7 +11,9 @@ INT32 [1]; optional end_id, pad_id INT32 [1], streaming BOOL [1], temperature FP
 runtime_top_k INT32 [1], runtime_top_p FP32 [1], repetition_penalty FP32 [1], seed UINT64 [1],
 exclude_input_in_output BOOL [1], min_tokens INT32 [1] (end_id cannot end the output before that many tokens),
 stop_words_list INT32 [2, -1] (TensorRT-LLM's layout, see stoker_stop_words.py),
-return_log_probs BOOL [1], return_context_logits BOOL [1].
+return_log_probs BOOL [1], return_context_logits BOOL [1], lora_task_id UINT64 [1] (TensorRT-LLM's per-request
+adapter: one of the LoRA adapters the repository carries in 1/adapters/, listed with their task ids in
+adapters.json; an id it does not carry fails that request alone, naming the served ones).
 Outputs: output_ids INT32 [-1, -1] (beam, tokens), sequence_length INT32 [-1] (per beam); only
 when asked (as TensorRT-LLM): cum_log_probs FP32 [-1] (per beam) and output_log_probs FP32
 [-1, -1] (beam, generated tokens; zero-padded) for return_log_probs, context_logits FP32
@@ -135,8 +137,9 @@ def _stop_words(request: Any, batch: int, index: int) -> list[list[int]] | None:
 class _Job:
     """One sequence of a request, parsed and validated."""
 
-    def __init__(self, request: Any, batch: int, index: int, defaults: tuple, exclude_default: bool) -> None:
-        # defaults: (end_id, pad_id, stop words), used where the request carries none
+    def __init__(self, request: Any, batch: int, index: int, defaults: tuple, exclude_default: bool,
+                 adapters: dict[int, str]) -> None:
+        # defaults: (end_id, pad_id, stop words), used where the request carries none; adapters: task id → name
         ids = pb_utils.get_input_tensor_by_name(request, "input_ids")
         if ids is None:
             raise RequestError("input_ids is required")
@@ -160,6 +163,11 @@ class _Job:
                              want_context_logits=bool(_scalar(request, "return_context_logits", batch, index) or False))
         exclude = _scalar(request, "exclude_input_in_output", batch, index)
         self.exclude_input = exclude_default if exclude is None else bool(exclude)
+        task = _scalar(request, "lora_task_id", batch, index)
+        if task is not None and int(task) not in adapters:
+            served = ", ".join(f"{n} ({t})" for t, n in sorted(adapters.items(), key=lambda kv: kv[1])) or "none"
+            raise RequestError(f"lora_task_id {task}: no such adapter in this repository (served: {served})")
+        self.adapter = None if task is None else adapters[int(task)]
         seed = _scalar(request, "seed", batch, index)
         penalty = _scalar(request, "repetition_penalty", batch, index)
         min_tokens = _scalar(request, "min_tokens", batch, index)
@@ -178,17 +186,17 @@ class _Job:
         """Queue this sequence for generation; an invalid one is refused here, before anything runs."""
         try:
             return batcher.submit(self.prompt, self.max_new_tokens, self.end_id, stop_words=self.stop_words,
-                                  record=self.record, **self.kwargs)
+                                  record=self.record, adapter=self.adapter, **self.kwargs)
         except ValueError as exc:
             raise RequestError(str(exc)) from None
 
 
-def _parse(request: Any, defaults: tuple, exclude_default: bool) -> list[_Job]:
+def _parse(request: Any, defaults: tuple, exclude_default: bool, adapters: dict[int, str]) -> list[_Job]:
     ids = pb_utils.get_input_tensor_by_name(request, "input_ids")
     if ids is None:
         raise RequestError("input_ids is required")
     batch = ids.as_numpy().shape[0]
-    return [_Job(request, batch, i, defaults, exclude_default) for i in range(batch)]
+    return [_Job(request, batch, i, defaults, exclude_default, adapters) for i in range(batch)]
 
 
 def _context_logits_tensor(records: list[Record]) -> Any:
@@ -254,7 +262,12 @@ class TritonPythonModel:
             raise ValueError(f"max_concurrent_requests must be >= 1, got {batch}")
         self.exclude_default = _param(config, "exclude_input_in_output", "false").lower() in ("1", "true", "yes")
         self.decoupled = pb_utils.using_decoupled_model_transaction_policy(config)
-        self.model = load_model(weights, num_threads=num_threads)
+        # LoRA adapters the package step laid next to the weights (stoker/adapters.py): task id → name.
+        table_file = version_dir / "adapters" / "adapters.json"
+        table = json.loads(table_file.read_text()) if table_file.is_file() else {}
+        self.adapters = {int(entry["task_id"]): name for name, entry in table.items()}
+        self.model = load_model(weights, num_threads=num_threads,
+                                adapters={name: version_dir / "adapters" / name for name in table})
         stop_ids = json.loads((weights / RUNTIME_FILE).read_text()).get("stop_ids", [])
         self.defaults = (self.model.info.end_id, self.model.info.pad_id, [[int(i)] for i in stop_ids])
         self.stopping = threading.Event()
@@ -335,7 +348,7 @@ class TritonPythonModel:
         """Answer one decoupled request; always ends with a FINAL-flagged send."""
         sender = request.get_response_sender()
         try:
-            jobs = _parse(request, self.defaults, self.exclude_default)
+            jobs = _parse(request, self.defaults, self.exclude_default, self.adapters)
             if any(job.streaming for job in jobs):
                 if len(jobs) != 1:
                     raise RequestError("streaming takes one sequence per request; send a batch as separate requests")
@@ -359,7 +372,7 @@ class TritonPythonModel:
     def _answer(self, request: Any) -> Any:
         """Answer one request of a non-decoupled model (no streaming possible)."""
         try:
-            jobs = _parse(request, self.defaults, self.exclude_default)
+            jobs = _parse(request, self.defaults, self.exclude_default, self.adapters)
             if any(job.streaming for job in jobs):
                 raise RequestError("streaming needs the model to be decoupled (model_transaction_policy)")
             return pb_utils.InferenceResponse(output_tensors=self._full_output(request, jobs))
