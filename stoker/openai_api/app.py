@@ -12,6 +12,8 @@ headers (sse.py, http11.py).
 
 from __future__ import annotations
 
+import dataclasses
+
 import secrets
 import time
 import uuid
@@ -272,33 +274,52 @@ def create_app(settings: Settings, live: LiveModel) -> FastAPI:
     async def _unexpected(_request: Request, err: Exception) -> JSONResponse:
         return JSONResponse(m.backend_error(f"internal error: {type(err).__name__}: {err}").body(), status_code=500)
 
-    def check_model(name: str) -> None:
-        if name != settings.model:
-            raise m.unknown_model(name)
-
-    async def card() -> dict:
+    async def live_for(name: str) -> tuple[ServedModel, dict | None]:
+        """The live build and the LoRA adapter a request's `model` names (None: the base); 404 in OpenAI's shape
+        for any other name, also while no build can be read."""
         try:
-            extra = (await live.get()).card()
+            model = await live.get()
         except m.ApiError:
-            extra = {}
-        return m.model_card(settings.model, created, extra)
+            if name != settings.model:
+                raise m.unknown_model(name) from None
+            raise
+        if name == settings.model:
+            return model, None
+        if name in model.adapters:
+            return model, model.adapters[name]
+        raise m.unknown_model(name)
+
+    async def cards() -> list[dict]:
+        """The base, then each adapter of the live build with the base as its parent (as vLLM lists them)."""
+        try:
+            model = await live.get()
+        except m.ApiError:
+            return [m.model_card(settings.model, created, {})]
+        return [m.model_card(settings.model, created, model.card()),
+                *(m.model_card(name, created, {"parent": settings.model, "root": a.get("repo_id"),
+                                               "revision": a.get("sha"), "lora_rank": a.get("r")})
+                  for name, a in sorted(model.adapters.items()))]
 
     @app.get("/v1/models")
     async def models() -> dict:
-        return {"object": "list", "data": [await card()]}
+        return {"object": "list", "data": await cards()}
 
     @app.get("/v1/models/{name:path}")
     async def model(name: str) -> dict:
-        check_model(name)
-        return await card()
+        found = next((c for c in await cards() if c["id"] == name), None)
+        if found is None:
+            raise m.unknown_model(name)
+        return found
 
     def interface_of(model: ServedModel) -> str:
         return model.interface or settings.interface
 
     async def run(gen: triton_stream.Generation, model: ServedModel, prefix: str,
-                  request: Request) -> tuple[Generating, m.Head]:
+                  request: Request, adapter: dict | None = None, name: str | None = None) -> tuple[Generating, m.Head]:
         rid = f"{prefix}-{uuid.uuid4().hex}"
-        head = m.Head(rid, int(time.time()), settings.model, model.fingerprint)
+        if adapter is not None:
+            gen = dataclasses.replace(gen, lora_task_id=int(adapter["task_id"]))
+        head = m.Head(rid, int(time.time()), name or settings.model, model.fingerprint)
         kind = LlmApiGenerating if interface_of(model) == triton_stream.LLMAPI else Generating
         g = kind(triton, gen, model, rid, request.headers.get("authorization"))
         await g.open()
@@ -306,8 +327,7 @@ def create_app(settings: Settings, live: LiveModel) -> FastAPI:
 
     async def chat(request: Request) -> Response:
         req = m.parse_chat(m.parse_json(await _body(request, settings.max_body_bytes)))
-        check_model(req.model)
-        model = await live.get()
+        model, adapter = await live_for(req.model)
         interface = interface_of(model)
         if interface == triton_stream.LLMAPI:
             # The model takes text and tokenizes it itself: the template rendered here, its tokens counted here.
@@ -317,7 +337,7 @@ def create_app(settings: Settings, live: LiveModel) -> FastAPI:
             text, ids = None, model.chat_ids(m.chat_messages(req))
         gen = triton_stream.plan(req, ids, model.context_len, seed=secrets.randbits(63), interface=interface,
                                  prompt_text=text)
-        g, head = await run(gen, model, "chatcmpl", request)
+        g, head = await run(gen, model, "chatcmpl", request, adapter, req.model)
         if not req.stream:
             text = "".join([p async for p in g.pieces()])
             return JSONResponse(m.chat_response(head, text, g.finish,
@@ -329,8 +349,7 @@ def create_app(settings: Settings, live: LiveModel) -> FastAPI:
 
     async def completions(request: Request) -> Response:
         req = m.parse_completion(m.parse_json(await _body(request, settings.max_body_bytes)))
-        check_model(req.model)
-        model = await live.get()
+        model, adapter = await live_for(req.model)
         prompt = m.completion_prompt(req)
         interface = interface_of(model)
         if interface == triton_stream.LLMAPI and not isinstance(prompt, str):
@@ -341,7 +360,7 @@ def create_app(settings: Settings, live: LiveModel) -> FastAPI:
         gen = triton_stream.plan(req, ids, model.context_len, seed=secrets.randbits(63),
                                  vocab_size=None if isinstance(prompt, str) else model.vocab_size,
                                  interface=interface, prompt_text=prompt if isinstance(prompt, str) else None)
-        g, head = await run(gen, model, "cmpl", request)
+        g, head = await run(gen, model, "cmpl", request, adapter, req.model)
         if not req.stream:
             text = "".join([p async for p in g.pieces()])
             return JSONResponse(m.completion_response(head, text, g.finish,

@@ -20,7 +20,7 @@ import asyncio
 import hashlib
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -97,6 +97,8 @@ class ServedModel:
     # How the backend serving this build is spoken to ("ensemble" or "llmapi"), as live.json names it; None: the
     # service's own setting (--interface).
     interface: str | None = None
+    # The build's LoRA adapters: name → {"task_id": …, "repo_id": …, …} (adapters.json beside the tokenizer files).
+    adapters: dict[str, dict] = field(default_factory=dict)
 
     @classmethod
     def load(cls, folder: Path, key: str | None = None) -> ServedModel:
@@ -115,7 +117,8 @@ class ServedModel:
             key = hashlib.sha256((folder / "tokenizer.json").read_bytes()).hexdigest()
         return cls(key=key, tokenizer=tokenizer, chat_template=template, template_source=source, special=special,
                    context_len=context_length(config),
-                   vocab_size=vocab or tokenizer.get_vocab_size(with_added_tokens=True))
+                   vocab_size=vocab or tokenizer.get_vocab_size(with_added_tokens=True),
+                   adapters=_json(folder / "adapters.json"))
 
     @property
     def fingerprint(self) -> str:

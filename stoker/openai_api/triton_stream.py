@@ -38,6 +38,7 @@ class Generation:
     stop: tuple[str, ...]
     min_tokens: int = 0  # the end id is held back this long (0: may end at once)
     prompt_text: str | None = None  # the prompt as text (the LLM API's model takes text; input_ids then count it)
+    lora_task_id: int | None = None  # a LoRA adapter of the build (its task id); None: the base model
 
 
 def plan(req: _Request, input_ids: Sequence[int], context_len: int | None, *, seed: int,
@@ -123,6 +124,8 @@ def triton_request(gen: Generation, request_id: str, model: str = MODEL_NAME) ->
     _tensor(r, "seed", "UINT64", [1, 1], np.uint64(gen.seed).astype("<u8").tobytes())
     if gen.min_tokens:
         _tensor(r, "min_tokens", "INT32", [1, 1], np.int32(gen.min_tokens).astype("<i4").tobytes())
+    if gen.lora_task_id is not None:
+        _tensor(r, "lora_task_id", "UINT64", [1, 1], np.uint64(gen.lora_task_id).astype("<u8").tobytes())
     r.outputs.add().name = "output_ids"
     # The stream ends with an empty response flagged final, so the end is seen even without tokens.
     r.parameters["triton_enable_empty_final_response"].bool_param = True

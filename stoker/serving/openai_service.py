@@ -34,7 +34,7 @@ import docker.errors
 from .backend_repo import mounted_repository, repository_of, s3_client
 from ..containers import engine
 from ..atomic import write_atomic
-from ..openai_api.layout import ASSET_FILES, LIVE_FILE
+from ..openai_api.layout import ADAPTERS_TABLE, ASSET_FILES, LIVE_FILE
 from ..triton.config import MODEL_NAME
 from . import haproxy
 
@@ -171,7 +171,10 @@ def pick_assets(listing: dict[str, tuple[str, int]]) -> tuple[int, dict[str, str
         raise OpenAIServiceError(f"no tokenizer.json under {MODEL_NAME}/<version>/ in the model repository")
     version = max(found)
     folder = found[version]
-    return version, {name: f"{folder}/{name}" for name in ASSET_FILES if f"{folder}/{name}" in listing}
+    files = {name: f"{folder}/{name}" for name in ASSET_FILES if f"{folder}/{name}" in listing}
+    if f"{version}/{ADAPTERS_TABLE}" in listing:  # the LoRA adapters this build serves, by name
+        files[Path(ADAPTERS_TABLE).name] = f"{version}/{ADAPTERS_TABLE}"
+    return version, files
 
 
 def fetch_assets(c, state: Path) -> dict:
@@ -204,7 +207,8 @@ def _copy_mounted(c, root: Path, state: Path) -> dict:
     """fetch_assets for a repository mounted from a folder of this host (GPU targets): the same files, copied."""
     base = root / MODEL_NAME
     listing = {p.relative_to(base).as_posix(): (f"{p.stat().st_mtime_ns}", p.stat().st_size)
-               for p in base.rglob("*") if p.is_file() and p.name in ASSET_FILES}
+               for p in base.rglob("*") if p.is_file() and (p.name in ASSET_FILES or
+                                                             p.relative_to(base).as_posix().endswith(ADAPTERS_TABLE))}
     version, files = pick_assets(listing)
     content = _store(state, listing, files, lambda rel: (base / rel).read_bytes())
     return {"assets": f"assets/{content}", "digest": c.labels.get(engine.LABEL_DIGEST, "") or content,
