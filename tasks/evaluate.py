@@ -61,24 +61,27 @@ def evaluation_data(spec: Spec, fetched: StepResult, ctx: RunContext) -> StepRes
 
 
 @step_task("baseline", retries=1)
-def baseline_reference(spec: Spec, fetched: StepResult, eval_data: StepResult, ctx: RunContext) -> StepResult:
-    """The unquantized (`none`) build of these weights, made and scored in one child process."""
+def baseline_reference(spec: Spec, fetched: StepResult, eval_data: StepResult, ctx: RunContext,
+                       lora: StepResult | None = None) -> StepResult:
+    """The unquantized (`none`) build of these weights, made and scored in one child process; ``lora``: the
+    fetched adapters, each scored on that build too."""
     log = get_run_logger().info
     tolerance = targets.get(spec.target).tolerance(spec)
+    adapters = {name: str(Path(lora.path) / name) for name in lora.detail["adapters"]} if lora else {}
 
     def produce(out: Path) -> dict:
         with tempfile.TemporaryDirectory() as tmp:
             request = Path(tmp) / "request.json"
             request.write_text(json.dumps({"checkpoint": str(fetched.path), "evalset": eval_data.detail["evalset"],
-                                           "tolerance": tolerance}))
+                                           "tolerance": tolerance, "adapters": adapters}))
             # Niced: it runs while the candidate's Triton starts, and should take only the CPU that leaves idle.
             run_module("stoker.workers.evaluate_baseline", ["--request", str(request), "--out",
                                                             str(out / BASELINE_FILE)], log, nice=10)
         result = json.loads((out / BASELINE_FILE).read_text())
         return {"perplexity": result["perplexity"], "check": result["check"], "build_files": result["build_files"]}
 
-    return cached_step(ctx, "baseline", baseline_key(fetched.digest, eval_data.detail["digest"], tolerance),
-                       produce, log)
+    key = baseline_key(fetched.digest, eval_data.detail["digest"], tolerance, lora.digest if lora else None)
+    return cached_step(ctx, "baseline", key, produce, log)
 
 
 def record_key(spec: Spec, weights_digest: str, evalset_digest: str) -> str:
@@ -159,6 +162,11 @@ def evaluate_candidate(spec: Spec, served: StepResult, packaged: StepResult, fet
         target = targets.get(spec.target)
         if target.interface.token_ids:
             measured = score(served.detail["grpc"], evalset, logger.info, context_logits=target.scores_perplexity(spec))
+            adapters = packaged.detail.get("adapters") or {}  # name → task id, as the package step laid them
+            if adapters:
+                measured["adapters"] = {name: score(served.detail["grpc"], evalset, logger.info, lora_task_id=task_id,
+                                                    context_logits=target.scores_perplexity(spec))
+                                        for name, task_id in sorted(adapters.items())}
         else:
             measured = score_text(served.detail["http"], evalset, fetched.path / "tokenizer.json", target.interface,
                                   logger.info)
@@ -184,6 +192,14 @@ def evaluate_candidate(spec: Spec, served: StepResult, packaged: StepResult, fet
     limits = {"max_perplexity_rise_pct": ev.max_perplexity_rise_pct, "min_greedy_agreement": ev.min_greedy_agreement,
               "min_task_score": ev.lm_eval.min_score if ev.lm_eval else None}
     rows, failure = metrics.verdict(candidate, base, limits)
+    # Each LoRA adapter on the candidate against the same adapter on the unquantized build; a failure names it.
+    for name, scored in sorted((scores.get("adapters") or {}).items()):
+        ref = base["adapters"][name]
+        mine = {"perplexity": scored["perplexity"], "agreement": metrics.agreement(scored["greedy"], ref["greedy"])}
+        candidate.setdefault("adapters", {})[name] = mine
+        adapter_rows, adapter_failure = metrics.verdict(mine, ref, {**limits, "min_task_score": None})
+        rows += [r.named(f"{name}: ") for r in adapter_rows]
+        failure = failure or (f"adapter {name}: {adapter_failure}" if adapter_failure else None)
     table = metrics.markdown(rows)
     write_atomic(ctx.run_dir / "evaluation.md", table)
     create_table_artifact([r.cells() for r in rows], key=f"stoker-{spec.deploy.name}-evaluation",

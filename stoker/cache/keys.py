@@ -99,10 +99,13 @@ def gpu_package_key(spec: Spec, build_digest: str) -> str:
 
 # ---- evaluation: measurements are cached; the verdict (thresholds) is judged again every run ----
 
-def baseline_key(weights_digest: str, evalset_digest: str, tolerance: float) -> str:
+def baseline_key(weights_digest: str, evalset_digest: str, tolerance: float, adapters_digest: str | None = None) -> str:
     """The unquantized build of the weights, scored on the evaluation set and checked against transformers:
-    everything it depends on is the weights, the data and the build, runtime and metric code."""
-    return step_key("baseline", inputs={"weights": weights_digest, "evalset": evalset_digest},
+    everything it depends on is the weights, the data and the build, runtime and metric code (and the adapters
+    scored on it, when the spec has some)."""
+    inputs = {"weights": weights_digest, "evalset": evalset_digest} | ({"adapters": adapters_digest}
+                                                                        if adapters_digest else {})
+    return step_key("baseline", inputs=inputs,
                     config={"tolerance": tolerance}, versions=pick("torch", "transformers", "safetensors") | {
                         "code": code_digest("workers/evaluate_baseline.py", "workers/build_reference.py",
                                             "runtime", "evaluation")})

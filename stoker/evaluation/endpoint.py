@@ -25,10 +25,10 @@ from .metrics import next_token_log_probs, perplexity
 
 
 def score(grpc_url: str, evalset: EvalSet, log: Callable[[str], None] | None = None,
-          context_logits: bool = True) -> dict:
+          context_logits: bool = True, lora_task_id: int | None = None) -> dict:
     """Perplexity over the windows (context logits; None without them) and M greedy tokens per prompt
-    (min_tokens = M)."""
-    with TritonLLMClient(grpc_url) as client:
+    (min_tokens = M); ``lora_task_id``: with that LoRA adapter of the build."""
+    with TritonLLMClient(grpc_url, lora_task_id=lora_task_id) as client:
         windows = ([next_token_log_probs(client.context_logits(w), w).tolist() for w in evalset.windows]
                    if context_logits else [])
         if log:

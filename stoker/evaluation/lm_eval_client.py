@@ -17,7 +17,7 @@ from tritonclient.utils import InferenceServerException
 from stoker.errors import StokerError, TransientError
 
 MODEL = "tensorrt_llm"
-_DTYPES = {np.dtype(np.int32): "INT32", np.dtype(bool): "BOOL"}
+_DTYPES = {np.dtype(np.int32): "INT32", np.dtype(bool): "BOOL", np.dtype(np.uint64): "UINT64"}
 
 
 class ServedModelError(StokerError):
@@ -39,8 +39,10 @@ def continuation_log_prob(logits: np.ndarray, continuation: list[int]) -> tuple[
 class TritonLLMClient:
     """One gRPC connection and one open stream to a Triton server's `tensorrt_llm` model."""
 
-    def __init__(self, grpc_url: str, model: str = MODEL, timeout_s: float = 300.0) -> None:
-        self.model, self.timeout_s = model, timeout_s
+    def __init__(self, grpc_url: str, model: str = MODEL, timeout_s: float = 300.0,
+                 lora_task_id: int | None = None) -> None:
+        # lora_task_id: every request asks for that LoRA adapter of the build (None: the base model)
+        self.model, self.timeout_s, self.lora_task_id = model, timeout_s, lora_task_id
         self._client = grpcclient.InferenceServerClient(grpc_url)
         try:
             ready = self._client.is_model_ready(model)
@@ -91,11 +93,11 @@ class TritonLLMClient:
                     raise ServedModelError(f"{self.model} ended request {request_id} without outputs")
                 return answer
 
-    @staticmethod
-    def _request(ids: list[int], max_new_tokens: int, **flags: bool) -> dict[str, np.ndarray]:
+    def _request(self, ids: list[int], max_new_tokens: int, **flags: bool) -> dict[str, np.ndarray]:
         if not ids:
             raise ValueError("empty prompt")
-        return {"input_ids": np.array([ids], np.int32), "input_lengths": np.array([[len(ids)]], np.int32),
+        adapter = {} if self.lora_task_id is None else {"lora_task_id": np.array([[self.lora_task_id]], np.uint64)}
+        return {**adapter, "input_ids": np.array([ids], np.int32), "input_lengths": np.array([[len(ids)]], np.int32),
                 "request_output_len": np.array([[max_new_tokens]], np.int32),
                 "runtime_top_k": np.array([[1]], np.int32),  # greedy, in the reference and in TensorRT-LLM
                 "streaming": np.array([[False]]), "exclude_input_in_output": np.array([[True]]),

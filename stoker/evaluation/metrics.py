@@ -12,7 +12,7 @@ baseline worker, so candidate and baseline are scored by the same code.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
@@ -59,6 +59,10 @@ class Row:
 
     def cells(self) -> dict:
         return {**asdict(self), "passed": {True: "pass", False: "FAIL", None: "—"}[self.passed]}
+
+    def named(self, prefix: str) -> Row:
+        """The same row for one LoRA adapter (its metric prefixed with the adapter's name)."""
+        return replace(self, metric=prefix + self.metric)
 
 
 def _pct(new: float, old: float) -> float:

@@ -70,7 +70,8 @@ class Reference(Target):
         future: it runs while the candidate container starts)."""
         if not spec.evaluation.enabled:
             return None
-        return steps.tasks.baseline_reference.submit(spec, steps["fetch"], steps["eval-data"], ctx).result
+        lora = steps["adapters"] if "adapters" in steps else None  # each adapter scored on the same build
+        return steps.tasks.baseline_reference.submit(spec, steps["fetch"], steps["eval-data"], ctx, lora).result
 
     def repository_of(self, packaged, uploaded) -> str:
         return uploaded.detail.get("repository_uri", "")  # Triton loads the repository straight from S3

@@ -3,7 +3,8 @@
     python -m stoker.workers.evaluate_baseline --request REQUEST.json --out BASELINE.json
 
 REQUEST: {"checkpoint": the fetched HF checkpoint, "evalset": stoker.evaluation.data.EvalSet.to_dict(),
-"tolerance": nats}; GPU targets (by contract, not run here) add "served": the bf16 build's own window log
+"tolerance": nats, optional "adapters": {name: folder}: each LoRA adapter scored too, on the same unquantized
+build, into "adapters": {name: scores} (the runtime applies them as PEFT does: tests/unit/test_lora.py)}; GPU targets (by contract, not run here) add "served": the bf16 build's own window log
 probs as measured through its endpoint, and only the check against transformers runs.
 
 The `none` build is made here, by the reference build step's own code (stoker/workers/build_reference.py)
@@ -35,19 +36,25 @@ class BaselineError(RuntimeError):
     pass
 
 
-def runtime_scores(artifact: Path, evalset: EvalSet) -> dict:
+def runtime_scores(artifact: Path, evalset: EvalSet, adapters: dict[str, str] | None = None) -> dict:
     from stoker.runtime.generate import generate
     from stoker.runtime.model import load_model
 
-    model = load_model(artifact, num_threads=None)
+    model = load_model(artifact, num_threads=None, adapters={n: Path(f) for n, f in (adapters or {}).items()})
     stop_ids = json.loads((artifact / "stoker_runtime.json").read_text()).get("stop_ids", [])
-    windows = [next_token_log_probs(model.forward(w, model.new_cache()).numpy(), w).tolist()
-               for w in evalset.windows]
-    m = evalset.greedy_tokens
-    greedy = [list(generate(model, p, m, model.info.end_id, top_k=1, min_new_tokens=m,
-                            stop_words=[[i] for i in stop_ids])) for p in evalset.prompts]
-    return {"window_log_probs": windows, "perplexity": perplexity(windows), "greedy": greedy,
-            "architecture": model.architecture}
+
+    def scores(adapter: str | None) -> dict:
+        windows = [next_token_log_probs(model.forward(w, model.new_cache(adapter)).numpy(), w).tolist()
+                   for w in evalset.windows]
+        m = evalset.greedy_tokens
+        greedy = [list(generate(model, p, m, model.info.end_id, top_k=1, min_new_tokens=m,
+                                stop_words=[[i] for i in stop_ids], adapter=adapter)) for p in evalset.prompts]
+        return {"window_log_probs": windows, "perplexity": perplexity(windows), "greedy": greedy}
+
+    out = {**scores(None), "architecture": model.architecture}
+    if adapters:
+        out["adapters"] = {name: scores(name) for name in sorted(adapters)}
+    return out
 
 
 def transformers_log_probs(checkpoint: Path, evalset: EvalSet) -> list[list[float]]:
@@ -64,14 +71,14 @@ def transformers_log_probs(checkpoint: Path, evalset: EvalSet) -> list[list[floa
                                      .numpy(), w).tolist() for w in evalset.windows]
 
 
-def unquantized_scores(checkpoint: Path, evalset: EvalSet) -> dict:
+def unquantized_scores(checkpoint: Path, evalset: EvalSet, adapters: dict[str, str] | None = None) -> dict:
     import tempfile
 
     from stoker.workers.build_reference import build
 
     with tempfile.TemporaryDirectory(prefix="stoker-baseline-") as tmp:
         files = build(checkpoint, Path(tmp) / "none")
-        scores = runtime_scores(Path(tmp) / "none", evalset)
+        scores = runtime_scores(Path(tmp) / "none", evalset, adapters)
     return {**scores, "build_files": files}
 
 
@@ -79,7 +86,8 @@ def run(request: dict) -> dict:
     t0 = time.perf_counter()
     evalset = EvalSet.from_dict(request["evalset"])
     checkpoint = Path(request["checkpoint"])
-    served = request["served"] if "served" in request else unquantized_scores(checkpoint, evalset)
+    served = (request["served"] if "served" in request
+              else unquantized_scores(checkpoint, evalset, request.get("adapters")))
     tolerance = float(request["tolerance"])
     if not served["window_log_probs"]:  # a GPU build served without context logits: nothing to compare
         return {**served, "check": {"max_abs_log_prob_diff": None, "tolerance": tolerance, "passed": None,

@@ -80,7 +80,8 @@ def test_an_adapter_is_served_exactly_and_a_new_revision_needs_no_rebuild(tmp_pa
     name = f"lora-{uuid.uuid4().hex[:6]}"
     spec = make_spec(local_stack, name)
     spec["adapters"] = [{"name": "tiny-lora", "repo_id": ADAPTER_REPO, "revision": "main"}]
-    spec["evaluation"] = {"enabled": False}
+    # Small but real: each adapter scored on the candidate against the same adapter on the unquantized build.
+    spec["evaluation"] = {"max_windows": 2, "prompts": 2, "window_tokens": 32, "prompt_tokens": 8, "greedy_tokens": 8}
     env = {**os.environ, **local_stack["aws_env"], "STOKER_HOME": str(tmp_path / "home"),
            "PREFECT_HOME": str(tmp_path / "prefect"), "HF_HOME": str(tmp_path / "hf")}
     env.pop("PREFECT_API_URL", None)
@@ -88,6 +89,9 @@ def test_an_adapter_is_served_exactly_and_a_new_revision_needs_no_rebuild(tmp_pa
         first = _run(spec, tmp_path, env)
         assert first["status"] == "completed" and first["steps"]["adapters"]["status"] == "completed"
         task_id = first["steps"]["package"]["detail"]["adapters"]["tiny-lora"]
+        evaluation = first["evaluation"]
+        assert evaluation["passed"] and evaluation["candidate"]["adapters"]["tiny-lora"]["agreement"]["token_match_rate"] == 1.0
+        assert any(r["metric"].startswith("tiny-lora: ") for r in evaluation["rows"])
         http = first["endpoint"]["http"]
         client = openai.OpenAI(base_url=f"{http}/v1", api_key="unused")
 
