@@ -63,8 +63,15 @@ class Watch(BaseModel):
         return {"spec": spec.model_dump(mode="json"), **({"formats": self.formats} if self.formats else {})}
 
 
-def dedup_key(watch: Watch, sha: str) -> str:
-    return f"stoker-watch:{watch.deployment}:{watch.spec.deploy.name}:{sha}"
+def dedup_key(watch: Watch, sha: str, adapters: dict[str, str] | None = None) -> str:
+    """One run per new commit of the model, or of any of the spec's LoRA adapters (their shas join the key)."""
+    if not adapters:
+        return f"stoker-watch:{watch.deployment}:{watch.spec.deploy.name}:{sha}"
+    import hashlib
+    import json
+
+    joined = hashlib.sha256(json.dumps(adapters, sort_keys=True).encode()).hexdigest()[:16]
+    return f"stoker-watch:{watch.deployment}:{watch.spec.deploy.name}:{sha}+{joined}"
 
 
 @task(name="resolve-revision", retries=2, retry_delay_seconds=[2, 5], retry_condition_fn=retry_transient,
@@ -78,8 +85,17 @@ def resolve_revision(spec: Spec) -> str:
     return resolve(spec.model.repo_id, spec.model.revision, hub_endpoint(spec.model), hub_token(spec.model))
 
 
+@task(name="resolve-adapters", retries=2, retry_delay_seconds=[2, 5], retry_condition_fn=retry_transient,
+      cache_policy=NO_CACHE, persist_result=False)
+def resolve_adapters(spec: Spec) -> dict[str, str]:
+    """The commit each LoRA adapter's revision points at now: a new adapter commit is a new build too."""
+    from stoker import adapters
+
+    return adapters.resolve(spec)
+
+
 @task(name="start-build", cache_policy=NO_CACHE, persist_result=False)
-def start_build(watch: Watch, sha: str) -> dict:
+def start_build(watch: Watch, sha: str, adapter_shas: dict[str, str] | None = None) -> dict:
     """Create the build run for this sha (idempotently); says whether this watcher created it."""
     from prefect.deployments.flow_runs import run_deployment
 
@@ -90,9 +106,12 @@ def start_build(watch: Watch, sha: str) -> dict:
     check_route(watch.deployment, what=f"watch {watch.spec.deploy.name}")
     # Pin the exact commit seen: a push between now and the fetch must not change what is built.
     spec = watch.spec.model_copy(update={"model": watch.spec.model.model_copy(update={"revision": sha})})
+    if adapter_shas:  # each adapter pinned to the commit seen, like the model
+        spec = spec.model_copy(update={"adapters": [a.model_copy(update={"revision": adapter_shas[a.name]})
+                                                    for a in spec.adapters]})
     name = f"{watch.spec.deploy.name}-{sha[:10]}-{uuid.uuid4().hex[:6]}"
     run = run_deployment(watch.deployment, parameters=watch.parameters(spec), timeout=0,
-                         idempotency_key=dedup_key(watch, sha), flow_run_name=name, as_subflow=False,
+                         idempotency_key=dedup_key(watch, sha, adapter_shas), flow_run_name=name, as_subflow=False,
                          tags=["stoker", "watcher"])
     return {"flow_run_id": str(run.id), "flow_run_name": run.name, "created": run.name == name}
 
@@ -104,11 +123,14 @@ def watch_revisions(watches: list[Watch]) -> list[dict]:
     rows = []
     for w in watches:
         row = {"spec": w.spec.deploy.name, "repo": w.spec.model.repo_id, "revision": w.spec.model.revision,
-               "sha": None, "action": None, "flow_run_id": None}
+               "sha": None, "adapters": None, "action": None, "flow_run_id": None}
         try:
             sha = resolve_revision(w.spec)
             row["sha"] = sha
-            started = start_build(w, sha)
+            adapter_shas = resolve_adapters(w.spec) if w.spec.adapters else None
+            if adapter_shas:
+                row["adapters"] = adapter_shas
+            started = start_build(w, sha, adapter_shas)
             row["flow_run_id"] = started["flow_run_id"]
             row["action"] = "started" if started["created"] else "already started"
         except Exception as exc:  # noqa: BLE001 - one broken watch must not hide the others

@@ -110,3 +110,17 @@ def test_adapters_that_do_not_fit_are_refused_in_one_line(tmp_path):
     (pickled / "adapter_config.json").write_text(json.dumps(dora))
     with pytest.raises(AdapterError, match="use_dora .DoRA. is not served"):
         read_config(pickled)
+
+
+def test_a_new_adapter_commit_is_a_new_watch_key_and_the_started_spec_pins_every_commit():
+    from flows.watch_revisions import Watch, dedup_key
+
+    from stoker.spec.load import parse_spec
+
+    spec = parse_spec({"model": {"repo_id": "org/base"}, "storage": {"bucket": "bkt"},
+                       "adapters": [{"name": "support", "repo_id": "org/support-lora"}]})
+    w = Watch(spec=spec)
+    base = "a" * 40
+    assert dedup_key(w, base) != dedup_key(w, base, {"support": "b" * 40})
+    assert dedup_key(w, base, {"support": "b" * 40}) != dedup_key(w, base, {"support": "c" * 40})
+    assert dedup_key(w, base, {"support": "b" * 40}) == dedup_key(w, base, {"support": "b" * 40})
