@@ -20,9 +20,10 @@ from stoker.containers import engine
 from stoker.deploy.rollout import EXPLICIT_ARGS
 from stoker.serving import promote
 from stoker.containers.ports import Ports
+from stoker.protocol import ENSEMBLE, LLMAPI, Interface
 from stoker.stack.services import free_port
 
-from serving_models import publish, repo_digest, write_repo
+from serving_models import publish, repo_digest, write_llmapi_repo, write_repo
 
 ROOT = Path(__file__).resolve().parents[2]
 SECRET = f"stoker-test-secret-{uuid.uuid4().hex}"
@@ -67,6 +68,8 @@ def target(client, tmp_path, images):
 class Build:
     """Publish a test repository and describe the backend that serves it."""
 
+    interface = ENSEMBLE  # how clients speak to what it serves (stoker.protocol)
+
     def __init__(self, s3, images, tmp_path: Path, name: str) -> None:
         self.s3, self.image, self.tmp, self.name = s3, images[0], tmp_path, name
 
@@ -90,12 +93,17 @@ class GpuBuild(Build):
     STAND-IN (STOKER_STANDIN=1): its image, its serve command, the repository mounted from a folder on this host
     at /models, device ids labelled (and dropped). Only the repository's models are the scripted fault models."""
 
+    gpu_target = "tensorrt"
+
+    def write(self, root: Path, tag: str, **model) -> Path:
+        return write_repo(root, tag, **model)
+
     def __call__(self, tag: str, ready_timeout_s: float = 60, **model) -> engine.BackendSpec:
         from stoker.deploy import rollout
         from stoker.spec.load import parse_spec
 
-        root = write_repo(self.tmp / f"{tag}-{uuid.uuid4().hex[:6]}", tag, **model)
-        data = {"model": {"repo_id": "a/b"}, "storage": {"bucket": "unused"}, "target": "tensorrt",
+        root = self.write(self.tmp / f"{tag}-{uuid.uuid4().hex[:6]}", tag, **model)
+        data = {"model": {"repo_id": "a/b"}, "storage": {"bucket": "unused"}, "target": self.gpu_target,
                 "gpus": {"type": "h100-80gb", "count": 2, "rollout": "surge"},
                 "deploy": {"name": self.name, "image": "nvcr.io/nvidia/tritonserver:26.07-trtllm-python-py3",
                            "ready_timeout_s": ready_timeout_s, "openai": False}}
@@ -113,13 +121,25 @@ class GpuBuild(Build):
                 "gpus=(0,), standin=True)")
 
 
+class PytorchBuild(GpuBuild):
+    """The backends `target: pytorch` supplies, on the STAND-IN: TensorRT-LLM's `llmapi` layout (one `tensorrt_llm`
+    model with the LLM API's inputs, text in, cumulative text out), here the scripted fault model of that contract."""
+
+    gpu_target = "pytorch"
+    interface = LLMAPI
+
+    def write(self, root: Path, tag: str, **model) -> Path:
+        return write_llmapi_repo(root, tag, **model)
+
+
 @pytest.fixture(params=["reference"])
 def build(request, s3, images, tmp_path, target, monkeypatch):
-    """Builds for the reference target; ``@pytest.mark.parametrize("build", ["reference", "tensorrt"],
-    indirect=True)`` runs a test for the tensorrt target's backends (on the stand-in) too."""
-    if request.param == "tensorrt":
+    """Builds for the reference target; ``@pytest.mark.parametrize("build", ["reference", "tensorrt", "pytorch"],
+    indirect=True)`` runs a test for the GPU targets' backends (on the stand-in) too."""
+    if request.param in ("tensorrt", "pytorch"):
         request.getfixturevalue("standin_image")
-        return GpuBuild(s3, images, tmp_path, target.name)
+        kind = GpuBuild if request.param == "tensorrt" else PytorchBuild
+        return kind(s3, images, tmp_path, target.name)
     return Build(s3, images, tmp_path, target.name)
 
 
@@ -130,19 +150,22 @@ class Lines(list):
 
 
 def generate(http_url: str, text: str = "hi", max_tokens: int = 3, timeout_s: float = 10,
-             headers: dict | None = None, context=None) -> str:
-    body = json.dumps({"text_input": text, "max_tokens": max_tokens, "stream": True}).encode()
-    req = urllib.request.Request(f"{http_url}/v2/models/ensemble/generate_stream", data=body,
+             headers: dict | None = None, context=None, interface: Interface = ENSEMBLE) -> str:
+    body = json.dumps(interface.request(text, max_tokens, streaming=True)).encode()
+    req = urllib.request.Request(f"{http_url}/v2/models/{interface.model}/generate_stream", data=body,
                                  headers={"Content-Type": "application/json", **(headers or {})})
     with urllib.request.urlopen(req, timeout=timeout_s, context=context) as r:
         raw = r.read().decode()
     events = [json.loads(ln[5:]) for ln in raw.splitlines() if ln.startswith("data:")]
     assert events and not any("error" in e for e in events), raw
-    return "".join(e["text_output"] for e in events)
+    out = b""
+    for e in events:
+        out += interface.new_part(e[interface.text_output].encode(), out)
+    return out.decode()
 
 
-def serving_tag(target: promote.Target) -> str:
-    return generate(target.endpoint["http"]).split(":")[0]
+def serving_tag(target: promote.Target, interface: Interface = ENSEMBLE) -> str:
+    return generate(target.endpoint["http"], interface=interface).split(":")[0]
 
 
 def deploy(client, target, spec, log=None, settle_s=1.0, watch_s=2.0):
@@ -157,8 +180,8 @@ def backends(client, name):
     return [c for c in engine.containers(client, name, role=engine.ROLE_BACKEND)]
 
 
-def assert_one_live(client, target, tag):
-    assert serving_tag(target) == tag
+def assert_one_live(client, target, tag, interface: Interface = ENSEMBLE):
+    assert serving_tag(target, interface) == tag
     running = [c for c in backends(client, target.name) if c.status == "running"]
     assert len(running) == 1, [c.name for c in running]
     view, _ = promote.observe_proxy(client, target)
@@ -168,8 +191,8 @@ def assert_one_live(client, target, tag):
 class Load:
     """Clients streaming through the stable endpoint: persistent gRPC channel + HTTP keep-alive SSE."""
 
-    def __init__(self, endpoint: dict) -> None:
-        self.endpoint, self.stop = endpoint, threading.Event()
+    def __init__(self, endpoint: dict, interface: Interface = ENSEMBLE) -> None:
+        self.endpoint, self.stop, self.interface = endpoint, threading.Event(), interface
         self.ok = {"grpc": 0, "http": 0}
         self.failures: list[str] = []
         self.tags: set[str] = set()
@@ -193,24 +216,33 @@ class Load:
         from tritonclient.grpc import InferInput
         from tritonclient.grpc.aio import InferenceServerClient
 
+        iface = self.interface
+
+        def inputs() -> list:
+            out = []
+            for name, value in iface.request("hi", 3, streaming=True).items():
+                kind, dtype = (("BYTES", np.object_) if isinstance(value, str) else ("BOOL", np.bool_)
+                               if isinstance(value, bool) else ("INT32", np.int32))
+                t = InferInput(name, [1], kind)
+                t.set_data_from_numpy(np.array([value.encode() if isinstance(value, str) else value], dtype=dtype))
+                out.append(t)
+            return out
+
         async def run() -> None:
             client = InferenceServerClient(self.endpoint["grpc"])
             try:
                 while not self.stop.is_set():
-                    text = InferInput("text_input", [1], "BYTES")
-                    text.set_data_from_numpy(np.array([b"hi"], dtype=np.object_))
-                    n = InferInput("max_tokens", [1], "INT32")
-                    n.set_data_from_numpy(np.array([3], dtype=np.int32))
-
                     async def requests():
-                        yield {"model_name": "ensemble", "inputs": [text, n]}
+                        yield {"model_name": iface.model, "inputs": inputs()}
 
-                    got = []
+                    got, so_far = [], b""
                     try:
                         async for result, error in client.stream_infer(requests()):
                             if error is not None:
                                 raise error
-                            got.append(result.as_numpy("text_output")[0].decode())
+                            part = iface.new_part(result.as_numpy(iface.text_output)[0], so_far)
+                            so_far += part
+                            got.append(part.decode())
                             if len(got) == 3:
                                 break
                     except Exception as exc:  # noqa: BLE001 - every failure is recorded, the test asserts none
@@ -231,10 +263,11 @@ class Load:
 
         host, port = self.endpoint["http"].removeprefix("http://").split(":")
         conn = http.client.HTTPConnection(host, int(port), timeout=10)  # one keep-alive connection
-        body = json.dumps({"text_input": "hi", "max_tokens": 3, "stream": True})
+        iface = self.interface
+        body = json.dumps(iface.request("hi", 3, streaming=True))
         while not self.stop.is_set():
             try:
-                conn.request("POST", "/v2/models/ensemble/generate_stream", body,
+                conn.request("POST", f"/v2/models/{iface.model}/generate_stream", body,
                              {"Content-Type": "application/json"})
                 resp = conn.getresponse()
                 raw = resp.read().decode()
@@ -243,7 +276,7 @@ class Load:
                     self.failures.append(f"http: status {resp.status}, {raw[:200]}")
                 else:
                     self.ok["http"] += 1
-                    self.tags.add(events[0]["text_output"].split(":")[0])
+                    self.tags.add(events[0][iface.text_output].split(":")[0])
             except Exception as exc:  # noqa: BLE001
                 self.failures.append(f"http: {type(exc).__name__}: {exc}")
                 conn.close()

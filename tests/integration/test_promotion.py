@@ -2,9 +2,10 @@
 
 Every fault ends the same way: the old build still serves at the same address, and the error is one
 line naming the cause. Load during a replace streams through the proxy over gRPC and HTTP at once.
-The tests marked with ``build`` ["reference", "tensorrt"] run twice: with the reference target's backends, and with
-the backends `target: tensorrt` supplies on the STAND-IN (its image, serve command, mounted repository, labelled
-device ids): one serving path, the same assertions. Only where a target's code differs: the replace under load
+The tests marked with ``build`` ["reference", "tensorrt", "pytorch"] run three times: with the reference target's
+backends, and with the backends `target: tensorrt` and `target: pytorch` supply on the STAND-IN (their image, serve
+command, mounted repository, labelled device ids; pytorch's spoken to through the LLM API's interface): one serving
+path, the same assertions. Only where a target's code differs: the replace under load
 (a GPU backend started, smoke-tested, switched, retired) and the SIGKILL-then-reconcile (GPU backends observed from
 their labels); the fault tests in between exercise serving code that no target changes, so they run once.
 """
@@ -31,12 +32,12 @@ from promotion_kit import build, client, images, s3, target  # noqa: F401 -- fix
 pytestmark = [pytest.mark.docker, pytest.mark.s3]
 
 
-@pytest.mark.parametrize("build", ["reference", "tensorrt"], indirect=True)
+@pytest.mark.parametrize("build", ["reference", "tensorrt", "pytorch"], indirect=True)
 def test_replace_under_streaming_load_keeps_the_address_and_drops_nothing(client, target, build):
     a, b = build("A"), build("B", interval_s=0.01)
     staged, done = deploy(client, target, a)
     assert done["switched"] and staged["previous"] is None
-    assert_one_live(client, target, "A")
+    assert_one_live(client, target, "A", build.interface)
     proxy = promote.proxy_container(client, target.name)
     assert proxy.attrs["HostConfig"]["RestartPolicy"]["Name"] == "unless-stopped"
     assert proxy.labels[engine.LABEL_ROLE] == "proxy"
@@ -47,7 +48,7 @@ def test_replace_under_streaming_load_keeps_the_address_and_drops_nothing(client
     assert all(v < 32768 or v > 60999 for v in ports.values())  # never in the ephemeral range
     assert set(ports.values()).isdisjoint(target.listen.values())
 
-    with Load(target.endpoint) as load:
+    with Load(target.endpoint, build.interface) as load:
         time.sleep(1.5)
         staged, done = deploy(client, target, b, watch_s=3.0)
         time.sleep(1.5)
@@ -55,7 +56,7 @@ def test_replace_under_streaming_load_keeps_the_address_and_drops_nothing(client
     assert load.ok["grpc"] > 5 and load.ok["http"] > 5 and load.tags == {"A", "B"}
     # switch_s < 1.0: a deadline against hangs (>= 20x the 7-51 ms measured); benchmarks/operate.py measures it.
     assert done["switched"] and done["switch_s"] < 1.0 and "retire_s" in done
-    assert_one_live(client, target, "B")
+    assert_one_live(client, target, "B", build.interface)
 
     # The same digest again: nothing restarts, nothing moves.
     started = engine.started_at(backends(client, target.name)[0])
@@ -189,7 +190,7 @@ def test_killed_proxy_comes_back_and_a_removed_one_is_recreated(client, target, 
     assert_one_live(client, target, "B")
 
 
-@pytest.mark.parametrize("build", ["reference", "tensorrt"], indirect=True)
+@pytest.mark.parametrize("build", ["reference", "tensorrt", "pytorch"], indirect=True)
 def test_sigkill_of_the_deploy_midway_then_a_rerun(client, target, build, tmp_path):
     deploy(client, target, build("A"))
     b = build("B")
@@ -214,11 +215,11 @@ promote.prepare(engine.connect(None), t, spec, 30.0, lambda l: print(l, flush=Tr
             break
     proc.wait(timeout=10)
     assert len(backends(client, target.name)) == 2  # the killed run's candidate is left behind
-    assert serving_tag(target) == "A"
+    assert serving_tag(target, build.interface) == "A"
     lines = Lines()
     deploy(client, target, build("C"), log=lines)
     assert any("reconcile" in ln and "remove" in ln for ln in lines)
-    assert_one_live(client, target, "C")
+    assert_one_live(client, target, "C", build.interface)
 
 
 def test_proxy_ports_held_by_a_foreign_process_are_refused_naming_the_owner(client, target):
