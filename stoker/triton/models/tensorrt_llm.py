@@ -331,8 +331,11 @@ class TritonPythonModel:
         for token in self._tokens(request, self._submit([job])[0]):
             tensors = [pb_utils.Tensor("output_ids", np.array([[[token]]], np.int32)), pb_utils.Tensor("sequence_length", one)]
             if record.want_log_probs:
-                tensors += [pb_utils.Tensor("output_log_probs", np.array([[[record.log_probs[-1]]]], np.float32)),
-                            pb_utils.Tensor("cum_log_probs", np.array([[record.cum_log_prob]], np.float32))]
+                # By position, not [-1]: the batcher may already have chosen the next token (and appended its log
+                # prob) by the time this thread sends this one (seen on a loaded host).
+                mine = record.log_probs[: sent + 1]
+                tensors += [pb_utils.Tensor("output_log_probs", np.array([[[mine[-1]]]], np.float32)),
+                            pb_utils.Tensor("cum_log_probs", np.array([[float(sum(mine))]], np.float32))]
             if sent == 0 and record.context_logits is not None:
                 tensors.append(_context_logits_tensor([record]))
             sender.send(pb_utils.InferenceResponse(output_tensors=tensors))
