@@ -208,7 +208,13 @@ def test_reference_logits_close_to_float_model(case, tiny):
     assert 1e-4 < rel < case["bounds"][1] * 2
 
 
+# The reruns below cost a quantization or a build each: run where the code path differs, not for every case —
+# the build step is one code path for every format; quantization's are modelopt's per-tensor fp8 and its AWQ search.
+DETERMINISM_CASES = ("fp8", "int4_awq")
+
+
 @pytest.mark.slow
+@pytest.mark.parametrize("case", ["int4_awq"], indirect=True)  # the build step is one code path for every format
 def test_reference_build_is_deterministic(case, tmp_path):
     again = run_worker("stoker.workers.build_reference", "--checkpoint", str(case["q"]), "--out", str(tmp_path / "ref"))
     assert again.returncode == 0, again.stderr[-2000:]
@@ -217,6 +223,7 @@ def test_reference_build_is_deterministic(case, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("case", DETERMINISM_CASES, indirect=True)
 def test_quantize_is_deterministic_and_dump_changes_nothing(case, tmp_path):
     """A rerun without `fake_quant_out` (the production path) writes the same bytes."""
     req = json.loads((case["work"] / "request.json").read_text())
