@@ -46,3 +46,11 @@ def test_a_recorded_stand_in_is_refused_for_an_endpoint_other_machines_reach():
     with pytest.raises(PlanRefused, match="recorded for this build"):
         backend_specs(spec, "/host/repo", "d" * 64, {}, "run", [(0,)], standin=True)
     assert backend_specs(spec, "/host/repo", "d" * 64, {}, "run", [(0,)], standin=False)[0].image == NGC
+
+
+def test_the_standin_dockerfile_sets_the_label_its_build_is_checked_for():
+    """A fresh build is refused unless the image carries STANDIN_LABEL (ensure_derived_image's check): the Dockerfile
+    and the constant must name the same label (they drifted once, and every first build failed)."""
+    from stoker.stack.standin_image import STANDIN_DIR, STANDIN_LABEL
+
+    assert f'LABEL {STANDIN_LABEL}="true"' in (STANDIN_DIR / "Dockerfile").read_text()
