@@ -97,7 +97,10 @@ def main() -> None:
                 spec_path.write_text(yaml.safe_dump(data))
                 env = {**os.environ, **s3_env(s3_url), "STOKER_STANDIN": "1",
                        "STOKER_HOME": str(Path(tmp) / f"home-{target}"),
-                       "PREFECT_HOME": str(Path(tmp) / f"prefect-{target}")}
+                       "PREFECT_HOME": str(Path(tmp) / f"prefect-{target}"),
+                       # a fresh PREFECT_HOME migrates its database first: more than Prefect's default 20 s here
+                       "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": os.environ.get(
+                           "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")}
                 env.pop("PREFECT_API_URL", None)
                 try:
                     first, wall1 = run(spec_path, env)
