@@ -170,8 +170,24 @@ def start(
     """Start tritonserver on `repo_dir` and return once every model is loaded and ready.
 
     Raises TritonStartError (with the log's tail) when the server exits while starting or is
-    not ready within `ready_timeout_s`; the process is stopped before raising.
+    not ready within `ready_timeout_s`; the process is stopped before raising. A port another
+    process took between its choice and Triton's bind (free_port's remaining race: another
+    server, or a container's published port, chosen by another process) is not a failure of
+    the repository: the server is started again on fresh ports (pick_free_ports), twice at most;
+    the returned server's `ports` say which it got.
     """
+    for attempt in range(3):
+        try:
+            return _start_once(repo_dir, ports, log_path, ready_timeout_s, extra_args, env)
+        except TritonStartError as err:
+            if "already in use" not in str(err) or attempt == 2:
+                raise
+            ports = pick_free_ports()
+    raise AssertionError("unreachable")
+
+
+def _start_once(repo_dir: Path | str, ports: TritonPorts, log_path: Path | str, ready_timeout_s: float,
+                extra_args: tuple[str, ...], env: dict[str, str] | None) -> LocalTriton:
     root = _pytriton_root()
     binary = root / "bin" / "tritonserver"
     if not binary.is_file():
