@@ -223,7 +223,12 @@ def _start_once(repo_dir: Path | str, ports: TritonPorts, log_path: Path | str, 
             code = server.stop()
             raise TritonStartError(f"tritonserver exited with {code} while starting ({log_path}):\n{server.errors()}")
         if _ready(server.http_url):
-            return server
+            # Triton answers ready once HTTP is up and its models loaded, then starts its metrics service: a taken
+            # metrics port makes it exit a few milliseconds after answering ready (seen in a fresh-clone CI).
+            time.sleep(0.5)
+            if process.poll() is None and "failed to start" not in server.log_tail():
+                return server
+            continue
         time.sleep(0.25)
     server.stop()
     raise TritonStartError(f"tritonserver not ready after {ready_timeout_s:.0f}s ({log_path}):\n{server.errors()}")

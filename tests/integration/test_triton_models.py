@@ -433,18 +433,21 @@ def test_local_triton_reports_a_model_that_fails_to_load(tmp_path: Path) -> None
                            ready_timeout_s=60)
 
 
-def test_local_triton_starts_again_on_fresh_ports_when_one_is_taken_before_it_binds(tmp_path: Path) -> None:
-    """Seen in a CI run: another process took a picked port before tritonserver bound it (gRPC: already in use)."""
+@pytest.mark.parametrize("taken", ["grpc", "metrics"])
+def test_local_triton_starts_again_on_fresh_ports_when_one_is_taken_before_it_binds(tmp_path: Path, taken) -> None:
+    """Seen in CI runs: another process took a picked port before tritonserver bound it (gRPC: it exits while
+    starting; metrics: it exits just after answering ready)."""
     import socket
 
     code = "class TritonPythonModel:\n    def execute(self, requests):\n        return []\n"
     picked = local_triton.pick_free_ports()
     with socket.socket() as squatter:
         squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        squatter.bind(("0.0.0.0", picked.grpc))
+        squatter.bind(("0.0.0.0", getattr(picked, taken)))
         squatter.listen()
         with local_triton.start(_echo_repo(tmp_path, code), picked, tmp_path / "log") as server:
-            assert server.ports.grpc != picked.grpc
+            assert getattr(server.ports, taken) != getattr(picked, taken)
+            assert server.process.poll() is None
             with urllib.request.urlopen(f"{server.http_url}/v2/health/ready", timeout=10) as resp:
                 assert resp.status == 200
     assert "already in use" in (tmp_path / "log").read_text()
