@@ -12,6 +12,9 @@ from contextlib import ExitStack, contextmanager
 from typing import Callable, Iterator
 
 
+PROBE_S = 10.0  # how long a free slot may take to acquire before the run says it waits (see exclusive)
+
+
 def deploy_lock(name: str) -> str:
     """The limit held while a run stages, gates, switches and watches deployment `name`."""
     return f"stoker-deploy-{name}"
@@ -43,7 +46,10 @@ def exclusive(name: str, log: Callable[[str], None], what: str) -> Iterator[None
     ensure_limit(name)
     with ExitStack() as held:
         try:
-            held.enter_context(concurrency(name, occupy=1, timeout_seconds=1, strict=True,
+            # 10 s, not 1: on a loaded host acquiring a free slot took over a second, and Prefect logs every timed-out
+            # acquisition as an ERROR (seen in a fresh-clone CI's clean-logs check); a run behind another deploy
+            # waits far longer than this anyway, so it still says that it waits.
+            held.enter_context(concurrency(name, occupy=1, timeout_seconds=PROBE_S, strict=True,
                                            raise_on_lease_renewal_failure=False))
         except TimeoutError:
             log(f"{what}: waiting for it to finish (Prefect concurrency limit {name!r})")
