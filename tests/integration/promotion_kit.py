@@ -24,6 +24,7 @@ from stoker.protocol import ENSEMBLE, LLMAPI, Interface
 from stoker.stack.services import free_port
 
 from serving_models import publish, repo_digest, write_llmapi_repo, write_repo
+from stream_clients import grpc_inputs
 
 ROOT = Path(__file__).resolve().parents[2]
 SECRET = f"stoker-test-secret-{uuid.uuid4().hex}"
@@ -212,28 +213,18 @@ class Load:
     def _grpc(self) -> None:
         import asyncio
 
-        import numpy as np
-        from tritonclient.grpc import InferInput
+        import tritonclient.grpc.aio as tritonclient_aio
         from tritonclient.grpc.aio import InferenceServerClient
 
         iface = self.interface
-
-        def inputs() -> list:
-            out = []
-            for name, value in iface.request("hi", 3, streaming=True).items():
-                kind, dtype = (("BYTES", np.object_) if isinstance(value, str) else ("BOOL", np.bool_)
-                               if isinstance(value, bool) else ("INT32", np.int32))
-                t = InferInput(name, [1], kind)
-                t.set_data_from_numpy(np.array([value.encode() if isinstance(value, str) else value], dtype=dtype))
-                out.append(t)
-            return out
 
         async def run() -> None:
             client = InferenceServerClient(self.endpoint["grpc"])
             try:
                 while not self.stop.is_set():
                     async def requests():
-                        yield {"model_name": iface.model, "inputs": inputs()}
+                        model, inputs = grpc_inputs(tritonclient_aio, 3, iface)
+                        yield {"model_name": model, "inputs": inputs}
 
                     got, so_far = [], b""
                     try:

@@ -37,21 +37,21 @@ def interface():
     return by_layout(os.environ.get(INTERFACE_ENV) or "ensemble")
 
 
-def request_values(max_tokens: int = TOKENS, text: str = "hi", http: bool = False) -> tuple[str, dict]:
-    """(model, {input: value}) of one streamed request in the served interface; ``http``: the generate
-    extension's JSON body, which always names the stream flag."""
-    iface = interface()
+def request_values(max_tokens: int = TOKENS, text: str = "hi", http: bool = False, iface=None) -> tuple[str, dict]:
+    """(model, {input: value}) of one streamed request in the served interface (``iface``, else the one
+    STOKER_OPERATE_INTERFACE names); ``http``: the generate extension's JSON body, which always names the stream flag."""
+    iface = iface or interface()
     values = {iface.text_input: text, iface.max_tokens: max_tokens, **dict(iface.always)}
     if iface.stream_always or http:
         values[iface.stream] = True
     return iface.model, values
 
 
-def grpc_inputs(module, max_tokens: int = TOKENS) -> tuple[str, list]:
+def grpc_inputs(module, max_tokens: int = TOKENS, iface=None) -> tuple[str, list]:
     """(model, [InferInput]) for tritonclient's grpc or grpc.aio ``module`` (its InferInput)."""
     import numpy as np
 
-    model, values = request_values(max_tokens)
+    model, values = request_values(max_tokens, iface=iface)
     inputs = []
     for name, value in values.items():
         kind, dtype = (("BYTES", np.object_) if isinstance(value, str) else ("BOOL", np.bool_)
