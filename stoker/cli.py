@@ -96,6 +96,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if not os.environ.get("PREFECT_API_URL"):
+        from .stack import prefect_home
+
+        prefect_home.seed()  # the temporary API this process may start: a new home's database comes migrated
     try:
         return args.fn(args)
     except StokerError as err:

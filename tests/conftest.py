@@ -17,6 +17,11 @@ _OWN_PREFECT_HOME = None if os.environ.get("STOKER_TEST_KEEP_PREFECT_HOME") else
 if _OWN_PREFECT_HOME:
     os.environ["PREFECT_HOME"] = _OWN_PREFECT_HOME
 
+if _OWN_PREFECT_HOME and os.environ.get("STOKER_PREFECT_DB_TEMPLATE"):  # `make test-services` makes one per machine
+    from stoker.stack import prefect_home as _prefect_home
+
+    _prefect_home.seed(Path(_OWN_PREFECT_HOME))
+
 
 def pytest_unconfigure(config):
     if _OWN_PREFECT_HOME:

@@ -116,7 +116,7 @@ def build_argv(spec, facts: ModelFacts | None) -> list[str]:
     return argv
 
 
-def serve_command(spec, ports, extra_args: list[str]) -> list[str]:
+def serve_command(spec, ports, extra_args: list[str], complete_configs: bool = False) -> list[str]:
     """The serving container's command on ``ports`` (chosen by stoker/serving: loopback, host network), as the
     one serving path runs it for every backend of a GPU target; ``extra_args`` (Triton's restricted admin APIs)
     go to every tritonserver process.
@@ -126,13 +126,18 @@ def serve_command(spec, ports, extra_args: list[str]) -> list[str]:
     rank 0 loads every model and serves; the other ranks load only tensorrt_llm and stay inside the backend's
     worker loop, so they never reach the point of binding the ports. deploy.openai is stoker's OpenAI service, a
     container of its own (stoker/gpu/openai_frontend.py says why not Triton's frontend).
+
+    ``complete_configs``: every config.pbtxt of the repository is complete (the engine layout, as upstream's
+    launch_triton_server.py assumes), so one process runs without auto-complete too, as every rank does: each
+    auto-completed python model costs one more stub start.
     """
     world = spec.parallel.world_size
     common = [f"--http-address=127.0.0.1", f"--http-port={ports.http}", f"--grpc-address=127.0.0.1",
               f"--grpc-port={ports.grpc}", f"--metrics-address=127.0.0.1", f"--metrics-port={ports.metrics}",
               *extra_args]
     if world == 1:
-        return ["tritonserver", f"--model-repository={C_MODELS}", *common]
+        return ["tritonserver", f"--model-repository={C_MODELS}", *common,
+                *(["--disable-auto-complete-config"] if complete_configs else [])]
     argv = ["mpirun", "--allow-run-as-root"]
     for rank in range(world):
         only_engine = ["--model-control-mode=explicit", "--load-model=tensorrt_llm"] if rank else []

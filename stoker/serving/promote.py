@@ -27,6 +27,7 @@ from ..protocol import by_layout
 from . import api_keys, haproxy, openai_service, probe, topology, triton_log
 from .deployment import (BackendRef, Log, PromotionFailed, Target, keys_file, observe_backends, observe_proxy,
                          proxy_container, runtime_for, sync_config, write_config)
+from ..containers import port_lease
 from ..containers.ports import Ports, choose_backend_ports, is_port_free, port_owner
 from ..triton.config import ENSEMBLE_NAME
 
@@ -184,6 +185,11 @@ def stage(client: docker.DockerClient, target: Target, spec: engine.BackendSpec 
                       tuple((b.container, b.ports) for b in started[1:]))
 
 
+def _probe(port: int) -> bool:
+    """Free now, and picked by no other stoker process of this host lately (claimed here if so)."""
+    return is_port_free(port) and port_lease.claim(port)
+
+
 def _stage_one(client: docker.DockerClient, target: Target, spec: engine.BackendSpec, slot: str, replica: int,
                live: topology.Backend | None, settle_s: float, log: Log) -> BackendRef:
     claimed = {p for b in observe_backends(client, target.name) for p in b.ports.values()}
@@ -191,7 +197,7 @@ def _stage_one(client: docker.DockerClient, target: Target, spec: engine.Backend
     last_error = ""
     for attempt in range(1, PORT_RETRIES + 1):
         seed = f"{target.name}/{attempt}" if replica == 0 else f"{target.name}/{replica}/{attempt}"
-        ports = choose_backend_ports(is_port_free, claimed, seed=seed, avoid=avoid)
+        ports = choose_backend_ports(_probe, claimed, seed=seed, avoid=avoid)
         name = engine.backend_name(target.name, slot, replica)
         source = spec.repository_uri + "".join(f" (mounted from {h})" for h, c in spec.mounts.items()
                                                if c == spec.repository_uri)

@@ -166,6 +166,7 @@ def start(
     ready_timeout_s: float = 180.0,
     extra_args: tuple[str, ...] = (),
     env: dict[str, str] | None = None,
+    auto_complete: bool = False,
 ) -> LocalTriton:
     """Start tritonserver on `repo_dir` and return once every model is loaded and ready.
 
@@ -175,7 +176,13 @@ def start(
     server, or a container's published port, chosen by another process) is not a failure of
     the repository: the server is started again on fresh ports (pick_free_ports), twice at most;
     the returned server's `ports` say which it got.
+
+    ``auto_complete``: let models complete their own config (the LLM API's model takes max_batch_size and
+    decoupled from model.yaml that way); off otherwise, since stoker's ensemble configs are complete and each
+    auto-completed model costs one more python stub start.
     """
+    if not auto_complete:
+        extra_args = ("--disable-auto-complete-config", *extra_args)
     for attempt in range(3):
         try:
             return _start_once(repo_dir, ports, log_path, ready_timeout_s, extra_args, env)

@@ -20,6 +20,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import prefect_home
 from .services import ServiceError, free_port, is_running, start_service
 
 PG_BIN = Path(os.environ.get("STOKER_PG_BIN", "/usr/lib/postgresql/15/bin"))
@@ -121,6 +122,8 @@ def ensure_server(state_dir: Path, port: int | None = None, database_url: str | 
            **({"PREFECT_SERVER_API_AUTH_STRING": secret, "PREFECT_API_AUTH_STRING": secret} if auth else {})}
     if database_url:
         env["PREFECT_API_DATABASE_CONNECTION_URL"] = database_url
+    else:
+        prefect_home.seed(home, env)
     url = f"http://127.0.0.1:{port}/api"
     start_service(SERVER, [_prefect_bin(), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
                   port, state_dir, env=env, ready=lambda: _healthy(url, secret), timeout_s=timeout_s)

@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
+from ..containers import port_lease
 from ..errors import StokerError
 
 LOG_TAIL_LINES = 20
@@ -97,13 +98,15 @@ def free_port(host: str = "127.0.0.1", exclude: tuple[int, ...] = ()) -> int:
 
     bind(0) hands out ephemeral ports, which outgoing connections also take: a port picked that
     way can be gone by the time a server binds it. Picking outside that range closes the race
-    against clients (other servers can still race, but rarely).
+    against clients; a lease (stoker/containers/port_lease.py) closes it against every other pick of
+    stoker's on this host.
     """
     low = _ephemeral_low()
     rng = random.Random()
     for _ in range(1000):
         port = rng.randrange(20000, max(20001, low))
-        if port not in exclude and port_free(port, host) and port_free(port, "0.0.0.0"):
+        if (port not in exclude and port_free(port, host) and port_free(port, "0.0.0.0")
+                and port_lease.claim(port)):
             return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:  # a crowded range: fall back
         sock.bind((host, 0))

@@ -33,6 +33,8 @@ class GpuTarget(Target):
     evaluates = True
     baseline_source = "recorded"
     baseline_tolerance = 0.1  # a bf16 engine against float32 transformers
+    # Whether every config.pbtxt of its layout is complete, so Triton runs it without auto-complete.
+    complete_configs = False
 
     def plan(self, spec, ctx) -> list:
         from ..gpu.planning import plan_gpu
@@ -84,7 +86,7 @@ class GpuTarget(Target):
         labels = {GPUS_LABEL: ",".join(map(str, gpus))}
         fields = {"image": trtllm.serving_image(spec), "repository_uri": trtllm.C_MODELS,
                   "mounts": {repository: trtllm.C_MODELS}, "device_ids": tuple(gpus),
-                  "command": lambda ports, extra: trtllm.serve_command(spec, ports, extra)}
+                  "command": lambda ports, extra: trtllm.serve_command(spec, ports, extra, self.complete_configs)}
         if standin.applies(spec, standin_ran):
             from ..stack.standin_image import DEFAULT_STANDIN_IMAGE, STANDIN_LABEL
 

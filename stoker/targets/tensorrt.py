@@ -17,6 +17,7 @@ from .gpu import GpuTarget
 class TensorRT(GpuTarget):
     name = "tensorrt"
     layout = "inflight_batcher_llm"
+    complete_configs = True  # the LLM API's model, by contrast, takes max_batch_size and decoupled from model.yaml
 
     def scores_perplexity(self, spec) -> bool:
         # An engine returns context logits only when built with --gather_context_logits (engine memory:

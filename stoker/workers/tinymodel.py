@@ -158,6 +158,31 @@ def build(out: Path, seed: int, architecture: str = "llama") -> dict[str, str]:
     return {path.name: sha256_file(path) for path in sorted(out.iterdir()) if path.is_file()}
 
 
+# A folder where each (architecture, seed) is built once and copied from then on: the model is a pure function of
+# both (test_stack_and_hub checks it), and `make test-services` generates the same few dozens of times otherwise.
+CACHE_ENV = "STOKER_TINY_MODEL_CACHE"
+
+
+def cached_build(cache: Path, out: Path, seed: int, architecture: str) -> dict[str, str]:
+    """build() once per (architecture, seed) into ``cache`` (one process at a time: a lock), then a copy."""
+    import fcntl
+    import shutil
+
+    cache.mkdir(parents=True, exist_ok=True)
+    entry = cache / f"{architecture}-{seed}"
+    with open(f"{entry}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (entry / "files.json").is_file():
+            shutil.rmtree(entry, ignore_errors=True)
+            files = build(entry / "model", seed, architecture)
+            (entry / "files.json").write_text(json.dumps(files))  # last: the entry is complete
+    files = json.loads((entry / "files.json").read_text())
+    out.mkdir(parents=True, exist_ok=True)
+    for name in files:
+        shutil.copyfile(entry / "model" / name, out / name)
+    return files
+
+
 def make_tiny_model(out: Path, seed: int = 0, timeout_s: float = 300, architecture: str = "llama") -> dict[str, str]:
     """Run this worker in a child process; returns {file name: sha256}.
 
@@ -183,7 +208,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--architecture", choices=ARCHITECTURES, default="llama")
     args = parser.parse_args(argv)
     try:
-        files = build(args.out, args.seed, args.architecture)
+        cache = os.environ.get(CACHE_ENV)
+        files = (cached_build(Path(cache), args.out, args.seed, args.architecture) if cache
+                 else build(args.out, args.seed, args.architecture))
     except TinyModelError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

@@ -19,13 +19,17 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def free_base_port() -> int:
-    """A port p with p..p+2 (and p+10..p+12, kept free for older callers) all free, below the ephemeral range."""
+    """A port p with p..p+2 (and p+10..p+12, kept free for older callers) all free, below the ephemeral range, each
+    leased (stoker/containers/port_lease.py): no other pick of this host takes them before the proxy binds them."""
+    from stoker.containers import port_lease
     from stoker.stack.services import free_port
 
     for _ in range(200):
         base = free_port()
-        if all(_free(base + i) for i in (1, 2, 10, 11, 12)):
-            return base
+        rest = (1, 2, 10, 11, 12)
+        if all(_free(base + i) and not port_lease.held(base + i) for i in rest):
+            if all(port_lease.claim(base + i) for i in rest):
+                return base
     raise RuntimeError("no free port range")
 
 

@@ -62,7 +62,7 @@ def served(tmp_path_factory):
     for src in runtime_sources():
         shutil.copyfile(src, upstream / RUNTIME_PACKAGE / src.name)
     server = local_triton.start(repo, local_triton.pick_free_ports(), root / "tritonserver.log",
-                                env={"STOKER_LLMAPI_MODEL_DIR": str(upstream)})
+                                env={"STOKER_LLMAPI_MODEL_DIR": str(upstream)}, auto_complete=True)
     try:
         yield {"server": server, "tok": tok, "model": load_model(checkpoint, num_threads=1), "end_id": end_id}
     finally:

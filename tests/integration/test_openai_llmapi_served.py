@@ -135,7 +135,7 @@ def served(tmp_path_factory):
     (assets / "config.json").write_text(json.dumps({"max_position_embeddings": 256,
                                                     "vocab_size": tok.get_vocab_size()}))
     (assets / "chat_template.jinja").write_text(TEMPLATE)
-    server = local_triton.start(repo, local_triton.pick_free_ports(), root / "tritonserver.log")
+    server = local_triton.start(repo, local_triton.pick_free_ports(), root / "tritonserver.log", auto_complete=True)
     try:
         with openai_service(MODEL, server.grpc_url, assets, log=root / "openai.log",
                             extra_args=("--interface", "llmapi")) as (base, _proc):

@@ -24,6 +24,7 @@ import pytest
 
 from stoker.containers import engine
 from stoker.serving import promote
+from stoker.containers import port_lease
 from stoker.containers.ports import Ports, choose_backend_ports, is_port_free
 
 from promotion_kit import ROOT, SECRET, Lines, Load, assert_one_live, backends, deploy, serving_tag, restart_proxy
@@ -137,10 +138,15 @@ def test_a_backend_stalled_by_a_busy_host_is_not_rolled_back(client, target, bui
     assert_one_live(client, target, "B")
 
 
+def _unclaimed(port: int) -> bool:
+    """What stoker's pick would take: free, and not leased by an earlier pick (stoker/containers/port_lease.py)."""
+    return is_port_free(port) and not port_lease.held(port)
+
+
 def test_a_taken_internal_port_is_skipped_or_retried(client, target, build, monkeypatch):
     deploy(client, target, build("A"))
     claimed = {p for b in promote.observe_backends(client, target.name) for p in b.ports.values()}
-    first = choose_backend_ports(is_port_free, claimed, seed=f"{target.name}/1", avoid=set(target.listen.values()))
+    first = choose_backend_ports(_unclaimed, claimed, seed=f"{target.name}/1", avoid=set(target.listen.values()))
     with socket.socket() as squatter:  # another process takes the port stoker would pick first
         squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         squatter.bind(("0.0.0.0", first.metrics))
@@ -152,7 +158,7 @@ def test_a_taken_internal_port_is_skipped_or_retried(client, target, build, monk
 
         # Taken between the check and Triton's bind: the check is fooled, Triton fails, stoker retries.
         claimed = {p for b in promote.observe_backends(client, target.name) for p in b.ports.values()}
-        fooled = choose_backend_ports(is_port_free, claimed, seed=f"{target.name}/1",
+        fooled = choose_backend_ports(_unclaimed, claimed, seed=f"{target.name}/1",
                                       avoid=set(target.listen.values()))
         with socket.socket() as racer:
             racer.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

@@ -155,8 +155,9 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str
 
 
 def test_tiny_model_is_deterministic_and_complete(
-    tiny_model: tuple[Path, dict[str, str]], tmp_path: Path
+    tiny_model: tuple[Path, dict[str, str]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.delenv(tinymodel.CACHE_ENV, raising=False)  # built again, not copied: determinism is the point
     out, files = tiny_model
     assert sorted(files) == [
         "config.json",

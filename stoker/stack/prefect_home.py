@@ -1,0 +1,92 @@
+"""A new Prefect home seeded with a database that is already migrated.
+
+Prefect migrates a new SQLite database at its first start: about 9 s of CPU on a 2-core host, paid by every fresh
+PREFECT_HOME (a new worker machine, each test's home, each server the stack starts in a new state folder). With
+STOKER_PREFECT_DB_TEMPLATE naming a database that this Prefect migrated (`make_template`), a home that has no
+database gets a copy of it instead, and Prefect finds it at its head revision. `make test-services` sets it
+(`python -m stoker.stack.prefect_home` makes one per machine and Prefect version, and prints its path); unset, or
+where Prefect uses another database, nothing changes.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sqlite3
+import subprocess
+import sys
+import tempfile
+from contextlib import closing
+from pathlib import Path
+
+TEMPLATE_ENV = "STOKER_PREFECT_DB_TEMPLATE"
+DB_FILE = "prefect.db"  # Prefect's default SQLite database, in PREFECT_HOME
+_OTHER_DB = ("PREFECT_API_DATABASE_CONNECTION_URL", "PREFECT_SERVER_DATABASE_CONNECTION_URL")
+
+
+def current_home() -> Path:
+    return Path(os.environ.get("PREFECT_HOME") or Path.home() / ".prefect").expanduser()
+
+
+def seed(home: Path | None = None, env: dict[str, str] | None = None) -> bool:
+    """Copy the template database into ``home`` (default: this process's PREFECT_HOME) when it has none; ``env``
+    is the environment the server will run with (default: this process's). Whether it copied."""
+    env = os.environ if env is None else env
+    template = env.get(TEMPLATE_ENV) or os.environ.get(TEMPLATE_ENV)
+    if not template or any(env.get(k) for k in _OTHER_DB) or not Path(template).is_file():
+        return False
+    home = Path(home) if home is not None else current_home()
+    db = home / DB_FILE
+    if db.exists():
+        return False
+    home.mkdir(parents=True, exist_ok=True)
+    # A temporary name, then a rename: a server starting beside us never opens half a database.
+    tmp = home / f".{DB_FILE}.{os.getpid()}.tmp"
+    shutil.copyfile(template, tmp)
+    os.replace(tmp, db)
+    return True
+
+
+def make_template(path: Path) -> Path:
+    """Migrate a new database with this interpreter's Prefect (`prefect server database upgrade`) and publish it
+    at ``path`` as one self-contained file (SQLite's backup: no WAL beside it)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="stoker-prefect-template-") as tmp:
+        env = {k: v for k, v in os.environ.items() if k not in (TEMPLATE_ENV, *_OTHER_DB, "PREFECT_API_URL")}
+        env["PREFECT_HOME"] = tmp
+        prefect = Path(sys.executable).with_name("prefect")
+        run = subprocess.run([str(prefect), "server", "database", "upgrade", "-y"], env=env, capture_output=True,
+                             text=True, timeout=600)
+        if run.returncode != 0:
+            raise RuntimeError(f"prefect server database upgrade exited {run.returncode}: "
+                               f"{(run.stderr or run.stdout).strip().splitlines()[-1:]}")
+        staged = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        with closing(sqlite3.connect(Path(tmp) / DB_FILE)) as src, closing(sqlite3.connect(staged)) as dst:
+            src.backup(dst)
+        os.replace(staged, path)
+    return path
+
+
+def default_path() -> Path:
+    from importlib.metadata import version
+
+    return Path(tempfile.gettempdir()) / f"stoker-prefect-template-{version('prefect')}.db"
+
+
+def main() -> int:
+    """Print the template's path, made first when missing (one process at a time: a lock beside it)."""
+    import fcntl
+
+    path = Path(sys.argv[1]) if len(sys.argv) > 1 else default_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(f"{path}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not path.is_file():
+            make_template(path)
+    print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
