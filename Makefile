@@ -78,10 +78,12 @@ test-fast: venv-dev
 # tests/conftest.py sorts them (longest first; xdist's own reorder, by test count, would start them last); most of this tier
 # waits on servers and containers, so 4 processes on 2 cores keep both cores busy (benchmarks/results/suite.json).
 # Work the tier would repeat dozens of times is done once: every new Prefect home starts from one migrated database
-# (stoker/stack/prefect_home.py), each tiny model (architecture, seed) is generated once (stoker/workers/tinymodel.py).
+# (stoker/stack/prefect_home.py), each tiny model (architecture, seed) is generated once (stoker/workers/tinymodel.py)
+# and each distinct quantization request run once (stoker/workers/quantize.py; test_quantize runs its own).
 test-services: venv-dev
 	@t0=$$(date +%s); tpl=$$($(PY) -m stoker.stack.prefect_home) || exit 1; tiny=$$(mktemp -d); \
-	STOKER_PREFECT_DB_TEMPLATE=$$tpl STOKER_TINY_MODEL_CACHE=$$tiny $(PY) -m pytest -q --durations=25 \
+	STOKER_PREFECT_DB_TEMPLATE=$$tpl STOKER_TINY_MODEL_CACHE=$$tiny STOKER_QUANTIZE_MEMO=$$tiny/quantize \
+	  $(PY) -m pytest -q --durations=25 \
 	  -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "$(SERVICE_MARKERS)"; \
 	rc=$$?; rm -rf $$tiny; echo "tier services: $$(( $$(date +%s) - t0 )) s"; exit $$rc
 

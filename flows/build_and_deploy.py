@@ -89,10 +89,9 @@ def run_steps(spec: Spec, ctx: RunContext, steps: Steps) -> None:
     target = target_of(spec)  # a parameter Prefect validated without the registry: checked here
     preflight_checks(spec, ctx.standin)
     fetched = steps.run("fetch", fetch_weights, spec, ctx)
-    if spec.adapters:  # fetched and checked against the base before any heavy step
-        steps.run("adapters", fetch_adapters, spec, fetched, ctx)
+    lora = steps.run("adapters", fetch_adapters, spec, fetched, ctx) if spec.adapters else None  # checked, no heavy step yet
     if spec.evaluation.enabled and target.evaluates:  # a bad evaluation text is refused here, before heavy work
-        steps.run("eval-data", evaluation_data, spec, fetched, ctx)
+        steps.run("eval-data", evaluation_data, spec, fetched, ctx, lora)
     elif spec.evaluation.enabled:
         get_run_logger().warning(f"evaluate: {target.evaluation_note}")
     # GPU targets decide the rollout once, here (ctx.gpu): build, package, stage and the manifest read it.

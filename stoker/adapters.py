@@ -13,7 +13,6 @@ from NAME alone, so a client's id keeps meaning the same adapter across revision
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -24,17 +23,12 @@ from pathlib import Path
 
 from .errors import PlanRefused
 from .runtime.lora_config import CONFIG_FILE, WEIGHTS_FILE, AdapterError, check_against_base, check_shapes, parse_config
-from .spec.adapters import Adapter
+from .spec.adapters import Adapter, task_id
 from .storage import hub
 from .storage.digest import file_sha256, json_digest
 
 TABLE_FILE = "adapters.json"  # in the model's version folder: name → task id, rank, layers, source
 FOLDER = "adapters"  # next to the weights in tensorrt_llm/1/
-
-
-def task_id(name: str) -> int:
-    """The `lora_task_id` of adapter ``name``: stable, from the name alone, in 1..2^53 (exact in JSON clients)."""
-    return int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big") % (1 << 53) or 1
 
 
 def _token(a: Adapter) -> str | None:
@@ -72,17 +66,18 @@ def base_config(spec, fetched: Path | None = None) -> dict:
         return json.loads(Path(path).read_text())
 
 
-def check_plan(spec, target_serves: bool, target: str) -> list[str]:
-    """Refuse (PlanRefused, one line) adapters the target cannot serve or that do not fit the base, from their
-    adapter_config.json; returns a note per adapter. Nothing heavy is read."""
+def check_plan(spec, refusal: Callable[[object, dict], str | None]) -> list[str]:
+    """Refuse (PlanRefused, one line) adapters the target cannot serve (``refusal(spec, base config)``: the
+    target's reason, or None) or that do not fit the base, from their adapter_config.json; returns a note per
+    adapter. Nothing heavy is read."""
     if not spec.adapters:
         return []
-    if not target_serves:
-        raise PlanRefused(f"adapters: target {target} does not serve LoRA adapters in this version (target: "
-                          "reference does); remove adapters or use target: reference")
     from huggingface_hub import hf_hub_download
 
     base = base_config(spec)
+    reason = refusal(spec, base)
+    if reason:
+        raise PlanRefused(f"adapters: {reason}")
     shas = resolve(spec)
     notes = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -154,6 +149,13 @@ def digest(folder: Path) -> str:
 def place(folder: Path, described: dict, version_dir: Path) -> None:
     """Copy the adapters into a model's version folder (adapters/NAME/) with the table the model reads."""
     shutil.copytree(folder, version_dir / FOLDER)
+    place_table(described, version_dir)
+
+
+def place_table(described: dict, version_dir: Path) -> None:
+    """adapters/adapters.json in a model's version folder: name → task id, rank, source (what the model and the
+    OpenAI service name the adapters by)."""
     table = {name: {k: d[k] for k in ("task_id", "r", "alpha", "rslora", "targets", "repo_id", "sha")}
              for name, d in described.items()}
+    (version_dir / FOLDER).mkdir(parents=True, exist_ok=True)
     (version_dir / FOLDER / TABLE_FILE).write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")

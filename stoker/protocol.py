@@ -32,6 +32,7 @@ class Interface:
     # The served repository has a model that takes and returns token ids (the ensemble's `tensorrt_llm`): the
     # evaluation scores through it; otherwise it scores through text and the tokenizer.
     token_ids: bool = False
+    adapter: str | None = None  # the input that selects a LoRA adapter per request (None: the model takes none)
 
     def new_part(self, text: bytes, so_far: bytes) -> bytes:
         """What a streamed response adds to the output received so far."""
@@ -58,7 +59,7 @@ class Interface:
 
 
 ENSEMBLE = Interface(layout="ensemble", model="ensemble", max_tokens="max_tokens", stream="stream",
-                     stream_always=False, min_tokens="min_tokens", token_ids=True)
+                     stream_always=False, min_tokens="min_tokens", token_ids=True, adapter="lora_task_id")
 LLMAPI = Interface(layout="llmapi", model="tensorrt_llm", max_tokens="sampling_param_max_tokens", stream="streaming",
                    stream_always=True,
                    always=(("sampling_param_exclude_input_from_output", True), ("return_finish_reason", True)),

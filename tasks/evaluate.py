@@ -45,19 +45,23 @@ TASK_FILE = "lm_eval.json"
 
 
 @step_task("eval-data", retries=0)
-def evaluation_data(spec: Spec, fetched: StepResult, ctx: RunContext) -> StepResult:
+def evaluation_data(spec: Spec, fetched: StepResult, ctx: RunContext, lora: StepResult | None = None) -> StepResult:
+    """The evaluation set, and whether the recorded bf16 baseline it needs exists (GPU targets): recorded per
+    weights, and per adapter set where the spec has adapters (``lora``: each adapter is judged against the same
+    adapter on the bf16 build)."""
     t0 = time.perf_counter()
     logger = get_run_logger()
     evalset, warnings = make_evalset(spec, fetched.path / "tokenizer.json", ctx.run_dir / "eval-data")
     for w in warnings:
         logger.warning(w)
-    record = require_record(spec, fetched.digest, evalset.digest)
+    record_of = fetched.digest + (f"-lora-{lora.digest[:16]}" if lora is not None else "")
+    record = require_record(spec, record_of, evalset.digest)
     tokens = sum(len(w) for w in evalset.windows)
     logger.info(f"eval-data: {len(evalset.windows)} windows ({tokens} tokens), {len(evalset.prompts)} prompts × "
                 f"{evalset.greedy_tokens} tokens from {evalset.source}")
     return StepResult(name="eval-data", duration_s=time.perf_counter() - t0,
                       detail={"evalset": evalset.to_dict(), "digest": evalset.digest, "warnings": warnings,
-                              "baseline_record": record})
+                              "baseline_record": record, "record_of": record_of})
 
 
 @step_task("baseline", retries=1)
@@ -122,15 +126,16 @@ def baseline_recorded(spec: Spec, fetched: StepResult, eval_data: StepResult, ct
     t0 = time.perf_counter()
     if spec.quantization.format == "none":
         return StepResult(name="baseline", duration_s=time.perf_counter() - t0, detail={"self": True})
-    record = recorded_baseline(spec, fetched.digest, eval_data.detail["digest"])
+    record_of = eval_data.detail.get("record_of", fetched.digest)
+    record = recorded_baseline(spec, record_of, eval_data.detail["digest"])
     if record is None:  # eval-data checked it; it went away since
-        raise StepError(f"evaluation: the bf16 baseline record {record_key(spec, fetched.digest, '…')} vanished")
+        raise StepError(f"evaluation: the bf16 baseline record {record_key(spec, record_of, '…')} vanished")
 
     def produce(out: Path) -> dict:
         (out / BASELINE_FILE).write_text(json.dumps(record))
         return {"perplexity": record["perplexity"], "check": record["check"]}
 
-    key = step_key("baseline", inputs={"record": record_key(spec, fetched.digest, eval_data.detail["digest"])},
+    key = step_key("baseline", inputs={"record": record_key(spec, record_of, eval_data.detail["digest"])},
                    config={"perplexity": record["perplexity"]}, versions={})
     return cached_step(ctx, "baseline", key, produce, get_run_logger().info)
 
@@ -185,7 +190,8 @@ def evaluate_candidate(spec: Spec, served: StepResult, packaged: StepResult, fet
     base = json.loads(((measured.path if own else baseline.path) / BASELINE_FILE).read_text())
     if own:  # recorded for the quantized builds of these weights (GPU targets)
         st = spec.storage
-        s3.put_json(s3.client(st), st, record_key(spec, fetched.digest, evalset.digest), base)
+        s3.put_json(s3.client(st), st, record_key(spec, eval_data.detail.get("record_of", fetched.digest),
+                                                  evalset.digest), base)
     candidate = {"perplexity": scores["perplexity"], "agreement": metrics.agreement(scores["greedy"], base["greedy"])}
     if task:
         candidate["task"] = json.loads((measured.path / TASK_FILE).read_text())

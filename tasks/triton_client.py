@@ -11,10 +11,11 @@ from prefect.artifacts import create_link_artifact, create_markdown_artifact
 
 from stoker.storage import s3
 from stoker.bench.output import PLOT_PNG, markdown_table
-from stoker.bench.session import execute, from_spec
+from stoker.bench.session import execute, for_adapter, from_spec
 from stoker.storage.digest import tree_records
 from stoker.cache.keys import benchmark_key
 from stoker.run import Output, RunContext, StepResult, cached_step
+from stoker.spec.adapters import task_id
 from stoker.spec.schema import Spec
 from stoker import targets
 
@@ -42,13 +43,23 @@ def benchmark_endpoint(spec: Spec, deployed: StepResult, built: StepResult, ctx:
                                          meta={"run_id": ctx.run_id, "deployment": spec.deploy.name})
         for warning in result.warnings:
             logger.warning(warning)
+        # Each LoRA adapter under the same load, selected per request as a client selects it.
+        adapters = {}
+        for a in spec.adapters:
+            logger.info(f"benchmark: adapter {a.name}")
+            _, s, _ = execute(for_adapter(config, a.name, task_id(a.name)), workload, out / "adapters" / a.name,
+                              progress=logger.info, title=f"{spec.deploy.name}, adapter {a.name}: run {ctx.run_id}",
+                              meta={"run_id": ctx.run_id, "deployment": spec.deploy.name, "adapter": a.name})
+            adapters[a.name] = s["levels"]
         return {"levels": summary["levels"], "workload": summary["workload"], "warnings": summary["warnings"],
-                "s3": _store(spec, ctx, files, logger), "measured_in": ctx.run_id}
+                "s3": _store(spec, ctx, files, logger), "measured_in": ctx.run_id,
+                **({"adapters": adapters} if adapters else {})}
 
     backend = deployed.detail.get("candidate")
     if backend and not spec.benchmark.remeasure:
-        kept = cached_step(ctx, "benchmark", benchmark_key(backend, spec.benchmark.model_dump(mode="json")),
-                           measure, logger.info)
+        settings = spec.benchmark.model_dump(mode="json") | (
+            {"adapters": [a.name for a in spec.adapters]} if spec.adapters else {})
+        kept = cached_step(ctx, "benchmark", benchmark_key(backend, settings), measure, logger.info)
         if kept.cache_hit:
             logger.info(f"benchmark: the figures of run {kept.detail['measured_in']} (this backend, these settings); "
                         "benchmark.remeasure: true measures again")

@@ -13,10 +13,11 @@ from pathlib import Path
 
 from prefect import get_run_logger
 
-from stoker import targets
+from stoker import adapters, targets
 from stoker.containers.execute import choose_executor
 from stoker.errors import StepError
-from stoker.gpu import decision, facts as facts_mod, planning, repository, trtllm
+from stoker.gpu import decision, facts as facts_mod, inflight, matrix, planning, repository, standin, trtllm
+from stoker.gpu import lora as gpu_lora
 from stoker.gpu.checkpoint_check import CheckpointError, check_unified_checkpoint
 from stoker.cache.keys import calibration_file, gpu_build_key, gpu_package_key
 from stoker.run import RunContext, StepResult, cached_step, stoker_home
@@ -77,18 +78,36 @@ def build_gpu(spec: Spec, fetched: StepResult, ctx: RunContext) -> StepResult:
 
 
 @step_task("package", retries=0)
-def package_gpu(spec: Spec, fetched: StepResult, built: StepResult, ctx: RunContext) -> StepResult:
+def package_gpu(spec: Spec, fetched: StepResult, built: StepResult, ctx: RunContext,
+                lora: StepResult | None = None) -> StepResult:
     """inflight_batcher_llm (engine) or llmapi (LLM-API) repository; the target puts its model files inside.
 
     Under a `shared` GPU rollout both backends hold the same GPUs during the overlap: the repository carries the
-    run's decision's cap (max_tokens_in_paged_kv_cache), so the backend that starts alone leaves the candidate room."""
+    run's decision's cap (max_tokens_in_paged_kv_cache), so the backend that starts alone leaves the candidate room.
+    ``lora``: the fetched adapters, converted to TensorRT-LLM's format and preloaded (stoker/gpu/lora.py)."""
     logger = get_run_logger()
     facts = fetched_facts(fetched)
     spec = decision.with_cap(spec, ctx.gpu)
 
     def produce(out: Path) -> dict:
-        info = repository.write_repository(spec, facts, out, tokenizer_src=fetched.path)
-        targets.get(spec.target).fill_repository(out / "tensorrt_llm" / "1", fetched, built)
-        return info | {"pending": []}
+        slot = out / "tensorrt_llm" / "1"
+        params, extra = None, {}
+        if lora is not None:
+            described = lora.detail["adapters"]
+            # STAND-IN: the reference runtime's float32 build reads float32 files (exact); an engine, the plugin's.
+            dtype = "float32" if standin.applies(spec, ctx.standin) else gpu_lora.PLUGIN_DTYPE
+            converted = gpu_lora.convert_all(Path(lora.path), described, slot / gpu_lora.FOLDER, dtype)
+            gpu = matrix.gpu_info(spec.gpus.type) if spec.gpus else None
+            params = gpu_lora.cache_parameters(converted, spec.lora.max_rank, gpu.memory_mib if gpu else None,
+                                               inflight.LORA_DIR)
+            adapters.place_table(described, slot)
+            logger.info(f"package: {len(converted)} adapter(s) in TensorRT-LLM's format ({dtype}), preloaded from "
+                        f"{inflight.LORA_DIR}; host cache {params['lora_cache_host_memory_bytes']} B, GPU cache "
+                        f"fraction {params['lora_cache_gpu_memory_fraction']}")
+            extra = {"adapters": {n: d["task_id"] for n, d in described.items()}, "lora": converted}
+        info = repository.write_repository(spec, facts, out, tokenizer_src=fetched.path, lora_parameters=params)
+        targets.get(spec.target).fill_repository(slot, fetched, built)
+        return info | extra | {"pending": []}
 
-    return cached_step(ctx, "package", gpu_package_key(spec, built.digest), produce, logger.info)
+    key = gpu_package_key(spec, built.digest, lora.digest if lora is not None else None)
+    return cached_step(ctx, "package", key, produce, logger.info)

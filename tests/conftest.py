@@ -51,11 +51,13 @@ def pytest_sessionfinish(session, exitstatus):
 
 
 # The longest files of a parallel run (`make test`, 2 cores), longest first, from a --durations=0 log.
-LONGEST_FILES = ("test_quantize.py", "test_operate_rollouts.py", "test_build_matrix.py", "test_standin_pytorch.py",
-                 "test_promotion.py", "test_operate_walkthrough.py", "test_flow.py", "test_schedule_fires.py",
-                 "test_bad_input.py", "test_architectures_served.py", "test_lora_served.py", "test_routing.py",
-                 "test_operate_triggers.py", "test_demo_ui.py", "test_standin_tensorrt.py", "test_long_streams.py",
-                 "test_matrix_concurrent.py", "test_s3_faults.py")
+LONGEST_FILES = ("test_promotion.py", "test_standin_pytorch.py", "test_operate_rollouts.py",
+                 "test_operate_walkthrough.py", "test_build_matrix.py", "test_quantize.py", "test_schedule_fires.py",
+                 "test_lora_served.py", "test_flow.py", "test_standin_tensorrt.py", "test_bad_input.py",
+                 "test_operate_triggers.py", "test_architectures_served.py", "test_demo_ui.py", "test_routing.py",
+                 "test_long_streams.py", "test_matrix_concurrent.py", "test_s3_faults.py",
+                 "test_one_run_per_deployment.py", "test_openai_deployment.py", "test_prefect_yaml.py",
+                 "test_operate_stack.py")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -88,6 +88,19 @@ def execute(
     }
     files = write_all(out, result.records, summary, title or f"{config.model} @ {config.url}")
     return result, summary, files
+
+
+def for_adapter(config: BenchConfig, name: str, task_id: int) -> BenchConfig:
+    """The same load for LoRA adapter ``name``: its model id over OpenAI, its ``lora_task_id`` (TensorRT-LLM's
+    per-request adapter) over Triton; InvalidBenchmarkConfig where the interface takes no adapter."""
+    if config.protocol == "openai":
+        return replace(config, model=name)
+    if config.interface.adapter is None:
+        from .errors import InvalidBenchmarkConfig
+
+        raise InvalidBenchmarkConfig(f"adapter {name}: the {config.interface.layout} interface takes no adapter per "
+                                     "request")
+    return replace(config, extra_inputs={**config.extra_inputs, config.interface.adapter: task_id})
 
 
 def levels_from(concurrency: list[int] | None, rates: list[float] | None, cap: int | None = None) -> list[Level]:

@@ -83,18 +83,22 @@ def gpu_build_key(spec: Spec, weights_digest: str) -> str:
               "parallel": spec.parallel.model_dump(mode="json"),
               # The LLM-API target builds nothing: its build limits apply at load time (package key).
               "build": spec.build.model_dump(mode="json", exclude={"image"}) if spec.target == "tensorrt" else None}
+    if spec.adapters and spec.target == "tensorrt":  # built for adapters (the LoRA plugin), never from them
+        config["lora"] = {"max_rank": spec.lora.max_rank}
     versions = {"image": spec.deploy.image_digest or spec.deploy.image, "trtllm": image.trtllm if image else None,
                 "gpu_arch": gpu.arch if gpu and spec.target == "tensorrt" else None,
                 "code": code_digest("gpu/quantize_worker.py", "gpu/checkpoint_check.py", "gpu/trtllm.py")}
     return step_key("gpu-build", inputs=inputs, config=config, versions=versions)
 
 
-def gpu_package_key(spec: Spec, build_digest: str) -> str:
-    return step_key("gpu-package", inputs={"build": build_digest},
+def gpu_package_key(spec: Spec, build_digest: str, adapters_digest: str | None = None) -> str:
+    inputs = {"build": build_digest} | ({"adapters": adapters_digest} if adapters_digest else {})
+    return step_key("gpu-package", inputs=inputs,
                     config={"target": spec.target, "triton": spec.triton.model_dump(mode="json"),
                             "runtime": spec.runtime.model_dump(mode="json"), "build": spec.build.model_dump(mode="json"),
                             "parallel": spec.parallel.model_dump(mode="json")},
-                    versions=pick("tritonclient") | {"code": code_digest("gpu", "triton/models", "triton/config.py")})
+                    versions=pick("tritonclient") | {"code": code_digest("gpu", "triton/models", "triton/config.py",
+                                                                     "runtime/lora_trtllm.py")})
 
 
 # ---- evaluation: measurements are cached; the verdict (thresholds) is judged again every run ----

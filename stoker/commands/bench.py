@@ -86,8 +86,9 @@ def _interface(args: argparse.Namespace, protocol: str):
 def _bench(args: argparse.Namespace) -> int:
     from ..bench.client import BenchConfig, validate
     from ..bench.counting import CHUNKS_WARNING
-    from ..bench.session import Workload, execute, levels_from
+    from ..bench.session import Workload, execute, for_adapter, levels_from
     from ..bench.workload import Prompt, load_prompt_file
+    from ..spec.adapters import task_id
 
     protocol = args.protocol or _protocol_of(args.url)
     interface = _interface(args, protocol)
@@ -102,6 +103,7 @@ def _bench(args: argparse.Namespace) -> int:
         extra_inputs=dict(args.extra_input or []), interface=interface)
     # Bad settings and a bad prompt file are refused before the deployment is looked up.
     validate(config, [Prompt("-", 1)])  # the real prompts are checked again when they are made
+    adapters = {name: for_adapter(config, name, task_id(name)) for name in args.adapter or []}
     if args.prompt_file is not None:
         load_prompt_file(args.prompt_file)
     counting = _counting(args)
@@ -118,6 +120,13 @@ def _bench(args: argparse.Namespace) -> int:
     print(f"{CHUNKS_WARNING}" if counting.chunks else f"tokens counted with {counting.tokenizer_json} "
           f"({counting.source})")
     print(markdown_table(summary["levels"], summary["units"]["output"]), end="")
+    for name, adapter_config in adapters.items():
+        _, s, more = execute(adapter_config, workload, out / "adapters" / name, progress=say,
+                             progress_bar=not args.quiet and sys.stderr.isatty(),
+                             meta={"counting": counting.to_dict(), "adapter": name})
+        print(f"adapter {name}:")
+        print(markdown_table(s["levels"], s["units"]["output"]), end="")
+        files = [*files, *more]
     for path in files:
         print(f"wrote {path}")
     return 0
@@ -163,6 +172,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     wl.add_argument("--seed", type=int, default=0)
     wl.add_argument("--extra-input", type=_extra, action="append",
                     help="NAME=VALUE model input, e.g. end_id=2 (openai: a request field, e.g. temperature=0)")
+    p.add_argument("--adapter", action="append", metavar="NAME",
+                   help="also measure LoRA adapter NAME under the same load (repeatable): its model id over openai, "
+                        "its lora_task_id (stoker's, from the name) over Triton")
     p.add_argument("--out", type=Path, help="output folder (default ./bench-<time>)")
     p.add_argument("--quiet", action="store_true", help="no progress output")
     p.set_defaults(fn=_bench)

@@ -16,6 +16,7 @@ from ..triton import config as triton_config
 from ..triton.config import RepoSettings
 
 ENGINE_DIR = "/models/tensorrt_llm/1/engine"  # where the serve step mounts the repository
+LORA_DIR = "/models/tensorrt_llm/1/lora"  # lora_prefetch_dir: the package's converted adapters (stoker/gpu/lora.py)
 EXECUTOR_WORKER = "/opt/tritonserver/backends/tensorrtllm/trtllmExecutorWorker"
 LOGITS_DTYPE = "TYPE_FP32"
 ENCODER_FEATURES_DTYPE = "TYPE_FP16"
@@ -122,7 +123,7 @@ def backend_parameters(spec) -> dict[str, str]:
     return p
 
 
-def tensorrt_llm(spec) -> mc.ModelConfig:
+def tensorrt_llm(spec, extra_parameters: dict[str, str] | None = None) -> mc.ModelConfig:
     r = spec.runtime
     cfg = mc.ModelConfig(name=triton_config.MODEL_NAME, backend="tensorrtllm", max_batch_size=spec.triton.max_batch_size)
     cfg.model_transaction_policy.decoupled = r.decoupled
@@ -141,7 +142,7 @@ def tensorrt_llm(spec) -> mc.ModelConfig:
         cfg.output.add(name=name, data_type=mc.DataType.Value(dtype), dims=list(dims))
     # The C++ backend drives the GPUs itself; Triton's instance is a CPU-side handle.
     cfg.instance_group.add(count=1, kind=mc.ModelInstanceGroup.KIND_CPU)
-    for k, v in backend_parameters(spec).items():
+    for k, v in (backend_parameters(spec) | (extra_parameters or {})).items():
         cfg.parameters[k].string_value = v
     return cfg
 
@@ -161,11 +162,12 @@ def ensemble(spec) -> mc.ModelConfig:
     return cfg
 
 
-def configs(spec) -> dict[str, mc.ModelConfig]:
+def configs(spec, lora_parameters: dict[str, str] | None = None) -> dict[str, mc.ModelConfig]:
+    """``lora_parameters``: the adapters' preload and cache (stoker/gpu/lora.py cache_parameters)."""
     s = settings_for(spec)
-    return {"preprocessing": triton_config.preprocessing(s), "tensorrt_llm": tensorrt_llm(spec),
+    return {"preprocessing": triton_config.preprocessing(s), "tensorrt_llm": tensorrt_llm(spec, lora_parameters),
             "postprocessing": triton_config.postprocessing(s), "ensemble": ensemble(spec)}
 
 
-def render_all(spec) -> dict[str, str]:
-    return {name: text_format.MessageToString(cfg) for name, cfg in configs(spec).items()}
+def render_all(spec, lora_parameters: dict[str, str] | None = None) -> dict[str, str]:
+    return {name: text_format.MessageToString(cfg) for name, cfg in configs(spec, lora_parameters).items()}

@@ -18,7 +18,8 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
                    "chat_template.jinja")
 
 
-def write_repository(spec, facts: ModelFacts | None, out: Path, tokenizer_src: Path | None = None) -> dict:
+def write_repository(spec, facts: ModelFacts | None, out: Path, tokenizer_src: Path | None = None,
+                     lora_parameters: dict[str, str] | None = None) -> dict:
     """Configs, python models and tokenizer files into `out`; returns what the package step records.
 
     Engine target: the engine goes to tensorrt_llm/1/engine/ (the build step's output).
@@ -31,7 +32,7 @@ def write_repository(spec, facts: ModelFacts | None, out: Path, tokenizer_src: P
             (out / rel).parent.mkdir(parents=True, exist_ok=True)
             (out / rel).write_text(text)
         return {"layout": "llmapi", "models": [llmapi.MODEL_NAME], "pending": [f"{llmapi.MODEL_NAME}/1/checkpoint/"]}
-    for name, text in inflight.render_all(spec).items():
+    for name, text in inflight.render_all(spec, lora_parameters).items():
         (out / name / "1").mkdir(parents=True, exist_ok=True)
         (out / name / "config.pbtxt").write_text(text)
     ids = {"end_id": facts.end_id if facts else None, "stop_ids": list(facts.stop_ids) if facts else [],

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..containers.execute import ContainerStep, Mount
-from . import matrix
+from . import lora, matrix
 from .facts import ModelFacts
 from .rules import max_seq_len
 
@@ -112,7 +112,8 @@ def build_argv(spec, facts: ModelFacts | None) -> list[str]:
              "--multiple_profiles", _ON[b.multiple_profiles],
              *(["--gather_context_logits"] if b.gather_context_logits else []),
              "--workers", str(min(b.workers, spec.parallel.world_size)),
-             "--input_timing_cache", timing, "--output_timing_cache", timing, "--log_level", "info"]
+             "--input_timing_cache", timing, "--output_timing_cache", timing, "--log_level", "info",
+             *lora.build_flags(spec, facts.model_type if facts else "")]
     return argv
 
 

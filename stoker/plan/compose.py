@@ -102,7 +102,7 @@ def check_adapters(spec: Spec) -> list[str]:
     from .. import adapters
 
     target = targets.get(spec.target)
-    return adapters.check_plan(spec, target.serves_adapters, spec.target)
+    return adapters.check_plan(spec, target.adapters_refusal)
 
 
 def render_plan(steps: list[PlannedStep]) -> str:

@@ -28,6 +28,7 @@ def build_manifest(spec: Spec, ctx: RunContext, steps: dict[str, StepResult], so
                 and (switch.status == "completed" if switch else "switch" not in steps and not error))
     bench = steps.get("benchmark")
     levels = bench.detail.get("levels", []) if bench and bench.status == "completed" else []
+    by_adapter = bench.detail.get("adapters", {}) if bench and bench.status == "completed" else {}
     return {
         "run_id": ctx.run_id,
         "status": status,
@@ -44,7 +45,10 @@ def build_manifest(spec: Spec, ctx: RunContext, steps: dict[str, StepResult], so
         # Steps after the pipeline's own (gate, promote, ...) follow in the order they ran.
         "steps": {name: _step_entry(steps[name], started_at)
                   for name in (*STEPS, *(n for n in steps if n not in STEPS)) if name in steps},
-        "benchmark": {"levels": [_level(lv) for lv in levels]},
+        "benchmark": {"levels": [_level(lv) for lv in levels],
+                      # each LoRA adapter under the same load (the spec's adapters)
+                      **({"adapters": {n: [_level(lv) for lv in lvs] for n, lvs in by_adapter.items()}}
+                         if by_adapter else {})},
         # Accuracy against the unquantized build of the same revision (None when evaluation is off or
         # the run stopped before it); present also when its gate failed.
         "evaluation": evaluation,

@@ -15,16 +15,22 @@ def level_label(lv: dict) -> str:
 
 
 def benchmark_rows(manifest: dict) -> list[dict]:
+    """One row per level: the base's, then each LoRA adapter's (its name before the level)."""
     rows = []
-    for lv in manifest["benchmark"]["levels"]:
-        rows.append({
-            "level": level_label(lv), "requests": lv["requests"], "errors": lv["errors"],
-            "ttft_ms_p50": lv["ttft_ms"]["p50"], "ttft_ms_p99": lv["ttft_ms"]["p99"],
-            "itl_ms_p50": lv["itl_ms"]["p50"], "itl_ms_p99": lv["itl_ms"]["p99"],
-            "e2e_ms_p50": lv["e2e_ms"]["p50"], "e2e_ms_p99": lv["e2e_ms"]["p99"],
-            "output_tokens_per_s": lv["output_tokens_per_s"], "requests_per_s": lv["requests_per_s"],
-        })
+    bench = manifest["benchmark"]
+    for adapter, levels in [(None, bench["levels"]), *sorted((bench.get("adapters") or {}).items())]:
+        rows += [_row(lv, f"{adapter}: " if adapter else "") for lv in levels]
     return rows
+
+
+def _row(lv: dict, prefix: str) -> dict:
+    return {
+        "level": prefix + level_label(lv), "requests": lv["requests"], "errors": lv["errors"],
+        "ttft_ms_p50": lv["ttft_ms"]["p50"], "ttft_ms_p99": lv["ttft_ms"]["p99"],
+        "itl_ms_p50": lv["itl_ms"]["p50"], "itl_ms_p99": lv["itl_ms"]["p99"],
+        "e2e_ms_p50": lv["e2e_ms"]["p50"], "e2e_ms_p99": lv["e2e_ms"]["p99"],
+        "output_tokens_per_s": lv["output_tokens_per_s"], "requests_per_s": lv["requests_per_s"],
+    }
 
 
 def _table(rows: list[dict]) -> list[str]:

@@ -103,16 +103,48 @@ def load_adapters(hf_model: Any, folders: dict[str, Path]) -> Adapters:
         for key, tensor in tensors.items():
             module, ab = module_of(key)
             pairs.setdefault(module, {})[ab] = tensor.to(torch.float32)
-        for module, ab in pairs.items():
-            layer = modules.get(module)
-            if isinstance(layer, torch.nn.Linear):
-                layer = _wrap(hf_model, module, layer)
-                modules[module] = layer
-            if not isinstance(layer, LoraLinear):
-                raise AdapterError(f"{where}: {module} is not a linear layer of {type(hf_model).__name__}")
-            layer.adapters[index] = (ab["A"], ab["B"], cfg.scaling)
+        _install(hf_model, modules, {m: (ab["A"], ab["B"]) for m, ab in pairs.items()}, index, cfg.scaling, where)
         out.index[name] = index
     return out
+
+
+def load_trtllm_adapters(hf_model: Any, folders: dict[str, Path]) -> Adapters:
+    """Load adapters converted to TensorRT-LLM's format (lora_trtllm.py: a folder with model.lora_weights.npy and
+    model.lora_config.npy, the scaling folded into B), as the stand-in serves an engine repository's
+    lora_prefetch_dir; AdapterError (one line) for one that does not fit."""
+    import numpy as np
+
+    from .lora_config import LINEAR_MODULES, expected_shapes
+    from .lora_trtllm import CONFIG_NPY, WEIGHTS_NPY, from_trtllm
+
+    out = Adapters()
+    base_config = hf_model.config.get_text_config(decoder=True).to_dict()
+    linear = LINEAR_MODULES.get(base_config.get("model_type", ""), ())
+    modules = dict(hf_model.named_modules())
+    for index, (name, folder) in enumerate(sorted(folders.items())):
+        where = f"adapter {name} ({folder.name})"
+        try:
+            weights, config = np.load(folder / WEIGHTS_NPY), np.load(folder / CONFIG_NPY)
+            pairs = from_trtllm(weights, config, linear, lambda m: expected_shapes(base_config, m))
+        except (OSError, ValueError) as err:
+            raise AdapterError(f"{where}: {err}") from None
+        _install(hf_model, modules, {m: (torch.from_numpy(a), torch.from_numpy(b)) for m, (a, b) in pairs.items()},
+                 index, 1.0, where)
+        out.index[name] = index
+        out.layers[name] = len(pairs)
+    return out
+
+
+def _install(hf_model: Any, modules: dict[str, Any], pairs: dict[str, tuple[torch.Tensor, torch.Tensor]], index: int,
+             scaling: float, where: str) -> None:
+    for module, (a, b) in pairs.items():
+        layer = modules.get(module)
+        if isinstance(layer, torch.nn.Linear):
+            layer = _wrap(hf_model, module, layer)
+            modules[module] = layer
+        if not isinstance(layer, LoraLinear):
+            raise AdapterError(f"{where}: {module} is not a linear layer of {type(hf_model).__name__}")
+        layer.adapters[index] = (a, b, scaling)
 
 
 def _wrap(hf_model: Any, path: str, layer: torch.nn.Linear) -> LoraLinear:

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from .kvquant import KV_CACHE_DTYPES, FakeQuantCache
-from .lora import Adapters, load_adapters, rows_active
+from .lora import Adapters, load_adapters, load_trtllm_adapters, rows_active
 
 ARTIFACT_FORMAT = "stoker-reference/1"
 WEIGHTS_FILE = "model.safetensors"
@@ -268,11 +268,13 @@ def _load_hf(root: Path) -> Any:
 
 
 def load_model(artifact_dir: str | os.PathLike[str], num_threads: int | None = DEFAULT_NUM_THREADS,
-               adapters: dict[str, Path] | None = None) -> ReferenceModel:
+               adapters: dict[str, Path] | None = None, trtllm_adapters: dict[str, Path] | None = None
+               ) -> ReferenceModel:
     """Load a reference artifact directory; raises ArtifactError naming what is wrong.
 
     Sets torch's process-wide thread count to `num_threads` (None leaves it alone). ``adapters``: LoRA adapter
-    folders by name (PEFT's files), served per request (lora.py); AdapterError for one that does not fit.
+    folders by name (PEFT's files), served per request (lora.py); ``trtllm_adapters``: the same converted to
+    TensorRT-LLM's format (lora_trtllm.py); AdapterError for one that does not fit.
     """
     root = Path(artifact_dir)
     config = _read_json(root / CONFIG_FILE)
@@ -286,4 +288,6 @@ def load_model(artifact_dir: str | os.PathLike[str], num_threads: int | None = D
     model = ReferenceModel(_load_hf(root), info)
     if adapters:
         model.lora = load_adapters(model.hf, adapters)
+    elif trtllm_adapters:  # TensorRT-LLM's converted format: the stand-in serving an engine repository
+        model.lora = load_trtllm_adapters(model.hf, trtllm_adapters)
     return model

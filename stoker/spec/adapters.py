@@ -6,6 +6,7 @@ its adapter_config.json, and after its fetch, from its tensors' shapes), before 
 
 from __future__ import annotations
 
+import hashlib
 import re
 
 from pydantic import Field
@@ -14,6 +15,12 @@ from .base import RepoId, _Section
 
 # A model id in OpenAI requests and in Triton's error messages: no spaces, no slashes.
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+
+
+def task_id(name: str) -> int:
+    """The `lora_task_id` of adapter ``name``: stable, from the name alone, in 1..2^53 (exact in JSON clients), so a
+    client's id keeps meaning the same adapter across revisions and rollouts."""
+    return int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big") % (1 << 53) or 1
 
 
 class Adapter(_Section):

@@ -92,6 +92,13 @@ class Target(ABC):
     # Serves the spec's LoRA adapters per request (stoker/adapters.py); a target that does not refuses them at plan.
     serves_adapters: ClassVar[bool] = False
 
+    def adapters_refusal(self, spec: Spec, base_config: dict) -> str | None:
+        """Why this target cannot serve the spec's adapters on this base (one line), or None: it can."""
+        if self.serves_adapters:
+            return None
+        return (f"target {self.name} does not serve LoRA adapters in this version (target: reference and target: "
+                "tensorrt do); remove adapters or change the target")
+
     def openai_image(self, spec: Spec) -> str:
         """The image the OpenAI service runs in: the serving image where it is stoker's CPU image."""
         return spec.deploy.image

@@ -166,8 +166,14 @@ class _Prefixed:
         self.metrics: list[dict] = []
         self.evaluation: dict | None = None
 
+    # The outer run's steps the inner one uses as they are: the same weights, adapters and evaluation data.
+    SHARED = ("fetch", "adapters", "eval-data")
+
     def __getitem__(self, name: str):
-        return self.steps[self.prefix + name]
+        return self.steps[name if name in self.SHARED else self.prefix + name]
+
+    def __contains__(self, name: str) -> bool:
+        return (name if name in self.SHARED else self.prefix + name) in self.steps
 
     def run(self, name: str, task, *args):
         return self.steps.run(self.prefix + name, task, *args)

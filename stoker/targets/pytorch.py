@@ -20,6 +20,13 @@ class PyTorch(GpuTarget):
     def scores_perplexity(self, spec) -> bool:
         return False  # the LLM API's model returns no context logits: greedy agreement only (evaluation/endpoint.py)
 
+    def adapters_refusal(self, spec, base_config: dict) -> str | None:
+        # Read from the pinned model (upstream/llmapi_layout.json): its inputs are text_input, streaming, stop,
+        # sampling_param_* and return_*; a request cannot name an adapter, so LoraConfig alone would serve none.
+        return ("target pytorch serves through TensorRT-LLM 1.2.1's llmapi Triton model, whose config.pbtxt "
+                "declares no adapter input (no lora_request or lora_task_id): no request could select an adapter; "
+                "use target: tensorrt (engine LoRA) or target: reference")
+
     def check_built(self, ws, spec) -> dict:
         return {}  # the unified checkpoint, its only output, is checked for every GPU target
 

@@ -19,6 +19,25 @@ class TensorRT(GpuTarget):
     layout = "inflight_batcher_llm"
     complete_configs = True  # the LLM API's model, by contrast, takes max_batch_size and decoupled from model.yaml
 
+    serves_adapters = True  # engine LoRA (stoker/gpu/lora.py): built for the rank limit, adapters preloaded
+
+    def adapters_refusal(self, spec, base_config: dict) -> str | None:
+        from ..gpu.lora import PLUGIN_DTYPE
+
+        dtype = spec.build.dtype if spec.build.dtype != "auto" else str(base_config.get("torch_dtype") or base_config.get("dtype")
+                                                                     or "float16")
+        dtype = dtype if dtype in ("float16", "bfloat16") else "float16"  # what trtllm.resolved_dtype builds
+        if dtype != PLUGIN_DTYPE:
+            return (f"target tensorrt with adapters needs a {PLUGIN_DTYPE} engine, and this one would be {dtype} "
+                    f"(the model's dtype): stoker converts adapters to {PLUGIN_DTYPE}, and the LoRA plugin ignores "
+                    f"weights of another type without an error (tensorrtllm_backend #791); set build.dtype: "
+                    f"{PLUGIN_DTYPE}")
+        return None
+
+    def package(self, steps, spec, fetched, built, ctx):
+        lora = steps["adapters"] if "adapters" in steps else None  # converted and preloaded (stoker/gpu/lora.py)
+        return steps.run("package", steps.tasks.package_gpu, spec, fetched, built, ctx, lora)
+
     def scores_perplexity(self, spec) -> bool:
         # An engine returns context logits only when built with --gather_context_logits (engine memory:
         # max_num_tokens × vocab × 4 B); without them the evaluation measures greedy agreement only.

@@ -23,6 +23,7 @@ import io
 import itertools
 import json
 import logging
+import os
 import shutil
 import sys
 import time
@@ -376,6 +377,40 @@ def quantize(req: Request, out: Path) -> dict[str, Any]:
     return info
 
 
+# A folder where each distinct request (the checkpoint's files, the format, the calibration text and settings, the
+# seed) is quantized once and copied from then on: the output is a pure function of them (test_quantize checks it,
+# with the memo off), and `make test-services` quantizes the same tiny model the same way in many files.
+MEMO_ENV = "STOKER_QUANTIZE_MEMO"
+
+
+def memo_key(raw: dict[str, Any], req: Request) -> str:
+    content = {k: v for k, v in raw.items() if k not in ("checkpoint", "calibration")}
+    content["calibration"] = {**(raw.get("calibration") or {}), "text_file": _sha256(req.calibration.text_file)}
+    content["checkpoint"] = {p.name: _sha256(p) for p in sorted(req.checkpoint.iterdir()) if p.is_file()}
+    return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()[:32]
+
+
+def memoized(memo: Path, raw: dict[str, Any], req: Request, out: Path) -> dict[str, Any]:
+    """quantize() once per request content into ``memo`` (one process at a time: a lock), then a copy."""
+    import fcntl
+
+    memo.mkdir(parents=True, exist_ok=True)
+    entry = memo / memo_key(raw, req)
+    with open(f"{entry}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (entry / "stoker_quantize.json").is_file():
+            staged = memo / f".{entry.name}.{os.getpid()}"
+            shutil.rmtree(staged, ignore_errors=True)
+            quantize(req, staged)
+            os.replace(staged, entry)
+        else:
+            log(f"the same request was quantized earlier in this suite: copied from {MEMO_ENV} ({entry.name})")
+    if out.exists() and any(out.iterdir()):
+        raise QuantizeError(f"output directory {out} is not empty")
+    shutil.copytree(entry, out, dirs_exist_ok=True)
+    return json.loads((out / "stoker_quantize.json").read_text())
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Quantize an HF Llama checkpoint with nvidia-modelopt.")
     parser.add_argument("--request", type=Path, required=True, help="JSON request file")
@@ -388,9 +423,13 @@ def main(argv: list[str] | None = None) -> int:
         except (OSError, json.JSONDecodeError) as exc:
             raise QuantizeError(f"cannot read request {args.request}: {exc}") from None
         req = parse_request(raw)
+        memo = os.environ.get(MEMO_ENV)
         # ModelOpt and transformers print progress to stdout; keep stdout for our one JSON line.
         with contextlib.redirect_stdout(sys.stderr):
-            info = quantize(req, args.out)
+            if memo and not raw.get("fake_quant_out"):
+                info = memoized(Path(memo), raw, req, args.out)
+            else:
+                info = quantize(req, args.out)
         return {"out": str(args.out), "format": info["format"], "duration_s": info["duration_s"]}
 
     return run_cli(work)

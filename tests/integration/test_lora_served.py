@@ -92,7 +92,19 @@ def test_an_adapter_is_served_exactly_and_a_new_revision_needs_no_rebuild(tmp_pa
         evaluation = first["evaluation"]
         assert evaluation["passed"] and evaluation["candidate"]["adapters"]["tiny-lora"]["agreement"]["token_match_rate"] == 1.0
         assert any(r["metric"].startswith("tiny-lora: ") for r in evaluation["rows"])
+        # The benchmark step measured the adapter under the same load as the base.
+        [level] = first["benchmark"]["adapters"]["tiny-lora"]
+        assert level["requests"] == first["benchmark"]["levels"][0]["requests"] and level["errors"] == 0
         http = first["endpoint"]["http"]
+        # `stoker bench --adapter`: the base, then the adapter selected per request (its lora_task_id).
+        bench = subprocess.run([sys.executable, "-m", "stoker.cli", "bench", "--url", first["endpoint"]["grpc"],
+                                "--adapter", "tiny-lora", "--requests", "4", "--output-tokens", "8", "--quiet",
+                                "--out", str(tmp_path / "bench")], cwd=ROOT, env=env, capture_output=True, text=True,
+                               timeout=300)
+        assert bench.returncode == 0 and "adapter tiny-lora:" in bench.stdout, bench.stdout + bench.stderr[-2000:]
+        measured = json.loads((tmp_path / "bench" / "adapters" / "tiny-lora" / "summary.json").read_text())
+        assert measured["adapter"] == "tiny-lora" and measured["levels"][0]["errors"] == 0
+        assert measured["levels"][0]["requests"] == 4
         client = openai.OpenAI(base_url=f"{http}/v1", api_key="unused")
 
         cards = {m.id: m for m in client.models.list().data}
@@ -123,6 +135,60 @@ def test_an_adapter_is_served_exactly_and_a_new_revision_needs_no_rebuild(tmp_pa
         assert steps["switch"]["status"] == "completed" and second["endpoint"] == first["endpoint"]
         want_v2 = _greedy_text(base, v2)
         assert want_v2 != want_v1 and _complete(client, "tiny-lora") == want_v2
+        assert _complete(client, name) == want_base
+    finally:
+        engine.remove_deployment(engine.connect(), name, lambda _m: None)
+
+
+def test_the_engine_target_serves_the_adapter_converted_and_preloaded_on_the_standin(tmp_path, local_stack,
+                                                                                     standin_image):
+    """`target: tensorrt` with an adapter, on the STAND-IN (not TensorRT-LLM): the package converts the adapter to
+    TensorRT-LLM's format into the backend's lora_prefetch_dir; the stand-in's runtime serves those files, and its
+    answers through the OpenAI API at the stable address are transformers + PEFT's."""
+    from standin_kit import gpu_spec_data, manifest_of, stoker, stoker_env
+
+    from stoker.stack.hub_mirror import publish_model
+
+    base = local_stack["repos"] / "models" / local_stack["repo_id"]
+    adapter = _adapter(base, tmp_path / "a", seed=3)
+    repo = f"stoker/tiny-lora-engine-{uuid.uuid4().hex[:4]}"
+    publish_model(local_stack["repos"], repo, adapter, "a tiny LoRA adapter for the engine target")
+    spec = gpu_spec_data(local_stack, "tensorrt", "stl", openai=True)
+    spec["adapters"] = [{"name": "tiny-lora", "repo_id": repo}]
+    spec["quantization"] = {"format": "none"}  # its own baseline: the quantized rebuilds are test_standin_tensorrt's
+    spec["evaluation"] = {"max_windows": 2, "prompts": 2, "window_tokens": 32, "prompt_tokens": 8, "greedy_tokens": 8}
+    path = tmp_path / "spec.yaml"
+    env = stoker_env(tmp_path, local_stack)
+    name = spec["deploy"]["name"]
+    try:
+        path.write_text(yaml.safe_dump(spec))  # the demo model is bfloat16: refused before any download
+        refused = stoker(["plan", str(path)], env, timeout=300)
+        assert refused.returncode == 1 and "needs a float16 engine, and this one would be bfloat16" in refused.stderr
+        assert len(refused.stderr.strip().splitlines()) == 1, refused.stderr
+        spec["build"] = {"dtype": "float16"}
+        path.write_text(yaml.safe_dump(spec))
+        run = stoker(["run", str(path)], env)
+        assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+        m = manifest_of(run)
+        assert m["status"] == "completed" and m["standin"]["ran"] is True
+        package = m["steps"]["package"]["detail"]
+        task_id = package["adapters"]["tiny-lora"]
+        assert package["lora"]["tiny-lora"]["task_id"] == task_id and package["lora"]["tiny-lora"]["rows"] > 0
+        evaluation = m["evaluation"]
+        assert evaluation["passed"] and "tiny-lora" in evaluation["candidate"]["adapters"]
+        assert m["benchmark"]["adapters"]["tiny-lora"][0]["errors"] == 0
+        [backend] = engine.containers(engine.connect(), name, role=engine.ROLE_BACKEND)
+        config = backend.exec_run(["cat", "/models/tensorrt_llm/config.pbtxt"]).output.decode()
+        assert '"lora_prefetch_dir"' in config and "/models/tensorrt_llm/1/lora" in config
+        listed = backend.exec_run(["ls", f"/models/tensorrt_llm/1/lora/{task_id}"]).output.decode().split()
+        assert sorted(listed) == ["model.lora_config.npy", "model.lora_weights.npy"]
+
+        client = openai.OpenAI(base_url=f"{m['endpoint']['http']}/v1", api_key="unused")
+        cards = {c.id: c for c in client.models.list().data}
+        assert cards["tiny-lora"].parent == name
+        want_base, want = _greedy_text(base, None), _greedy_text(base, adapter)
+        assert want != want_base
+        assert _complete(client, "tiny-lora") == want
         assert _complete(client, name) == want_base
     finally:
         engine.remove_deployment(engine.connect(), name, lambda _m: None)

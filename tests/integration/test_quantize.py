@@ -38,7 +38,9 @@ CASES = {
 }
 
 def run_worker(module: str, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    # The suite's quantize memo off (stoker/workers/quantize.py): here the worker runs every time, or determinism
+    # would compare a copy with itself.
+    env = {**{k: v for k, v in os.environ.items() if k != "STOKER_QUANTIZE_MEMO"}, "PYTHONUNBUFFERED": "1"}
     return subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True, timeout=timeout,
                           cwd=ROOT, env=env, check=False)
 

@@ -24,7 +24,8 @@ Triton interface has no tensor of its own for them.
 Parameters: gpt_model_path (default "weights", relative to the version dir unless absolute),
 num_threads (torch threads, default 2), max_concurrent_requests (sequences decoded together; default the
 config's max_batch_size, as TensorRT-LLM's engine batch bounds its in-flight batcher; 8 without one),
-exclude_input_in_output (default "false", as upstream).
+exclude_input_in_output (default "false", as upstream), lora_prefetch_dir (adapters in TensorRT-LLM's format, one
+folder per task id, named by the adapters table: stoker/runtime/lora_trtllm.py).
 
 Behaviour, matched to TensorRT-LLM where it defines one:
 - Streaming (decoupled only): one response per generated token, output_ids [1, 1, 1] and
@@ -262,12 +263,19 @@ class TritonPythonModel:
             raise ValueError(f"max_concurrent_requests must be >= 1, got {batch}")
         self.exclude_default = _param(config, "exclude_input_in_output", "false").lower() in ("1", "true", "yes")
         self.decoupled = pb_utils.using_decoupled_model_transaction_policy(config)
-        # LoRA adapters the package step laid next to the weights (stoker/adapters.py): task id → name.
+        # LoRA adapters the package step laid next to the weights (stoker/adapters.py): task id → name. An engine
+        # repository (the stand-in serving target: tensorrt) has them converted in its lora_prefetch_dir instead,
+        # one folder per task id, as TensorRT-LLM's backend preloads them.
         table_file = version_dir / "adapters" / "adapters.json"
         table = json.loads(table_file.read_text()) if table_file.is_file() else {}
         self.adapters = {int(entry["task_id"]): name for name, entry in table.items()}
-        self.model = load_model(weights, num_threads=num_threads,
-                                adapters={name: version_dir / "adapters" / name for name in table})
+        prefetch = _param(config, "lora_prefetch_dir", "")
+        if prefetch:
+            self.model = load_model(weights, num_threads=num_threads, trtllm_adapters={
+                name: Path(prefetch) / str(entry["task_id"]) for name, entry in table.items()})
+        else:
+            self.model = load_model(weights, num_threads=num_threads,
+                                    adapters={name: version_dir / "adapters" / name for name in table})
         stop_ids = json.loads((weights / RUNTIME_FILE).read_text()).get("stop_ids", [])
         self.defaults = (self.model.info.end_id, self.model.info.pad_id, [[int(i)] for i in stop_ids])
         self.stopping = threading.Event()
