@@ -138,7 +138,9 @@ def containers(client: docker.DockerClient, name: str | None = None, role: str |
     labels = [f"{LABEL_MANAGED}=true"]
     if name:
         labels.append(f"{LABEL_DEPLOYMENT}={name}")
-    found = client.containers.list(all=True, filters={"label": labels})
+    # ignore_removed: the SDK lists ids, then inspects each; a container removed in between (a retire, another
+    # deployment's `stoker down`) is gone, not an error (seen: `stoker status` failing with "No such container").
+    found = client.containers.list(all=True, filters={"label": labels}, ignore_removed=True)
     if role:
         # Wave-1 containers carry no role: they were backends that owned the spec's ports.
         found = [c for c in found if c.labels.get(LABEL_ROLE, ROLE_BACKEND) == role]
