@@ -21,6 +21,7 @@ from .spec.load import parse_spec
 
 DEMO_SPEC = Path(__file__).resolve().parent / "demo.yaml"
 DEMO_REPO = "stoker/tiny-llama"
+DEMO_ADAPTER_REPO = "stoker/tiny-llama-lora"  # the demo spec serves it as model `demo-lora`
 HUB_PORT = int(os.environ.get("STOKER_DEMO_HUB_PORT", "18090"))
 S3_PORT = int(os.environ.get("STOKER_DEMO_S3_PORT", "19000"))
 
@@ -37,15 +38,24 @@ def demo_spec(hub_endpoint: str, s3_url: str) -> Spec:
 
 
 def ensure_tiny_model(repos: Path, log=print) -> None:
-    """Generate the tiny Llama once and publish it to the mirror as the repo's first commit."""
-    if (repos / "models" / DEMO_REPO / ".git").exists():
-        return
-    log(f"demo: generating the tiny Llama + tokenizer offline → {DEMO_REPO}")
-    with tempfile.TemporaryDirectory() as tmp:
-        run_module("stoker.workers.tinymodel", ["--out", tmp, "--seed", "0"], log)
-        from .stack.hub_mirror import publish_model
+    """Generate the tiny Llama and its LoRA adapter once, each published to the mirror as its repo's first commit.
 
-        publish_model(repos, DEMO_REPO, Path(tmp), "tiny Llama for the stoker demo")
+    Checked one by one: a demo state from before the adapter existed gains the adapter and keeps its base.
+    """
+    from .stack.hub_mirror import publish_model
+
+    base = repos / "models" / DEMO_REPO
+    if not (base / ".git").exists():
+        log(f"demo: generating the tiny Llama + tokenizer offline → {DEMO_REPO}")
+        with tempfile.TemporaryDirectory() as tmp:
+            run_module("stoker.workers.tinymodel", ["--out", tmp, "--seed", "0"], log)
+            publish_model(repos, DEMO_REPO, Path(tmp), "tiny Llama for the stoker demo")
+    if not (repos / "models" / DEMO_ADAPTER_REPO / ".git").exists():
+        log(f"demo: generating a LoRA adapter for it offline → {DEMO_ADAPTER_REPO}")
+        with tempfile.TemporaryDirectory() as tmp:
+            run_module("stoker.workers.tinyadapter", ["--base", str(base), "--out", tmp, "--seed", "1",
+                                                      "--repo-id", DEMO_REPO], log)
+            publish_model(repos, DEMO_ADAPTER_REPO, Path(tmp), "a tiny LoRA adapter for the demo's Llama")
 
 
 def start_stack(log=print) -> tuple[str, str]:

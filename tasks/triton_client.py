@@ -13,7 +13,7 @@ from stoker.storage import s3
 from stoker.bench.output import PLOT_PNG, markdown_table
 from stoker.bench.session import execute, for_adapter, from_spec
 from stoker.storage.digest import tree_records
-from stoker.cache.keys import benchmark_key
+from stoker.cache.keys import benchmark_key, benchmark_settings
 from stoker.run import Output, RunContext, StepResult, cached_step
 from stoker.spec.adapters import task_id
 from stoker.spec.schema import Spec
@@ -57,9 +57,7 @@ def benchmark_endpoint(spec: Spec, deployed: StepResult, built: StepResult, ctx:
 
     backend = deployed.detail.get("candidate")
     if backend and not spec.benchmark.remeasure:
-        settings = spec.benchmark.model_dump(mode="json") | (
-            {"adapters": [a.name for a in spec.adapters]} if spec.adapters else {})
-        kept = cached_step(ctx, "benchmark", benchmark_key(backend, settings), measure, logger.info)
+        kept = cached_step(ctx, "benchmark", benchmark_key(backend, benchmark_settings(spec)), measure, logger.info)
         if kept.cache_hit:
             logger.info(f"benchmark: the figures of run {kept.detail['measured_in']} (this backend, these settings); "
                         "benchmark.remeasure: true measures again")

@@ -123,6 +123,12 @@ def evaluate_key(served_digest: str, evalset_digest: str, lm_eval: dict | None) 
                     | ({"lm_eval_code": code_digest("workers/lm_eval_run.py")} | pick("lm-eval") if lm_eval else {}))
 
 
+def benchmark_settings(spec: Spec) -> dict:
+    """What the benchmark step measures with: the spec's load, and each adapter measured under it."""
+    return spec.benchmark.model_dump(mode="json") | (
+        {"adapters": [a.name for a in spec.adapters]} if spec.adapters else {})
+
+
 def benchmark_key(backend: dict, benchmark: dict) -> str:
     """One running backend (its container, ports, digest and the run that started it) measured with the same
     load and code gives the same figures: an unchanged rerun reuses them. The gate's thresholds are not

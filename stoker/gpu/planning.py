@@ -99,7 +99,7 @@ def plan_gpu(spec, ctx) -> list:
     """The GPU plan: refuse (PlanRefused) before any GPU time, else checks' notes + each step's key and status."""
     from ..storage.hub import HubUnavailable
     from ..cache.keys import fetch_key, gpu_build_key, gpu_package_key
-    from ..plan.rows import PlannedStep, cached_row
+    from ..plan.rows import PlannedStep, cached_row, package_row
     from ..storage.source import resolve_source
 
     facts, findings = check_spec(spec)
@@ -116,12 +116,14 @@ def plan_gpu(spec, ctx) -> list:
     if source_id is not None:
         row, digest = cached_row(spec, ctx, "fetch", fetch_key(spec, source_id), f"sha {source.get('sha')}")
         out.append(row)
+    weights = digest
     for name, keyfn, note in (("build", gpu_build_key, "quantize + checkpoint + engine: a hit skips all GPU work"),
                               ("package", gpu_package_key, "")):
         if digest is None:
             out.append(PlannedStep(name, None, "pending", "key known once the previous step has run"))
             continue
-        row, digest = cached_row(spec, ctx, name, keyfn(spec, digest), note)
+        row, digest = (package_row(spec, ctx, keyfn, digest, weights) if name == "package"
+                       else cached_row(spec, ctx, name, keyfn(spec, digest), note))
         out.append(row)
     out.append(PlannedStep("upload", digest[:24] if digest else None, "pending" if digest is None else "unknown",
                            "engines/checkpoints go to S3 with the repository"))

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..errors import StokerError
-from ..cache.keys import benchmark_key
+from ..cache.keys import benchmark_key, benchmark_settings
 from ..run import RunContext
 from ..spec.schema import Spec
 
@@ -56,6 +56,22 @@ def cached_row(spec: Spec, ctx: RunContext, step: str, key: str, note: str = "")
     return PlannedStep(step, key, "miss", note), None
 
 
+def package_row(spec: Spec, ctx: RunContext, keyfn, build_digest: str, weights_digest: str | None,
+                note: str = "") -> tuple[PlannedStep, str | None]:
+    """The package row: its key takes the adapters step's digest (a new adapter revision repackages, nothing
+    before it), known only once that step is cached for these weights."""
+    adapters = None
+    if spec.adapters:
+        from .. import adapters as lora
+        from ..cache.keys import adapters_key
+
+        entry = ctx.store.lookup("adapters", adapters_key(spec, lora.resolve(spec), weights_digest or ""))
+        if weights_digest is None or entry is None:
+            return PlannedStep("package", None, "pending", "key known once the adapters are fetched"), None
+        adapters = entry.digest
+    return cached_row(spec, ctx, "package", keyfn(spec, build_digest, adapters), note)
+
+
 def serving_step(spec: Spec, digest: str | None) -> PlannedStep:
     """Whether a ready backend behind the deployment's proxy already serves this package digest."""
     if digest is None:
@@ -82,7 +98,7 @@ def benchmark_step(spec: Spec, ctx: RunContext, backend: dict | None) -> Planned
         return PlannedStep("benchmark", None, "runs", "benchmark.remeasure: measured every run")
     if backend is None:
         return PlannedStep("benchmark", None, "runs", "measured on the new backend")
-    key = benchmark_key(backend, spec.benchmark.model_dump(mode="json"))
+    key = benchmark_key(backend, benchmark_settings(spec))
     if ctx.store.lookup("benchmark", key) is not None:
         return PlannedStep("benchmark", key, "hit", "this backend was measured with these settings")
     return PlannedStep("benchmark", key, "runs", "this backend was not measured with these settings")

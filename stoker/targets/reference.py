@@ -39,20 +39,21 @@ class Reference(Target):
     def plan(self, spec, ctx) -> list:
         from ..gpu.planning import model_facts
         from ..cache.keys import build_key, fetch_key, package_key, quantize_key
-        from ..plan.rows import PlannedStep, benchmark_step, cached_row, serving_step, upload_step
+        from ..plan.rows import PlannedStep, benchmark_step, cached_row, package_row, serving_step, upload_step
         from ..storage.source import resolve_source
 
         self.check_model(spec, model_facts(spec))
         out: list[PlannedStep] = []
         source_id, source = resolve_source(spec)
-        digest: str | None = None
-        chain = (("fetch", lambda d: fetch_key(spec, source_id)), ("quantize", lambda d: quantize_key(spec, d)),
-                 ("build", lambda d: build_key(spec, d)), ("package", lambda d: package_key(spec, d)))
-        for i, (name, keyfn) in enumerate(chain):
-            if i > 0 and digest is None:
+        row, digest = cached_row(spec, ctx, "fetch", fetch_key(spec, source_id), f"sha {source.get('sha')}")
+        out.append(row)
+        weights = digest
+        for name, keyfn in (("quantize", quantize_key), ("build", build_key), ("package", package_key)):
+            if digest is None:
                 out.append(PlannedStep(name, None, "pending", "key known once the previous step has run"))
                 continue
-            row, digest = cached_row(spec, ctx, name, keyfn(digest), f"sha {source.get('sha')}" if name == "fetch" else "")
+            row, digest = (package_row(spec, ctx, keyfn, digest, weights) if name == "package"
+                           else cached_row(spec, ctx, name, keyfn(spec, digest)))
             out.append(row)
         out.append(upload_step(spec, digest))
         deploy = serving_step(spec, digest)

@@ -50,6 +50,7 @@ def make_spec(local_stack, name: str, **deploy) -> dict:
     base = free_base_port()
     data["model"]["endpoint"] = local_stack["hub"]
     data["quantization"] = {"format": "none"}
+    data.pop("adapters")  # test_lora_served and test_flow serve adapters; these tests prove other mechanics
     data["storage"].update(endpoint_url=local_stack["s3"], bucket=f"it-{uuid.uuid4().hex[:8]}")
     # Short windows: these tests prove the mechanics, not a 30 s production watch.
     data["deploy"] = {"name": name, "ports": {"http": base, "grpc": base + 1, "metrics": base + 2},

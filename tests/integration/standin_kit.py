@@ -22,6 +22,7 @@ def gpu_spec_data(local_stack, target: str, prefix: str, **deploy) -> dict:
     """The demo spec as `target` on two H100s (surge), on the stack's Hub mirror and S3, on free ports."""
     data = yaml.safe_load(DEMO_SPEC.read_text())
     base = free_base_port()
+    data.pop("adapters")  # the engine's adapters: test_lora_served; target pytorch refuses them
     data.update(target=target, gpus={"type": "h100-80gb", "count": 2, "rollout": "surge"})
     data["model"]["endpoint"] = local_stack["hub"]
     data["storage"].update(endpoint_url=local_stack["s3"], bucket=f"{prefix}-{uuid.uuid4().hex[:8]}")

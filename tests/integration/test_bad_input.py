@@ -26,6 +26,7 @@ def _run(tmp_path, local_stack, prefect_home, edit, args=("run",)):
     data["model"]["endpoint"] = local_stack["hub"]
     data["storage"]["endpoint_url"] = local_stack["s3"]
     data["deploy"]["name"] = "bad-input"
+    data.pop("adapters")  # one input under test at a time; adapters' bad input: tests/unit/test_lora.py
     # Free ports of its own: the demo's (8000-8002) may be held by another test file's demo deployment meanwhile,
     # and preflight would refuse them before reaching the input under test.
     base = free_base_port()

@@ -2,7 +2,7 @@
 
 Each `stoker` call is a new process, so the rerun proves the cache survives one. Both runs, and the
 demo model's generation, must print clean logs (clean_logs.py): a cold run in a fresh PREFECT_HOME is
-where Prefect's telemetry used to fail.
+where Prefect's telemetry used to fail. The demo spec serves a LoRA adapter beside the base, as `make demo` does.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import uuid
 from pathlib import Path
 
 import boto3
+import openai
 import pytest
 import yaml
 from clean_logs import noise
@@ -128,12 +129,25 @@ def test_demo_spec_end_to_end_then_a_rerun_of_cache_hits(tmp_path, local_stack, 
         counting = json.loads((out / "summary.json").read_text())["counting"]
         assert counting["output_unit"] == "tokens" and counting["tokenizer_sha256"] == tokenizer["sha256"]
 
+    # The demo's adapter (stoker/demo.yaml adapters): fetched, scored on the candidate, measured under the same load,
+    # listed by the OpenAI API with the deployment as its parent and served per request with its own answer.
+    assert m1["steps"]["adapters"]["status"] == "completed"
+    assert ev["candidate"]["adapters"]["demo-lora"]["agreement"]["token_match_rate"] > 0
+    assert [lv["errors"] for lv in m1["benchmark"]["adapters"]["demo-lora"]] == [0, 0]
+    client = openai.OpenAI(base_url=f"{m1['endpoint']['http']}/v1", api_key="unused")
+    cards = {c.id: c for c in client.models.list().data}
+    assert set(cards) == {data["deploy"]["name"], "demo-lora"}
+    assert cards["demo-lora"].parent == data["deploy"]["name"]
+    answers = {model: client.completions.create(model=model, prompt="The quick brown fox", max_tokens=8, temperature=0,
+                                                extra_body={"min_tokens": 8}).choices[0].text for model in cards}
+    assert answers["demo-lora"] != answers[data["deploy"]["name"]], answers  # the adapter changes the answer
+
     second = _stoker(["run", str(path)], env)
     assert second.returncode == 0, second.stderr[-4000:]
     assert noise(second.stdout + second.stderr) == []
     m2 = _manifest(second)
     assert m2["run_id"] != m1["run_id"]
-    assert all(m2["steps"][s]["cache_hit"] for s in (*HEAVY_STEPS, "deploy")), {
+    assert all(m2["steps"][s]["cache_hit"] for s in (*HEAVY_STEPS, "adapters", "deploy")), {
         s: m2["steps"][s]["cache_hit"] for s in m2["steps"]}
     # The same backend, measured with the same settings: its figures are reused, not measured again.
     assert m2["steps"]["benchmark"]["status"] == "completed" and m2["steps"]["benchmark"]["cache_hit"]
@@ -148,7 +162,7 @@ def test_demo_spec_end_to_end_then_a_rerun_of_cache_hits(tmp_path, local_stack, 
     plan = _stoker(["plan", str(path)], env, timeout=300)
     assert plan.returncode == 0, plan.stderr
     rows = {line.split()[0]: line.split()[1] for line in plan.stdout.splitlines()[2:]}
-    assert rows == {"fetch": "hit", "quantize": "hit", "build": "hit", "package": "hit", "upload": "hit",
+    assert rows == {"fetch": "hit", "adapters": "checked", "quantize": "hit", "build": "hit", "package": "hit", "upload": "hit",
                     "deploy": "hit", "benchmark": "hit", "evaluate": "runs"}, plan.stdout
 
     # A checkpoint with damaged scales (well-formed, wrong numbers) fails the evaluation gate in one line;

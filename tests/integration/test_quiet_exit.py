@@ -39,6 +39,7 @@ def test_stoker_run_exits_without_logging_errors(tmp_path):
     """A flow that logs, then fails fast in preflight (S3 refused): the whole Prefect life cycle, no servers."""
     data = yaml.safe_load(DEMO_SPEC.read_text())
     data["storage"]["endpoint_url"] = "http://127.0.0.1:9"  # discard port: connection refused
+    data.pop("adapters")  # no Hub here: preflight must reach S3, not the adapters' Hub reads
     spec = tmp_path / "spec.yaml"
     spec.write_text(yaml.safe_dump(data))
     r = subprocess.run([sys.executable, "-m", "stoker.cli", "run", str(spec)], cwd=ROOT, env=_env(tmp_path),
