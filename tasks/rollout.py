@@ -80,12 +80,15 @@ def switch_traffic(spec: Spec, staged: StepResult, ctx: RunContext) -> StepResul
 def abandon_candidate(spec: Spec, staged: StepResult, ctx: RunContext, cause: str) -> None:
     """A step between staging and the switch failed: the candidate never serves."""
     logger = get_run_logger()
-    rec = {"from": staged.digest, "cause": cause}
+    # When and how long: the removal is the run's own work (stopping a container), not orchestration overhead.
+    rec = {"from": staged.digest, "cause": cause, "began_at": time.time()}
+    t0 = time.perf_counter()
     try:
         rec.update(action=rollout.abandon(spec, staged.detail, logger.info), status="rolled back")
     except Exception as exc:  # noqa: BLE001 - the run already failed; the record says the cleanup did too
         rec.update(action="candidate removal failed", status="failed", error=f"{type(exc).__name__}: {exc}")
         logger.error(f"could not remove the candidate: {exc}")
+    rec["duration_s"] = round(time.perf_counter() - t0, 3)
     record(ctx, rec)
 
 

@@ -69,8 +69,15 @@ def build_manifest(spec: Spec, ctx: RunContext, steps: dict[str, StepResult], so
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started_at)),
         "runner": ctx.runner,
         "wall_s": round(wall_s, 3),
-        "overhead_s": round(wall_s - covered_s(steps.values()), 3),
+        "overhead_s": round(wall_s - covered_s([*steps.values(), *_removal(rollback)]), 3),
     }
+
+
+def _removal(rollback: dict | None) -> list[StepResult]:
+    """A candidate removed after a failed step (tasks.rollout.abandon_candidate): work of the run, like a step."""
+    if not rollback or "began_at" not in rollback:
+        return []
+    return [StepResult(name="abandon", duration_s=rollback["duration_s"], started_at=rollback["began_at"])]
 
 
 def _step_entry(step: StepResult, run_started_at: float) -> dict:

@@ -4,7 +4,8 @@ real servers (S3, Docker, the CPU Triton image, HAProxy), then the official `ope
 The adapter's answers equal transformers + PEFT on the base (format none, greedy), the base's equal transformers',
 /v1/models lists the adapter with the base as its parent, an unknown adapter is a 404 (OpenAI) or a one-line error
 (Triton) and nothing else is affected. A new adapter commit reuses the fetched base and its build (cache hits) and
-only fetches the adapter, packages, uploads, stages and switches; the adapter then answers as its new revision.
+only fetches the adapter, packages, uploads, stages and switches; the adapter then answers as its new revision, and
+`stoker rollback` brings back the previous one.
 """
 
 from __future__ import annotations
@@ -136,6 +137,12 @@ def test_an_adapter_is_served_exactly_and_a_new_revision_needs_no_rebuild(tmp_pa
         want_v2 = _greedy_text(base, v2)
         assert want_v2 != want_v1 and _complete(client, "tiny-lora") == want_v2
         assert _complete(client, name) == want_base
+
+        # `stoker rollback NAME` serves the previous adapter set again, at the same address.
+        r = subprocess.run([sys.executable, "-m", "stoker.cli", "rollback", name], cwd=ROOT, env=env,
+                           capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0 and first["run_id"] in r.stdout, (r.stdout + r.stderr)[-2000:]
+        assert _complete(client, "tiny-lora") == want_v1 and _complete(client, name) == want_base
     finally:
         engine.remove_deployment(engine.connect(), name, lambda _m: None)
 

@@ -71,3 +71,18 @@ def test_report_shows_steps_and_benchmark_table(tmp_path):
     assert rows[0]["output_tokens_per_s"] == 123.4 and rows[0]["itl_ms_p50"] is None
     rate = {**m["benchmark"]["levels"][0], "mode": "rate", "request_rate": 2.5, "concurrency": 0}
     assert level_label(rate) == "rate 2.5/s"
+
+
+def test_a_removed_candidate_counts_as_the_runs_work_not_orchestration_overhead(tmp_path):
+    # Steps that say when they began: fetch 0-1 s, benchmark 1-4 s; the candidate's removal after the failed gate
+    # 5-9 s (tasks.rollout.abandon_candidate's record). Covered: 4 + 4 of 10 s.
+    steps = {"fetch": StepResult(name="fetch", duration_s=1.0, started_at=100.0),
+             "benchmark": StepResult(name="benchmark", duration_s=3.0, started_at=101.0)}
+    rollback = {"from": "d", "cause": "gate", "status": "rolled back", "began_at": 105.0, "duration_s": 4.0}
+    ctx = RunContext(run_id="r2", home=tmp_path)
+    m = build_manifest(SPEC, ctx, steps, {}, started_at=100.0, wall_s=10.0, status="failed", rollback=rollback)
+    assert m["overhead_s"] == 2.0 and m["rollback"] == rollback
+    # A record without timing (an older run's) leaves the steps alone to account for the wall.
+    old = {k: v for k, v in rollback.items() if k not in ("began_at", "duration_s")}
+    assert build_manifest(SPEC, ctx, steps, {}, started_at=100.0, wall_s=10.0, status="failed",
+                          rollback=old)["overhead_s"] == 6.0
