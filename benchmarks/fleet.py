@@ -14,7 +14,11 @@ flow run that one of the workers picks up. Counted from the entries' run manifes
 - bytes pulled from the shared cache: the steps' pulled_bytes;
 - orchestration overhead per entry run: manifest wall_s minus the time its steps covered (the union of their
   intervals: the baseline runs while the candidate starts, so a plain sum of step times would count that twice),
-  as a share of wall_s; the plain sum is reported beside it.
+  as a share of wall_s; the plain sum is reported beside it;
+- what Prefect itself costs: beside each mode's matrix, on the same server, a flow of 16 no-op tasks made as stoker
+  makes its steps runs every few seconds; its (wall - time inside the tasks) / 16 is Prefect's cost per task under
+  that load, and each entry's overhead is set beside its number of tasks times that cost (`prefect_floor_s`, and
+  `beyond_prefect_share`: what is left for stoker to remove).
 
 Usage: .venv/bin/python benchmarks/fleet.py [--formats none,fp8,int8_sq,int4_awq] [--modes a,b,c]
        [--out benchmarks/results/fleet.json] [--no-evaluation]
@@ -69,6 +73,70 @@ with get_client(sync_client=True) as c:
 print(build_and_deploy.to_deployment(name=sys.argv[2], work_pool_name=sys.argv[1],
                                      entrypoint_type=EntrypointType.MODULE_PATH).apply())
 """
+
+
+# What Prefect itself costs per task on this server under this load: a flow of no-op tasks made as stoker makes its
+# steps (tasks.step_task: no result cache, no persistence, one log line each), run again and again beside a mode's
+# matrix; per run, (the flow's wall - the time inside the task bodies) / tasks. Timed inside the flow function, as
+# stoker times wall_s, so the flow run's start and end are outside both figures.
+PROBE = """
+import json, sys, time
+from prefect import flow, get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+
+@task(name="probe", retries=3, cache_policy=NO_CACHE, persist_result=False)
+def step(i):
+    t0 = time.perf_counter()
+    get_run_logger().info(f"probe step {i}")
+    return time.perf_counter() - t0
+
+@flow(name="prefect-probe")
+def probe(n):
+    t0 = time.perf_counter()
+    inside = sum(step(i) for i in range(n))
+    return (time.perf_counter() - t0 - inside) / n
+
+stop, n = sys.argv[1], int(sys.argv[2])
+import os
+while not os.path.exists(stop):
+    print(json.dumps({"per_task_s": probe(n)}), flush=True)
+    time.sleep(3)  # a light duty cycle: the probe measures the load, it should add little to it
+"""
+PROBE_TASKS = 16  # about as many as an entry run's steps
+
+
+def start_probe(state: Path, stack: dict, mode: str) -> tuple[subprocess.Popen, Path]:
+    stop = state / f"probe-{mode}.stop"
+    proc = subprocess.Popen([sys.executable, "-c", PROBE, str(stop), str(PROBE_TASKS)], cwd=ROOT, env=stack["env"],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    return proc, stop
+
+
+def stop_probe(proc: subprocess.Popen, stop: Path) -> dict:
+    stop.touch()
+    try:
+        out, _ = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, _ = proc.communicate()
+    costs = sorted(json.loads(line)["per_task_s"] for line in out.splitlines() if line.startswith("{"))
+    if not costs:
+        return {"runs": 0}
+    return {"runs": len(costs), "tasks_per_run": PROBE_TASKS, "per_task_s_median": round(costs[len(costs) // 2], 4),
+            "per_task_s_min": round(costs[0], 4), "per_task_s_max": round(costs[-1], 4)}
+
+
+def with_prefect_floor(overhead: dict, per_task_s: float | None) -> dict:
+    """Each entry's overhead beside what Prefect costs for its number of tasks (the probe's median per task)."""
+    if not per_task_s:
+        return overhead
+    for o in overhead["per_entry"]:
+        floor = o["tasks"] * per_task_s
+        o.update(prefect_floor_s=round(floor, 3), prefect_floor_share=round(floor / o["wall_s"], 4),
+                 beyond_prefect_share=round(max(0.0, o["overhead_s"] - floor) / o["wall_s"], 4))
+    beyond = [o["beyond_prefect_share"] for o in overhead["per_entry"]]
+    overhead["beyond_prefect_max_share"] = max(beyond) if beyond else None
+    return overhead
 
 
 def say(msg: str) -> None:
@@ -172,7 +240,8 @@ def tally(workers: list[tuple[str, Path]]) -> dict:
         overheads.append({"entry": m["spec"]["deploy"]["name"], "worker": name, "status": m["status"],
                           "wall_s": m["wall_s"], "steps_covered_s": round(m["wall_s"] - m["overhead_s"], 3),
                           "steps_sum_s": round(sum(st["duration_s"] for st in m["steps"].values()), 3),
-                          "overhead_s": m["overhead_s"], "overhead_share": round(m["overhead_s"] / m["wall_s"], 4)})
+                          "overhead_s": m["overhead_s"], "overhead_share": round(m["overhead_s"] / m["wall_s"], 4),
+                          "tasks": len(m["steps"])})
     shares = [o["overhead_share"] for o in overheads]
     return {"entry_runs": len(manifests), "per_worker": dict(per_worker),
             "heavy_executed": sum(built.values()), "distinct_heavy_keys_built": len(built),
@@ -198,6 +267,12 @@ def summarize(done: dict) -> dict:
         "overhead_mean_share_completed_entries_by_mode": completed,
         "overhead_goal_met_mean": all((m["overhead"]["mean_share"] or 0) <= 0.05 for m in done.values()),
         "overhead_goal_met_completed_entries": all((v or 0) <= 0.05 for v in completed.values()),
+        "overhead_max_share_per_entry_by_mode": {k: m["overhead"]["max_share"] for k, m in done.items()},
+        "overhead_goal_met_every_entry": all((m["overhead"]["max_share"] or 0) <= 0.05 for m in done.values()),
+        # What is left of each entry's overhead once Prefect's own per-task cost, measured beside the matrix, is out
+        "overhead_beyond_prefect_max_share_by_mode": {k: m["overhead"].get("beyond_prefect_max_share")
+                                                      for k, m in done.items()},
+        "prefect_per_task_s_by_mode": {k: m.get("prefect_probe", {}).get("per_task_s_median") for k, m in done.items()},
         "warm_s3_all_hits": done["c"]["heavy_executed"] == 0 if "c" in done else None,
         "wall_ratio_b_over_a": (round(done["b"]["matrix_wall_s"] / done["a"]["matrix_wall_s"], 3)
                                 if {"a", "b"} <= done.keys() else None),
@@ -242,12 +317,16 @@ def main() -> int:
             what, n, s3_cache = MODES[mode]
             say(f"mode {mode}: {what}")
             workers = start_workers(state, stack, n, mode)
+            probe = start_probe(state, stack, mode)
             try:
                 result = run_matrix(stack, spec_for(stack, prefixes[mode], not args.no_evaluation), formats)
             finally:
+                prefect_cost = stop_probe(*probe)
                 for name, _home in workers:
                     stop_service(name, state)
             counts = tally(workers)
+            counts["prefect_probe"] = prefect_cost
+            counts["overhead"] = with_prefect_floor(counts["overhead"], prefect_cost.get("per_task_s_median"))
             out["modes"][mode] = {"what": what, "workers": n, "s3_cache": s3_cache, "prefix": prefixes[mode],
                                   "matrix_wall_s": round(result["wall_s"], 2),
                                   "entries": [{k: row.get(k) for k in ("format", "status", "cause",
