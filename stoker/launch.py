@@ -35,17 +35,22 @@ def print_summary(manifest: dict, ui: str | None = None) -> None:
     ctx = RunContext(run_id=manifest["run_id"], home=RunContext.new().home)
     for name, st in manifest["steps"].items():
         print(f"  {name:<10} {st['status']:<9} {'cache hit' if st['cache_hit'] else 'ran':<9} {st['duration_s']:8.2f} s")
-    for lv in manifest["benchmark"]["levels"]:
-        ttft, itl = lv["ttft_ms"]["p50"], lv["itl_ms"]["p50"]
-        print(f"  {level_label(lv)}: {lv['output_tokens_per_s']:.1f} output tok/s, "
-              f"TTFT p50 {_ms(ttft)}, ITL p50 {_ms(itl)}, errors {lv['errors']}/{lv['requests']}")
+    measured = [("", manifest["benchmark"]["levels"]),
+                 *((f"adapter {name}, ", lvs) for name, lvs in manifest["benchmark"].get("adapters", {}).items())]
+    for who, levels in measured:
+        for lv in levels:
+            ttft, itl = lv["ttft_ms"]["p50"], lv["itl_ms"]["p50"]
+            print(f"  {who}{level_label(lv)}: {lv['output_tokens_per_s']:.1f} output tok/s, "
+                  f"TTFT p50 {_ms(ttft)}, ITL p50 {_ms(itl)}, errors {lv['errors']}/{lv['requests']}")
     ep = manifest["endpoint"]
     if ep:
         body = json.dumps({"text_input": "The quick brown fox", "max_tokens": 16, "stream": True})
         print(f"endpoint: {ep['http']} (gRPC {ep['grpc']})")
         print(f"try it:   curl -sN -X POST {ep['http']}/v2/models/ensemble/generate_stream -d '{body}'")
         if ep.get("openai"):
-            print(f"OpenAI:   {ep['openai']} (model \"{manifest['spec']['deploy']['name']}\")")
+            adapters = [a["name"] for a in manifest["spec"].get("adapters", [])]
+            also = f"; LoRA adapters: {', '.join(map(repr, adapters))}" if adapters else ""
+            print(f"OpenAI:   {ep['openai']} (model \"{manifest['spec']['deploy']['name']}\"{also})")
     if ui:
         print(f"Prefect:  {ui} (the run, its logs and artifacts; `stoker down` stops the server)")
     print(f"report: {ctx.run_dir / 'report.md'}")

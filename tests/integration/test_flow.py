@@ -114,6 +114,7 @@ def test_demo_spec_end_to_end_then_a_rerun_of_cache_hits(tmp_path, local_stack, 
         events = [json.loads(line[5:]) for line in resp.read().decode().splitlines() if line.startswith("data:")]
     assert len(events) >= 2 and all("text_output" in e for e in events)
     assert "curl -sN -X POST" in first.stdout
+    assert "LoRA adapters: 'demo-lora'" in first.stdout and "adapter demo-lora, concurrency 1:" in first.stdout
 
     # `stoker bench` counts tokens with the deployment's tokenizer: through the stable endpoint from the
     # run's manifest; through a backend's own port with no manifest here, from the repository in S3.
