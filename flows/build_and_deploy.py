@@ -87,7 +87,7 @@ def build_and_deploy(spec: Spec, home: str | None = None) -> dict:
 def run_steps(spec: Spec, ctx: RunContext, steps: Steps) -> None:
     """The run's steps in order; what builds, packages, deploys and evaluates is the target's."""
     target = target_of(spec)  # a parameter Prefect validated without the registry: checked here
-    preflight_checks(spec, ctx.standin)
+    steps.run("preflight", preflight_checks, spec, ctx.standin)
     fetched = steps.run("fetch", fetch_weights, spec, ctx)
     lora = steps.run("adapters", fetch_adapters, spec, fetched, ctx) if spec.adapters else None  # checked, no heavy step yet
     if spec.evaluation.enabled and target.evaluates:  # a bad evaluation text is refused here, before heavy work

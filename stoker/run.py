@@ -14,7 +14,7 @@ from pydantic import BaseModel, Field
 from .spec.schema import Storage
 from .storage.store import Entry, StepStore
 
-STEPS = ("fetch", "quantize", "build", "package", "upload", "deploy", "benchmark")
+STEPS = ("preflight", "fetch", "quantize", "build", "package", "upload", "deploy", "benchmark")
 
 
 def stoker_home() -> Path:

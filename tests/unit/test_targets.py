@@ -155,8 +155,8 @@ def test_reference_step_order_is_unchanged(calls, tmp_path):
     # The baseline starts before the candidate's deploy and is joined before its benchmark.
     assert calls == ["preflight", "fetch", "eval-data", "quantize", "build", "package", "upload", "baseline",
                      "deploy", "benchmark", "metrics", "evaluate", "gate", "switch", "promote"]
-    assert list(steps) == ["fetch", "eval-data", "quantize", "build", "package", "upload", "deploy", "baseline",
-                           "benchmark", "evaluate", "gate", "switch", "promote"]
+    assert list(steps) == ["preflight", "fetch", "eval-data", "quantize", "build", "package", "upload", "deploy",
+                           "baseline", "benchmark", "evaluate", "gate", "switch", "promote"]
     assert steps.metrics == [{"m": 1}]
 
 
@@ -177,8 +177,8 @@ def test_gpu_targets_take_the_one_serving_path(calls, tmp_path, target):
     assert calls == ["preflight", "fetch", "eval-data", "gpu-rollout", "gpu slot", "build", "gpu slot released",
                      "package", "upload", "deploy", "baseline", "benchmark", "metrics", "evaluate", "gate", "switch",
                      "promote"]
-    assert list(steps) == ["fetch", "eval-data", "gpu-rollout", "build", "package", "upload", "deploy", "baseline", "benchmark",
-                           "evaluate", "gate", "switch", "promote"]
+    assert list(steps) == ["preflight", "fetch", "eval-data", "gpu-rollout", "build", "package", "upload", "deploy",
+                           "baseline", "benchmark", "evaluate", "gate", "switch", "promote"]
 
 
 def test_a_gpu_candidate_that_fails_its_gate_is_abandoned_like_any_other(calls, monkeypatch, tmp_path):
@@ -202,7 +202,8 @@ def test_a_fourth_target_is_one_module_the_spec_plan_and_flow_dispatch_to(dummy,
     assert calls == ["check_model"]
 
     steps = run({"target": "dummy", "evaluation": {"enabled": False}}, tmp_path)
-    assert list(steps) == ["fetch", "convert", "package", "upload", "deploy", "benchmark", "gate", "switch", "promote"]
+    assert list(steps) == ["preflight", "fetch", "convert", "package", "upload", "deploy", "benchmark", "gate",
+                           "switch", "promote"]
     assert "gpu slot" not in calls  # runs_on cpu: no GPU slot
 
 
