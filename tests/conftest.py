@@ -100,9 +100,16 @@ def _isolated_homes(tmp_path, monkeypatch):
 
 
 @pytest.fixture(scope="session", autouse=True)
-def _prefect_temporary_api_stopped():
-    """Stop Prefect's temporary API, started by tests that run flows in this process, before pytest
+def _prefect_temporary_api_stopped(request):
+    """Prefect's temporary API, started by tests that run flows in this process: on a port of its own, away from the
+    default ports other tests serve on at the same time (test_operate_walkthrough's), and stopped before pytest
     closes its capture streams; Prefect's own atexit hook would log into them after (stoker/stack/prefect_ephemeral.py)."""
+    from tiers import is_fast
+
+    if not all(is_fast(item) for item in request.session.items):  # the fast tier imports no Prefect server
+        from stoker.stack.prefect_ephemeral import place_temporary_api
+
+        place_temporary_api()
     yield
     from stoker.stack.prefect_ephemeral import stop_ephemeral_api
 

@@ -10,12 +10,20 @@ Left to the atexit hook, it is stopped after the program's last line, and it log
 server" through Prefect's console handler. Under pytest that handler writes to the capture stream
 it was configured with, which pytest has closed by then: `--- Logging error --- … I/O operation on
 closed file`. Stopping it here, while the output streams are still open, leaves the hook nothing to do.
+
+Prefect picks the temporary API's port at random in 8000–8999, where stoker serves by default (the demo's
+8100–8112, the webhook receiver's 8787): a run started beside a demo or a stack could take the port that a
+deployment is about to bind, and did (seen: the webhook receiver failed to start, and the CI job's POST reached a
+temporary Prefect API, which answered 404). `place_temporary_api` gives it a port picked the way stoker picks its
+own (`stoker.stack.services.free_port`: below the kernel's ephemeral range, free, and leased, so that no other pick
+of this host hands it out before the server binds it).
 """
 
 from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Sequence
 
 TELEMETRY_SETTING = "PREFECT_SERVER_ANALYTICS_ENABLED"  # the server's heartbeat and the SDK's events
 
@@ -33,6 +41,33 @@ def telemetry_off() -> bool:
     os.environ[TELEMETRY_SETTING] = "false"  # the temporary API's process inherits it
     refresh_global_settings_context()  # settings were read at import; read them again
     return True
+
+
+def place_temporary_api() -> None:
+    """Keep the temporary API this process may start off the ports stoker serves on by default. Imports Prefect's
+    server module (seconds) only when no API is configured, that is when a flow here will start one anyway."""
+    from prefect.settings import get_current_settings
+
+    if get_current_settings().api.url:
+        return
+    from prefect.server.api.server import SubprocessASGIServer
+
+    # prefect 3.8.8 (pinned) draws the port with random.choice from this class attribute, then checks it is free.
+    SubprocessASGIServer._port_range = _LeasedPort()
+
+
+class _LeasedPort(Sequence):
+    """One port, picked afresh (and leased) at each draw: the server may start long after this was set."""
+
+    def __len__(self) -> int:
+        return 1
+
+    def __getitem__(self, i):
+        if i != 0:
+            raise IndexError(i)
+        from .services import free_port
+
+        return free_port()
 
 
 def stop_ephemeral_api(timeout_s: float = 10) -> None:
