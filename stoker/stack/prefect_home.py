@@ -103,15 +103,11 @@ def default_path() -> Path:
 
 
 def main() -> int:
-    """Print the template's path, made first when missing (one process at a time: a lock beside it)."""
-    import fcntl
+    """Print the template's path, made first when missing (one process at a time)."""
+    from ..atomic import make_once
 
     path = Path(sys.argv[1]) if len(sys.argv) > 1 else default_path()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(f"{path}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not path.is_file():
-            make_template(path)
+    make_once(path, path.is_file, lambda: make_template(path))
     print(path)
     return 0
 

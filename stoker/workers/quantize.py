@@ -391,20 +391,19 @@ def memo_key(raw: dict[str, Any], req: Request) -> str:
 
 
 def memoized(memo: Path, raw: dict[str, Any], req: Request, out: Path) -> dict[str, Any]:
-    """quantize() once per request content into ``memo`` (one process at a time: a lock), then a copy."""
-    import fcntl
+    """quantize() once per request content into ``memo`` (one process at a time), then a copy."""
+    from stoker.atomic import make_once
 
-    memo.mkdir(parents=True, exist_ok=True)
     entry = memo / memo_key(raw, req)
-    with open(f"{entry}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not (entry / "stoker_quantize.json").is_file():
-            staged = memo / f".{entry.name}.{os.getpid()}"
-            shutil.rmtree(staged, ignore_errors=True)
-            quantize(req, staged)
-            os.replace(staged, entry)
-        else:
-            log(f"the same request was quantized earlier in this suite: copied from {MEMO_ENV} ({entry.name})")
+
+    def make() -> None:
+        staged = memo / f".{entry.name}.{os.getpid()}"
+        shutil.rmtree(staged, ignore_errors=True)
+        quantize(req, staged)
+        os.replace(staged, entry)  # last: the entry is complete
+
+    if not make_once(entry, (entry / "stoker_quantize.json").is_file, make):
+        log(f"the same request was quantized earlier in this suite: copied from {MEMO_ENV} ({entry.name})")
     if out.exists() and any(out.iterdir()):
         raise QuantizeError(f"output directory {out} is not empty")
     shutil.copytree(entry, out, dirs_exist_ok=True)

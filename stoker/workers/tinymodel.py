@@ -164,18 +164,19 @@ CACHE_ENV = "STOKER_TINY_MODEL_CACHE"
 
 
 def cached_build(cache: Path, out: Path, seed: int, architecture: str) -> dict[str, str]:
-    """build() once per (architecture, seed) into ``cache`` (one process at a time: a lock), then a copy."""
-    import fcntl
+    """build() once per (architecture, seed) into ``cache`` (one process at a time), then a copy."""
     import shutil
 
-    cache.mkdir(parents=True, exist_ok=True)
+    from stoker.atomic import make_once
+
     entry = cache / f"{architecture}-{seed}"
-    with open(f"{entry}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not (entry / "files.json").is_file():
-            shutil.rmtree(entry, ignore_errors=True)
-            files = build(entry / "model", seed, architecture)
-            (entry / "files.json").write_text(json.dumps(files))  # last: the entry is complete
+
+    def make() -> None:
+        shutil.rmtree(entry, ignore_errors=True)
+        files = build(entry / "model", seed, architecture)
+        (entry / "files.json").write_text(json.dumps(files))  # last: the entry is complete
+
+    make_once(entry, (entry / "files.json").is_file, make)
     files = json.loads((entry / "files.json").read_text())
     out.mkdir(parents=True, exist_ok=True)
     for name in files:
