@@ -160,7 +160,7 @@ def serving(tmp: Path, rounds: int) -> dict:
     import uuid
 
     from operate_helpers import free_base_port
-    from quality import cleanup, manifest_of, stoker, write_spec
+    from stoker_runs import cleanup, manifest_of, stoker, write_spec
 
     from stoker.demo import DEMO_ADAPTER_REPO, DEMO_REPO, demo_spec, start_stack, state_dir
     from stoker.orchestration.child import run_module

@@ -21,7 +21,6 @@ import argparse
 import json
 import os
 import platform
-import subprocess
 import sys
 import tempfile
 import time
@@ -34,39 +33,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests" / "integration"))
 
+from stoker_runs import cleanup, manifest_of, stoker, write_spec  # noqa: E402 - after the path set-up
+
 FORMATS = ("none", "fp8", "int8_sq", "int4_awq", "w4a8_awq")
 EVAL_STEPS = ("eval-data", "baseline", "evaluate")
-
-
-def stoker(args: list[str], env: dict) -> tuple[float, subprocess.CompletedProcess]:
-    t0 = time.perf_counter()
-    r = subprocess.run([sys.executable, "-m", "stoker.cli", *args], env=env, capture_output=True, text=True,
-                       timeout=1800)
-    return time.perf_counter() - t0, r
-
-
-def manifest_of(r: subprocess.CompletedProcess, home: Path, since: float) -> dict:
-    """The run's manifest: the last line names it on success; on failure, the run folder written since."""
-    last = (r.stdout.strip().splitlines() or [""])[-1]
-    if last.startswith("manifest: "):
-        return json.loads(Path(last.removeprefix("manifest: ")).read_text())
-    runs = sorted((p for p in (home / "runs").glob("*/manifest.json") if p.stat().st_mtime >= since),
-                  key=lambda p: p.stat().st_mtime)
-    if not runs:
-        raise SystemExit(f"no manifest; stderr: {r.stderr.strip()[-2000:]}")
-    return json.loads(runs[-1].read_text())
-
-
-def write_spec(base: dict, path: Path, **changes) -> Path:
-    data = json.loads(json.dumps(base))
-    for dotted, value in changes.items():
-        node = data
-        *parents, leaf = dotted.split("__")
-        for p in parents:
-            node = node.setdefault(p, {})
-        node[leaf] = value
-    path.write_text(yaml.safe_dump(data))
-    return path
 
 
 def row(m: dict, wall: float) -> dict:
@@ -208,16 +178,6 @@ def main() -> None:
     finally:
         cleanup(names)
     write(args.out, result, names, tmp)
-
-
-def cleanup(names: list[str]) -> None:
-    from stoker.containers.engine import connect, remove_deployment
-
-    client = connect()
-    for name in names:
-        remove_deployment(client, name, lambda _l: None)
-    subprocess.run([sys.executable, "-m", "stoker.cli", "down"], capture_output=True)
-    names.clear()
 
 
 def write(out: Path, result: dict, names: list[str], tmp: Path) -> None:
