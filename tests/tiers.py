@@ -2,8 +2,9 @@
 prefect, slow): pure logic and what runs in this process or its children. Markers are the one source of a test's
 tier, so a test in the wrong tier fails:
 - at collection, a test that requests a service fixture without a service marker (one line naming its file);
-- at run time, a fast test that starts a container, a service stoker runs (S3, Hub mirror, Prefect server,
-  Triton, dockerd, HAProxy, PostgreSQL), or connects to the Docker daemon, errors naming itself.
+- at run time, a fast test that starts a container, a service stoker runs (S3, Hub mirror, Prefect server or
+  Prefect's temporary API, Triton, dockerd, HAProxy, PostgreSQL), or connects to the Docker daemon, errors naming
+  itself.
 """
 
 from __future__ import annotations
@@ -46,6 +47,8 @@ def _starts_service(argv) -> str | None:
         return prog
     if prog == "prefect" and args[1:3] == ["server", "start"]:
         return "prefect server"
+    if "uvicorn" in args and any(a.startswith("prefect.server") for a in args):
+        return "Prefect's temporary API"  # what a flow, or any Prefect client, starts when no API is configured
     if "olah.server" in args or "moto.server" in args:
         return "a Hub mirror" if "olah.server" in args else "moto"
     return None

@@ -31,6 +31,16 @@ def test_a_fast_test_that_starts_a_service_errors_naming_itself(tmp_path):
             "starts moto_server") in r.stdout
 
 
+def test_a_fast_test_that_runs_a_flow_without_an_api_errors_naming_itself(tmp_path):
+    """A flow with no API configured starts Prefect's temporary API (a uvicorn process): a service."""
+    r = _pytest(tmp_path, "test_planted.py", "from prefect import flow\n\n@flow\ndef f():\n    return 1\n\n"
+                "def test_sneaky(monkeypatch, tmp_path):\n    monkeypatch.delenv('PREFECT_API_URL', raising=False)\n"
+                "    monkeypatch.setenv('PREFECT_HOME', str(tmp_path))\n    f()\n")
+    assert r.returncode == 1
+    assert ("tier: tests/test_planted.py::test_sneaky is in the fast tier (no service marker) but starts Prefect's "
+            "temporary API") in r.stdout, r.stdout[-3000:]
+
+
 def test_a_fast_test_that_requests_a_service_fixture_fails_collection(tmp_path):
     r = _pytest(tmp_path, "test_planted.py", "def test_sneaky(local_stack):\n    assert local_stack\n")
     assert r.returncode != 0
