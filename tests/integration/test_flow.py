@@ -174,6 +174,7 @@ def test_demo_spec_end_to_end_then_a_rerun_of_cache_hits(tmp_path, local_stack, 
     from stoker.spec.load import load_spec
 
     data["quantization"]["calibration"]["samples"] = 15  # a new quantize key; its cache entry is the damage
+    data.pop("adapters")  # the gate under test is the base model's; the adapter was served and scored above
     damaged_spec = path.with_name("damaged.yaml")
     damaged_spec.write_text(yaml.safe_dump(data))
     good = Path(env["STOKER_HOME"]) / "cache" / "quantize" / m1["steps"]["quantize"]["key"] / "out"
