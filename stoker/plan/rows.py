@@ -65,9 +65,12 @@ def package_row(spec: Spec, ctx: RunContext, keyfn, build_digest: str, weights_d
         from .. import adapters as lora
         from ..cache.keys import adapters_key
 
-        entry = ctx.store.lookup("adapters", adapters_key(spec, lora.resolve(spec), weights_digest or ""))
-        if weights_digest is None or entry is None:
-            return PlannedStep("package", None, "pending", "key known once the adapters are fetched"), None
+        pending = PlannedStep("package", None, "pending", "key known once the adapters are fetched"), None
+        if weights_digest is None:  # the weights are not fetched yet: no need to ask the Hub for the adapters' shas
+            return pending
+        entry = ctx.store.lookup("adapters", adapters_key(spec, lora.resolve(spec), weights_digest))
+        if entry is None:
+            return pending
         adapters = entry.digest
     return cached_row(spec, ctx, "package", keyfn(spec, build_digest, adapters), note)
 

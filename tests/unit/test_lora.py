@@ -124,3 +124,25 @@ def test_a_new_adapter_commit_is_a_new_watch_key_and_the_started_spec_pins_every
     assert dedup_key(w, base) != dedup_key(w, base, {"support": "b" * 40})
     assert dedup_key(w, base, {"support": "b" * 40}) != dedup_key(w, base, {"support": "c" * 40})
     assert dedup_key(w, base, {"support": "b" * 40}) == dedup_key(w, base, {"support": "b" * 40})
+
+
+def test_the_plan_asks_the_hub_for_adapter_shas_only_once_the_weights_are_cached(tmp_path, monkeypatch):
+    from stoker import adapters as lora
+    from stoker.cache.keys import adapters_key, package_key
+    from stoker.plan.rows import package_row
+    from stoker.run import RunContext
+    from stoker.spec.load import parse_spec
+
+    spec = parse_spec({"model": {"repo_id": "org/base"}, "storage": {"bucket": "bkt"},
+                       "adapters": [{"name": "support", "repo_id": "org/support-lora"}]})
+    ctx = RunContext.new(tmp_path)
+    asked = []
+    monkeypatch.setattr(lora, "resolve", lambda s: asked.append(s) or {"support": "b" * 40})
+    row, digest = package_row(spec, ctx, package_key, "d" * 64, None)
+    assert (row.status, digest, asked) == ("pending", None, [])  # nothing fetched yet: no Hub read
+    row, digest = package_row(spec, ctx, package_key, "d" * 64, "w" * 64)
+    assert (row.status, digest, len(asked)) == ("pending", None, 1)  # asked, but the adapters step is not cached
+    key = adapters_key(spec, {"support": "b" * 40}, "w" * 64)
+    entry = ctx.store.publish("adapters", key, lambda out: (out / "adapters.json").write_text("{}") and {})
+    row, _ = package_row(spec, ctx, package_key, "d" * 64, "w" * 64)
+    assert row.status == "miss" and row.key == package_key(spec, "d" * 64, entry.digest)
