@@ -11,12 +11,12 @@ server" through Prefect's console handler. Under pytest that handler writes to t
 it was configured with, which pytest has closed by then: `--- Logging error --- … I/O operation on
 closed file`. Stopping it here, while the output streams are still open, leaves the hook nothing to do.
 
-Prefect picks the temporary API's port at random in 8000–8999, where stoker serves by default (the demo's
-8100–8112, the webhook receiver's 8787): a run started beside a demo or a stack could take the port that a
-deployment is about to bind, and did (seen: the webhook receiver failed to start, and the CI job's POST reached a
-temporary Prefect API, which answered 404). `place_temporary_api` gives it a port picked the way stoker picks its
-own (`stoker.stack.services.free_port`: below the kernel's ephemeral range, free, and leased, so that no other pick
-of this host hands it out before the server binds it).
+Prefect picks the temporary API's port at random in 8000–8999, where stoker serves by default (the demo spec's
+8000–8002, the Operate section's 8100–8112, the webhook receiver's 8787): a run started beside a demo or a stack
+could take the port that a deployment is about to bind, and did (seen: the webhook receiver failed to start, and
+the CI job's POST reached a temporary Prefect API, which answered 404). `place_temporary_api` gives it a port
+picked the way stoker picks its own (`stoker.stack.services.free_port`: below the kernel's ephemeral range, free,
+and leased, so that no other pick of this host hands it out before the server binds it).
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
-"""Where Prefect's temporary API listens: never on the ports stoker serves on by default (8000-8999 holds the demo's
-8100-8112 and the webhook receiver's 8787), always on a port leased the way stoker leases its own."""
+"""Where Prefect's temporary API listens: never on the ports stoker serves on by default (8000-8999 holds the demo
+spec's 8000-8002, the Operate section's 8100-8112 and the webhook receiver's 8787), always on a port leased the way
+stoker leases its own."""
 
 from __future__ import annotations
 
