@@ -3,7 +3,10 @@
 A flow run inside the pytest process starts Prefect's temporary API, as test_operate_rollouts.py does.
 """
 
+import pytest
 from prefect import flow, get_run_logger
+
+pytestmark = [pytest.mark.prefect]  # the temporary API is a service: unmarked, tests/tiers.py refuses it
 
 
 @flow
