@@ -12,10 +12,9 @@ import json
 def run_flow(spec, before=None) -> tuple[dict, str | None]:
     """Run build_and_deploy on whatever Prefect API is configured (ephemeral when none); returns the manifest and
     the flow run's id. ``before(flow)`` runs once the flow is imported, before it starts."""
-    from .stack.prefect_ephemeral import place_temporary_api, stop_ephemeral_api, telemetry_off
+    from .stack.prefect_ephemeral import prepare_temporary_api, stop_ephemeral_api
 
-    telemetry_off()  # before the flow's import starts anything of Prefect's
-    place_temporary_api()
+    prepare_temporary_api()  # before the flow's import starts anything of Prefect's
     from flows.build_and_deploy import build_and_deploy
 
     from .run import RunContext

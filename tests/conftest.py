@@ -109,6 +109,8 @@ def _prefect_temporary_api_stopped(request):
     if not all(is_fast(item) for item in request.session.items):  # the fast tier imports no Prefect server
         from stoker.stack.prefect_ephemeral import place_temporary_api
 
+        # Only the port: telemetry_off() would set its variable in this worker's environment, which every `stoker`
+        # process a test starts inherits, and then no test would show that stoker turns telemetry off itself.
         place_temporary_api()
     yield
     from stoker.stack.prefect_ephemeral import stop_ephemeral_api

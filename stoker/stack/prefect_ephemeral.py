@@ -17,6 +17,9 @@ could take the port that a deployment is about to bind, and did (seen: the webho
 the CI job's POST reached a temporary Prefect API, which answered 404). `place_temporary_api` gives it a port
 picked the way stoker picks its own (`stoker.stack.services.free_port`: below the kernel's ephemeral range, free,
 and leased, so that no other pick of this host hands it out before the server binds it).
+
+A process that may start the temporary API calls `prepare_temporary_api()` (both of the above) before the flow's
+import, and `stop_ephemeral_api()` when its flows are done.
 """
 
 from __future__ import annotations
@@ -54,6 +57,14 @@ def place_temporary_api() -> None:
 
     # prefect 3.8.8 (pinned) draws the port with random.choice from this class attribute, then checks it is free.
     SubprocessASGIServer._port_range = _LeasedPort()
+
+
+def prepare_temporary_api() -> None:
+    """What every process that may start Prefect's temporary API does first, before the flow's import starts
+    anything of Prefect's: telemetry off (unless the user set it) and the API's port placed. One call, so that a
+    new caller cannot take one and forget the other."""
+    telemetry_off()
+    place_temporary_api()
 
 
 class _LeasedPort(Sequence):

@@ -16,10 +16,9 @@ sys.path.insert(0, str(ROOT))
 
 
 def main(job_path: str) -> int:
-    from stoker.stack.prefect_ephemeral import place_temporary_api, stop_ephemeral_api, telemetry_off
+    from stoker.stack.prefect_ephemeral import prepare_temporary_api, stop_ephemeral_api
 
-    telemetry_off()
-    place_temporary_api()
+    prepare_temporary_api()
     from prefect import flow
 
     from stoker.run import Output, RunContext, StepResult

@@ -58,9 +58,9 @@ def test_an_upload_reports_its_bytes_every_ten_percent_not_every_file(tmp_path, 
 
 @pytest.mark.prefect
 def test_a_task_run_gets_a_progress_artifact_updated_from_other_threads(monkeypatch):
-    from stoker.stack.prefect_ephemeral import telemetry_off
+    from stoker.stack.prefect_ephemeral import prepare_temporary_api
 
-    telemetry_off()
+    prepare_temporary_api()
     from prefect import flow, task
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterTaskRunId
