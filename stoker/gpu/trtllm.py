@@ -133,8 +133,8 @@ def serve_command(spec, ports, extra_args: list[str], complete_configs: bool = F
     auto-completed python model costs one more stub start.
     """
     world = spec.parallel.world_size
-    common = [f"--http-address=127.0.0.1", f"--http-port={ports.http}", f"--grpc-address=127.0.0.1",
-              f"--grpc-port={ports.grpc}", f"--metrics-address=127.0.0.1", f"--metrics-port={ports.metrics}",
+    common = ["--http-address=127.0.0.1", f"--http-port={ports.http}", "--grpc-address=127.0.0.1",
+              f"--grpc-port={ports.grpc}", "--metrics-address=127.0.0.1", f"--metrics-port={ports.metrics}",
               *extra_args]
     if world == 1:
         return ["tritonserver", f"--model-repository={C_MODELS}", *common,

@@ -122,8 +122,7 @@ def ensure_server(state_dir: Path, port: int | None = None, database_url: str | 
            **({"PREFECT_SERVER_API_AUTH_STRING": secret, "PREFECT_API_AUTH_STRING": secret} if auth else {})}
     if database_url:
         env["PREFECT_API_DATABASE_CONNECTION_URL"] = database_url
-    else:
-        prefect_home.seed(home, env)
+    prefect_home.seed(home, env)  # SQLite's comes migrated; either way, env says whether to register block types
     url = f"http://127.0.0.1:{port}/api"
     start_service(SERVER, [_prefect_bin(), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
                   port, state_dir, env=env, ready=lambda: _healthy(url, secret), timeout_s=timeout_s)

@@ -94,14 +94,23 @@ def apply_deployments(tmp_path: Path, api, pool: str) -> subprocess.CompletedPro
 
 
 def api_get(api, path: str, body: dict | None = None) -> dict | list:
-    """A raw call to the Prefect REST API with basic auth (POST when body is given)."""
+    """A raw read of the Prefect REST API with basic auth (POST when body is given: every caller's body is a filter,
+    so a call is safe to repeat)."""
     import base64
 
     req = urllib.request.Request(f"{api.url}{path}", data=json.dumps(body).encode() if body is not None else None,
                                  headers={"Authorization": "Basic " + base64.b64encode(api.auth.encode()).decode(),
                                           "Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=30) as resp:
-        return json.loads(resp.read() or b"null")
+    # Prefect's SQLite server lets a write wait up to 60 s for the database lock (its PRAGMA busy_timeout), and on a
+    # loaded 2-core machine, with a flow run streaming logs to it, a read took over 30 s once and failed CI. So the
+    # client waits longer than the server may, and a read that still times out is asked once more.
+    for attempt in (1, 2):
+        try:
+            with urllib.request.urlopen(req, timeout=75) as resp:
+                return json.loads(resp.read() or b"null")
+        except TimeoutError:
+            if attempt == 2:
+                raise
 
 
 def flow_runs(api, deployment_id: str) -> list[dict]:

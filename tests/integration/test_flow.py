@@ -54,9 +54,11 @@ def _stoker(args, env, timeout=1200):
 
 
 def _env(tmp_path, local_stack):
-    # Cold for real: this Prefect home migrates its own database (no template from make test-services).
-    env = {k: v for k, v in os.environ.items() if k != "STOKER_PREFECT_DB_TEMPLATE"}
-    return {**env, **local_stack["aws_env"], "STOKER_HOME": str(tmp_path / "home"),
+    # Cold for real: this Prefect home migrates its own database and registers its block types (no template from
+    # make test-services).
+    from stoker.stack.prefect_home import cold_env
+
+    return {**cold_env(os.environ), **local_stack["aws_env"], "STOKER_HOME": str(tmp_path / "home"),
             "PREFECT_HOME": str(tmp_path / "prefect"), "PREFECT_LOGGING_LEVEL": "INFO"}
 
 

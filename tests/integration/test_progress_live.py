@@ -58,8 +58,11 @@ def test_an_upload_reports_its_bytes_every_ten_percent_not_every_file(tmp_path, 
 
 @pytest.mark.prefect
 def test_a_task_run_gets_a_progress_artifact_updated_from_other_threads(monkeypatch):
-    from stoker.stack.prefect_ephemeral import prepare_temporary_api
+    from stoker.stack.prefect_ephemeral import TELEMETRY_SETTING, prepare_temporary_api
 
+    # Said here, and undone at teardown: prepare_temporary_api would set it for the rest of this worker's tests, and
+    # the `stoker` processes they start would inherit it, hiding whether stoker turns telemetry off by itself.
+    monkeypatch.setenv(TELEMETRY_SETTING, "false")
     prepare_temporary_api()
     from prefect import flow, task
     from prefect.client.orchestration import get_client
