@@ -17,6 +17,13 @@ from ..spec.schema import Spec
 
 def plan(spec: Spec, ctx: RunContext) -> list[PlannedStep]:
     """Each of the target's steps (stoker/targets/), refused first where the spec or the model cannot work."""
+    from ..adapters import resolving_once
+
+    with resolving_once():  # the adapter check and the package row see one sha per adapter
+        return _plan(spec, ctx)
+
+
+def _plan(spec: Spec, ctx: RunContext) -> list[PlannedStep]:
     warnings = check_evaluation(spec)
     adapter_notes = check_adapters(spec)  # refused here, before the target's own rows, when they cannot serve
     steps = targets.get(spec.target).plan(spec, ctx)

@@ -126,6 +126,25 @@ def test_a_new_adapter_commit_is_a_new_watch_key_and_the_started_spec_pins_every
     assert dedup_key(w, base, {"support": "b" * 40}) == dedup_key(w, base, {"support": "b" * 40})
 
 
+def test_within_one_plan_each_adapter_revision_is_resolved_once_and_keeps_its_sha(monkeypatch):
+    """The plan's adapter check and its package row must name one commit, even if the branch moves between them."""
+    from stoker import adapters as lora
+    from stoker.spec.load import parse_spec
+
+    spec = parse_spec({"model": {"repo_id": "org/base"}, "storage": {"bucket": "bkt"},
+                       "adapters": [{"name": "support", "repo_id": "org/support-lora"}]})
+    heads = iter("bcd")
+    asked = []
+    monkeypatch.setattr(lora.hub, "resolve", lambda repo, rev, *a: asked.append(repo) or next(heads) * 40)
+    with lora.resolving_once():
+        first, second = lora.resolve(spec), lora.resolve(spec)
+        first["support"] = "mutated by a caller"
+        third = lora.resolve(spec)
+    assert second == third == {"support": "b" * 40} and asked == ["org/support-lora"]
+    assert lora.resolve(spec) == {"support": "c" * 40}  # outside: asked afresh each time, as a watcher must
+    assert lora.resolve(spec) == {"support": "d" * 40}
+
+
 def test_the_plan_asks_the_hub_for_adapter_shas_only_once_the_weights_are_cached(tmp_path, monkeypatch):
     from stoker import adapters as lora
     from stoker.cache.keys import adapters_key, package_key
