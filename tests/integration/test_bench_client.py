@@ -3,7 +3,8 @@
 The server is the tritonserver binary from the nvidia-pytriton wheel, run on this host by
 stoker.stack.local_triton. The model is a decoupled python-backend model with the TensorRT-LLM ensemble's
 interface that waits FIRST_TOKEN_S, then emits `max_tokens` one-word responses every INTERVAL_S on an
-absolute schedule, so the true TTFT and ITL are known and the client's measurements can be checked.
+absolute schedule, so the script's delays are floors that the client's measurements are checked against (how close
+they come on a loaded host is test_bench_accuracy.py's, from the server's own stamps).
 """
 
 from __future__ import annotations
@@ -32,9 +33,6 @@ pytestmark = pytest.mark.triton
 
 FIRST_TOKEN_S = 0.050
 INTERVAL_S = 0.010
-# Generous: the server, its python stub and this client share 2 CPU cores with other work.
-TTFT_TOLERANCE_MS = 25.0  # measured mean TTFT must lie in [50, 75] ms (it can only be late, never early)
-ITL_TOLERANCE_MS = 3.0  # measured mean ITL must lie within 10 ± 3 ms
 
 SCRIPTED_MODEL = f'''
 import threading
@@ -177,10 +175,17 @@ def test_scripted_timing_is_measured(triton_grpc_url: str) -> None:
             f"(error {itl_error:+.3f}), p99 {level.itl_ms.p99:.3f}; e2e mean {level.e2e_ms.mean:.1f} ms; "
             f"{level.output_tokens_per_s:.0f} tok/s, {level.requests_per_s:.2f} req/s"
         )
-        assert 0.0 <= ttft_error <= TTFT_TOLERANCE_MS
-        assert abs(itl_error) <= ITL_TOLERANCE_MS
-        # Throughput is consistent with the schedule: each request takes about 50 + 19*10 = 240 ms.
+        # Floors only: they hold on any host, however loaded. The script's delays are lower bounds, so a TTFT
+        # under FIRST_TOKEN_S or a request done before its schedule is the client's error. How close the figures
+        # come is printed above; test_bench_accuracy.py splits it with the server's own stamps. (An upper bound
+        # here, the mean TTFT at most 25 ms late, failed CI once: on a loaded host the model itself sent late,
+        # p99 219 ms at concurrency 4, and the client measured that correctly.)
         ideal_request_s = FIRST_TOKEN_S + (max_tokens - 1) * INTERVAL_S
+        assert ttft_error >= 0.0
+        for record in (r for r in result.records if r.concurrency == level.concurrency):
+            assert record.first_response_s - record.start_s >= FIRST_TOKEN_S
+            assert record.end_s - record.start_s >= ideal_request_s  # the script's deadlines are absolute
+        # Throughput is consistent with the schedule: each request takes at least 50 + 19*10 = 240 ms.
         assert level.requests_per_s <= level.concurrency / ideal_request_s * 1.05
         # Not slower than 10x the schedule: a deadline against hangs; the client's own ceiling is measured by
         # benchmarks/client_ceiling.py.
