@@ -133,8 +133,13 @@ def model(s: RepoSettings) -> mc.ModelConfig:
 
 
 def postprocessing(s: RepoSettings) -> mc.ModelConfig:
-    return _python_model("postprocessing", s, POSTPROCESSING_IN, POSTPROCESSING_OUT, s.postprocessing_instances,
-                         {"tokenizer_dir": s.tokenizer_dir, "skip_special_tokens": "true"})
+    cfg = _python_model("postprocessing", s, POSTPROCESSING_IN, POSTPROCESSING_OUT, s.postprocessing_instances,
+                        {"tokenizer_dir": s.tokenizer_dir, "skip_special_tokens": "true"})
+    # As upstream's: while the instance decodes, the tokens that other sequences' steps streamed meanwhile queue
+    # and go to it together, one execute (one round trip to the Python stub) for all of them. No queue delay:
+    # a token that finds the instance idle is decoded at once.
+    cfg.dynamic_batching.SetInParent()
+    return cfg
 
 
 def ensemble(s: RepoSettings) -> mc.ModelConfig:

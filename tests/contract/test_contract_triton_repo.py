@@ -66,6 +66,8 @@ def test_engine_repository_matches_inflight_batcher_llm(rendered, ibl):
         ref_out = {k: v[0] for k, v in _upstream_io(ref["outputs"]).items()}
         assert all(ref_out[k] == v[0] for k, v in _io(cfg.output).items()), name
         assert set(cfg.parameters) <= set(ref["parameters"])
+        # Dynamic batching where upstream has it (postprocessing: the tokens streamed meanwhile go in one execute).
+        assert cfg.HasField("dynamic_batching") == ("dynamic_batching" in ref), name
     ens = _load(repo, "ensemble")
     ref_ens = _upstream_io(ibl["ensemble"]["inputs"])
     got = _io(ens.input)

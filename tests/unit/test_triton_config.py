@@ -26,6 +26,8 @@ instance_group {
   count: 3
   kind: KIND_CPU
 }
+dynamic_batching {
+}
 parameters {
   key: "skip_special_tokens"
   value {
