@@ -19,8 +19,6 @@ import shutil
 import struct
 import tempfile
 from collections.abc import Callable
-from contextlib import contextmanager
-from contextvars import ContextVar
 from pathlib import Path
 
 from .errors import PlanRefused
@@ -47,30 +45,9 @@ def _endpoint(spec) -> str:
     return hub_endpoint(spec.model)
 
 
-_RESOLVED: ContextVar[dict | None] = ContextVar("stoker_adapter_shas", default=None)
-
-
-@contextmanager
-def resolving_once():
-    """Within it, each adapter's revision is resolved once: every row of one plan names the same commit (a revision
-    that moves part way through cannot give the check and the package key two shas), and the Hub is asked once."""
-    token = _RESOLVED.set({})
-    try:
-        yield
-    finally:
-        _RESOLVED.reset(token)
-
-
 def resolve(spec) -> dict[str, str]:
     """name → the commit sha each adapter's revision points at now (HubError subclasses, one line)."""
-    endpoint, memo = _endpoint(spec), _RESOLVED.get()
-    key = (endpoint, *((a.name, a.repo_id, a.revision) for a in spec.adapters))
-    if memo is None or key not in memo:
-        shas = {a.name: hub.resolve(a.repo_id, a.revision, endpoint, _token(a)) for a in spec.adapters}
-        if memo is None:
-            return shas
-        memo[key] = shas
-    return dict(memo[key])
+    return {a.name: hub.resolve(a.repo_id, a.revision, _endpoint(spec), _token(a)) for a in spec.adapters}
 
 
 def base_config(spec, fetched: Path | None = None) -> dict:

@@ -17,9 +17,9 @@ from ..spec.schema import Spec
 
 def plan(spec: Spec, ctx: RunContext) -> list[PlannedStep]:
     """Each of the target's steps (stoker/targets/), refused first where the spec or the model cannot work."""
-    from ..adapters import resolving_once
+    from ..storage.hub import resolving_once
 
-    with resolving_once():  # the adapter check and the package row see one sha per adapter
+    with resolving_once():  # every row sees one sha per revision (base and adapters), each asked of the Hub once
         return _plan(spec, ctx)
 
 

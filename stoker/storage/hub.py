@@ -14,6 +14,7 @@ import shutil
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
@@ -162,8 +163,24 @@ def _api(endpoint: str, token: str | None) -> HfApi:
     return HfApi(endpoint=endpoint, token=token or False)
 
 
+_RESOLVED: ContextVar[dict[tuple[str, str, str], str] | None] = ContextVar("stoker_hub_shas", default=None)
+
+
+@contextmanager
+def resolving_once() -> Iterator[None]:
+    """Within it, each (repo, revision, endpoint) is resolved once: every row of one plan names the same commit (a
+    branch that moves part way through cannot give the check and a cache key two shas), and the Hub is asked once.
+    Outside it every call asks afresh, as a watcher must."""
+    token = _RESOLVED.set({})
+    try:
+        yield
+    finally:
+        _RESOLVED.reset(token)
+
+
 def resolve(repo_id: str, revision: str, endpoint: str, token: str | None = None) -> str:
-    """The commit sha that revision (branch, tag or sha) of model repo_id points at now.
+    """The commit sha that revision (branch, tag or sha) of model repo_id points at now (within
+    ``resolving_once``: when first asked).
 
     Example: resolve("org/tiny-llama", "main", "http://127.0.0.1:8090") -> "3f2a...".
 
@@ -173,6 +190,15 @@ def resolve(repo_id: str, revision: str, endpoint: str, token: str | None = None
     if not revision:
         # Without a revision the Hub picks one for us (and olah offline answers 401): always pin.
         raise HubError(f"resolve({repo_id}) needs an explicit revision")
+    memo, key = _RESOLVED.get(), (repo_id, revision, endpoint)
+    if memo is None:
+        return _resolve(repo_id, revision, endpoint, token)
+    if key not in memo:
+        memo[key] = _resolve(repo_id, revision, endpoint, token)
+    return memo[key]
+
+
+def _resolve(repo_id: str, revision: str, endpoint: str, token: str | None) -> str:
     api = _api(endpoint, token)
     try:
         with _hub_errors(repo_id, revision, endpoint, token):

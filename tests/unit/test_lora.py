@@ -126,23 +126,27 @@ def test_a_new_adapter_commit_is_a_new_watch_key_and_the_started_spec_pins_every
     assert dedup_key(w, base, {"support": "b" * 40}) == dedup_key(w, base, {"support": "b" * 40})
 
 
-def test_within_one_plan_each_adapter_revision_is_resolved_once_and_keeps_its_sha(monkeypatch):
-    """The plan's adapter check and its package row must name one commit, even if the branch moves between them."""
+def test_within_one_plan_each_revision_is_resolved_once_and_keeps_its_sha(monkeypatch):
+    """The plan's rows must name one commit per revision, the base's and each adapter's, even if a branch moves
+    between them; each is asked of the Hub once. Outside a plan every call asks afresh."""
     from stoker import adapters as lora
     from stoker.spec.load import parse_spec
+    from stoker.storage import hub
+    from stoker.storage.source import resolve_source
 
     spec = parse_spec({"model": {"repo_id": "org/base"}, "storage": {"bucket": "bkt"},
                        "adapters": [{"name": "support", "repo_id": "org/support-lora"}]})
-    heads = iter("bcd")
+    heads = iter("bcdefg")
     asked = []
-    monkeypatch.setattr(lora.hub, "resolve", lambda repo, rev, *a: asked.append(repo) or next(heads) * 40)
-    with lora.resolving_once():
-        first, second = lora.resolve(spec), lora.resolve(spec)
+    monkeypatch.setattr(hub, "_resolve", lambda repo, rev, *a: asked.append(repo) or next(heads) * 40)
+    with hub.resolving_once():
+        first, base = lora.resolve(spec), resolve_source(spec)[0]
         first["support"] = "mutated by a caller"
-        third = lora.resolve(spec)
-    assert second == third == {"support": "b" * 40} and asked == ["org/support-lora"]
-    assert lora.resolve(spec) == {"support": "c" * 40}  # outside: asked afresh each time, as a watcher must
-    assert lora.resolve(spec) == {"support": "d" * 40}
+        again, base_again = lora.resolve(spec), resolve_source(spec)[0]
+    assert again == {"support": "b" * 40} and base == base_again == "c" * 40
+    assert asked == ["org/support-lora", "org/base"]
+    assert lora.resolve(spec) == {"support": "d" * 40}  # outside: asked afresh each time, as a watcher must
+    assert lora.resolve(spec) == {"support": "e" * 40}
 
 
 def test_the_plan_asks_the_hub_for_adapter_shas_only_once_the_weights_are_cached(tmp_path, monkeypatch):
