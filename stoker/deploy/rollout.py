@@ -113,7 +113,7 @@ def backend_spec(spec: Spec, repository_uri: str, digest: str, env: dict[str, st
     elif spec.parallel.world_size == 1:
         # Explicit model control lets retire unload the old backend's models: it refuses new requests before any
         # answer while those in flight finish, so a busy long-lived stream moves without a cut answer
-        # (serving.promote.refuse_new). Not with TP×PP > 1: its other ranks load only tensorrt_llm, and these
+        # (serving.retire.refuse_new). Not with TP×PP > 1: its other ranks load only tensorrt_llm, and these
         # arguments reach every rank.
         extra += EXPLICIT_ARGS
     return docker_engine.BackendSpec(

@@ -2,5 +2,6 @@
 
 Pure decisions live in ``ports``, ``topology`` and ``haproxy`` (rendering); ``probe`` talks
 HTTP to Triton; ``stoker.containers.engine`` talks to the Docker engine; ``promote`` composes them
-into the steps of a promotion (reconcile, stage, switch, watch, retire).
+into the steps of a promotion (reconcile, stage, switch, watch), and ``retire`` drains and removes the old
+backend.
 """

@@ -79,7 +79,7 @@ class Build:
         uri, digest = publish(c, bucket, endpoint, write_repo(self.tmp / f"{tag}-{uuid.uuid4().hex[:6]}", tag,
                                                                **model))
         # As the reference target's backends run (rollout.backend_spec): explicit model control, so that retire
-        # can make the old backend refuse new requests (promote.refuse_new).
+        # can make the old backend refuse new requests (retire.refuse_new).
         return engine.BackendSpec(name=self.name, image=self.image, repository_uri=uri, repo_digest=digest,
                                   env={**env, "AWS_DEFAULT_REGION": "us-east-1"}, ready_timeout_s=ready_timeout_s,
                                   run_id=f"run-{tag}", extra_args=list(EXPLICIT_ARGS))
