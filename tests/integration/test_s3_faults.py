@@ -163,23 +163,23 @@ def test_the_upload_task_retries_a_freeze_that_outlasts_boto3s_retries(server, t
     root = tmp_path / "repo"
     records = _repository(root)
     job = tmp_path / "job.json"
+    frozen, lines = server["frozen"], []
+    # The retry must find something already there and something still to send: the helper freezes the server the
+    # moment the first object's PUT is answered (a watcher polling from here saw the first object only after the
+    # whole upload had finished on a loaded host, and the freeze then came too late to fail anything).
     job.write_text(json.dumps({"root": str(root), "digest": DIGEST, "empty_dirs": EMPTY_DIRS,
                                "home": str(tmp_path / "home"), "storage": storage.model_dump(mode="json"),
-                               "files": [r.__dict__ for r in records]}))
+                               "files": [r.__dict__ for r in records], "freeze_pgid": frozen.pid}))
     env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect"), "STOKER_HOME": str(tmp_path / "home"),
            "PREFECT_LOGGING_LEVEL": "INFO", "PYTHONUNBUFFERED": "1", "AWS_MAX_ATTEMPTS": "2"}
     env.pop("PREFECT_API_URL", None)
     proc = subprocess.Popen([sys.executable, str(HELPER), str(job)], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
-    frozen, lines = server["frozen"], []
-    # The retry must find something already there: freeze only once the first object is confirmed in S3 (a
-    # progress line counts bytes sent, which on a slow host can come well before any object has landed).
-    watcher = threading.Thread(target=_freeze_after_first_object, args=(storage, frozen), daemon=True)
     try:
         for line in proc.stdout:
             lines.append(line.rstrip())
-            if UNDER_WAY.search(line) and watcher.ident is None:
-                watcher.start()
+            if line.startswith("FROZEN"):
+                frozen.stopped_at = time.monotonic()
             elif "upload: will be retried" in line:
                 frozen.cont()
         assert proc.wait(timeout=120) == 0, "\n".join(lines[-30:])
@@ -195,18 +195,6 @@ def test_the_upload_task_retries_a_freeze_that_outlasts_boto3s_retries(server, t
     result = json.loads(next(ln for ln in lines if ln.startswith("RESULT ")).removeprefix("RESULT "))
     assert result["detail"]["prefix"] == f"s3://{storage.bucket}/{s3.repo_prefix(storage, DIGEST)}"
     _assert_published(storage, root, records)
-
-
-def _freeze_after_first_object(storage: Storage, frozen: Frozen, deadline_s: float = 120) -> None:
-    """Poll the repository's prefix; freeze the server the moment one object is listed."""
-    c = s3.client(storage)
-    prefix = s3.repo_prefix(storage, DIGEST) + "/"
-    end = time.monotonic() + deadline_s
-    while time.monotonic() < end:
-        if c.list_objects_v2(Bucket=storage.bucket, Prefix=prefix, MaxKeys=1).get("KeyCount", 0):
-            frozen.stop()
-            return
-        time.sleep(0.02)
 
 
 def test_discarding_removes_an_unfinished_upload_but_never_a_complete_one(server, tmp_path):
