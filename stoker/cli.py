@@ -93,7 +93,18 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+# Prefect's background senders (events, API logs), named after their classes, drain at exit; one with items left
+# logs "Still processing items: N items remaining..." through a logger with no handler, so Python's last-resort
+# handler prints it after stoker's last line (seen: a `stoker rollback` refusal with PREFECT_API_URL set gave two
+# lines). The items are still sent; only that progress line is dropped, never an error.
+_PREFECT_DRAIN_LOGGERS = ("EventsWorker", "APILogWorker")
+
+
 def main(argv: list[str] | None = None) -> int:
+    import logging
+
+    for name in _PREFECT_DRAIN_LOGGERS:
+        logging.getLogger(name).setLevel(logging.ERROR)
     args = build_parser().parse_args(argv)
     if not os.environ.get("PREFECT_API_URL"):
         from .stack import prefect_home

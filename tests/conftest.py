@@ -119,6 +119,19 @@ def _prefect_temporary_api_stopped(request):
 
 
 @pytest.fixture(scope="session")
+def worker_prefect_api(_prefect_temporary_api_stopped) -> str:
+    """This test process's temporary Prefect API (the one its in-process flows use), for the `stoker` processes a
+    test starts: without PREFECT_API_URL each would start one of its own, importing Prefect's server twice (itself
+    and the API's process: about 12 CPU-s each on a 2-core CI machine, measured). Tests of the temporary API itself
+    (test_flow's cold run, test_quiet_exit, test_s3_faults' frozen upload) keep their own."""
+    from prefect.server.api.server import SubprocessASGIServer
+
+    server = SubprocessASGIServer()  # one per process: Prefect's client finds this same instance
+    server.start()
+    return server.api_url
+
+
+@pytest.fixture(scope="session")
 def session_state(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("stack")
 

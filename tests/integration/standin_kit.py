@@ -38,9 +38,10 @@ def stoker(args, env, timeout=1200):
                           timeout=timeout)
 
 
-def stoker_env(tmp_path, local_stack, standin: bool = True) -> dict:
+def stoker_env(tmp_path, local_stack, api_url: str, standin: bool = True) -> dict:
+    """``api_url``: the test process's Prefect API (tests/conftest.py worker_prefect_api)."""
     env = {**os.environ, **local_stack["aws_env"], "STOKER_HOME": str(tmp_path / "home"),
-           "PREFECT_HOME": str(tmp_path / "prefect")}
+           "PREFECT_HOME": str(tmp_path / "prefect"), "PREFECT_API_URL": api_url}
     if standin:
         env["STOKER_STANDIN"] = "1"
     return env

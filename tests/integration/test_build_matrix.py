@@ -56,11 +56,10 @@ def _matrix(data: dict, env: dict, promote: bool = True) -> dict:
     return json.loads(line.removeprefix("RESULT "))
 
 
-def _env(tmp_path: Path, local_stack: dict | None = None) -> dict:
-    env = {**os.environ, **(local_stack or {}).get("aws_env", {}), "STOKER_HOME": str(tmp_path / "home"),
-           "PREFECT_HOME": str(tmp_path / "pf"), "HF_HOME": str(tmp_path / "hf")}
-    env.pop("PREFECT_API_URL", None)  # Prefect's temporary API, in the new process
-    return env
+def _env(tmp_path: Path, api_url: str, local_stack: dict | None = None) -> dict:
+    # api_url: the test process's Prefect API (tests/conftest.py worker_prefect_api), not one more temporary API
+    return {**os.environ, **(local_stack or {}).get("aws_env", {}), "STOKER_HOME": str(tmp_path / "home"),
+            "PREFECT_HOME": str(tmp_path / "pf"), "HF_HOME": str(tmp_path / "hf"), "PREFECT_API_URL": api_url}
 
 
 def _manifests(home: Path) -> dict[str, dict]:
@@ -71,9 +70,10 @@ def _manifests(home: Path) -> dict[str, dict]:
 @pytest.mark.s3
 @pytest.mark.hub
 @pytest.mark.slow
-def test_a_two_format_matrix_promotes_its_best_and_reruns_from_the_cache(tmp_path, local_stack, matrix_spec):
+def test_a_two_format_matrix_promotes_its_best_and_reruns_from_the_cache(tmp_path, local_stack, matrix_spec,
+                                                                         worker_prefect_api):
     data, name = matrix_spec, matrix_spec["deploy"]["name"]
-    home, env = tmp_path / "home", _env(tmp_path, local_stack)
+    home, env = tmp_path / "home", _env(tmp_path, worker_prefect_api, local_stack)
 
     first = _matrix(data, env)
     rows = first["rows"]
@@ -112,9 +112,9 @@ def test_a_two_format_matrix_promotes_its_best_and_reruns_from_the_cache(tmp_pat
     assert not docker_engine.containers(client, f"{name}-none") and not docker_engine.containers(client, f"{name}-fp8")
 
 
-def test_a_duplicated_entry_fails_the_flow_in_one_line_before_any_build(tmp_path):
+def test_a_duplicated_entry_fails_the_flow_in_one_line_before_any_build(tmp_path, worker_prefect_api):
     data = {"model": {"repo_id": "org/m"}, "storage": {"bucket": "b-1"}, "deploy": {"name": "dup"}}
-    r = _run(data, ["none", "fp8", "fp8"], _env(tmp_path))
+    r = _run(data, ["none", "fp8", "fp8"], _env(tmp_path, worker_prefect_api))
     assert r.returncode != 0
     assert "matrix entry fp8 on reference: duplicated" in r.stderr
     assert not (tmp_path / "home").exists()  # no fetch, no cache, no run folder

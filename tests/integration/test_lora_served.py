@@ -72,7 +72,8 @@ def _complete(client, model: str) -> str:
                                      extra_body={"min_tokens": N}).choices[0].text
 
 
-def test_an_adapter_is_served_exactly_and_a_new_revision_needs_no_rebuild(tmp_path, local_stack, triton_image):
+def test_an_adapter_is_served_exactly_and_a_new_revision_needs_no_rebuild(tmp_path, local_stack, triton_image,
+                                                                          worker_prefect_api):
     from stoker.stack.hub_mirror import publish_model
 
     base = local_stack["repos"] / "models" / local_stack["repo_id"]
@@ -84,8 +85,8 @@ def test_an_adapter_is_served_exactly_and_a_new_revision_needs_no_rebuild(tmp_pa
     # Small but real: each adapter scored on the candidate against the same adapter on the unquantized build.
     spec["evaluation"] = {"max_windows": 2, "prompts": 2, "window_tokens": 32, "prompt_tokens": 8, "greedy_tokens": 8}
     env = {**os.environ, **local_stack["aws_env"], "STOKER_HOME": str(tmp_path / "home"),
-           "PREFECT_HOME": str(tmp_path / "prefect"), "HF_HOME": str(tmp_path / "hf")}
-    env.pop("PREFECT_API_URL", None)
+           "PREFECT_HOME": str(tmp_path / "prefect"), "HF_HOME": str(tmp_path / "hf"),
+           "PREFECT_API_URL": worker_prefect_api}
     try:
         first = _run(spec, tmp_path, env)
         assert first["status"] == "completed" and first["steps"]["adapters"]["status"] == "completed"
@@ -148,7 +149,7 @@ def test_an_adapter_is_served_exactly_and_a_new_revision_needs_no_rebuild(tmp_pa
 
 
 def test_the_engine_target_serves_the_adapter_converted_and_preloaded_on_the_standin(tmp_path, local_stack,
-                                                                                     standin_image):
+                                                                                     standin_image, worker_prefect_api):
     """`target: tensorrt` with an adapter, on the STAND-IN (not TensorRT-LLM): the package converts the adapter to
     TensorRT-LLM's format into the backend's lora_prefetch_dir; the stand-in's runtime serves those files, and its
     answers through the OpenAI API at the stable address are transformers + PEFT's."""
@@ -165,7 +166,7 @@ def test_the_engine_target_serves_the_adapter_converted_and_preloaded_on_the_sta
     spec["quantization"] = {"format": "none"}  # its own baseline: the quantized rebuilds are test_standin_tensorrt's
     spec["evaluation"] = {"max_windows": 2, "prompts": 2, "window_tokens": 32, "prompt_tokens": 8, "greedy_tokens": 8}
     path = tmp_path / "spec.yaml"
-    env = stoker_env(tmp_path, local_stack)
+    env = stoker_env(tmp_path, local_stack, worker_prefect_api)
     name = spec["deploy"]["name"]
     try:
         path.write_text(yaml.safe_dump(spec))  # the demo model is bfloat16: refused before any download

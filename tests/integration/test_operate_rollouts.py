@@ -31,7 +31,7 @@ LOAD_S = 2.0  # steady load before and after each rollout
 
 
 @pytest.fixture(scope="module")
-def two_runs(local_stack, triton_image, tmp_path_factory):
+def two_runs(local_stack, triton_image, tmp_path_factory, worker_prefect_api):
     """`stoker run` of build A then build B (replace): manifests, specs, a shared STOKER_HOME."""
     tmp = tmp_path_factory.mktemp("rollouts")
     name = f"ro-{uuid.uuid4().hex[:6]}"
@@ -40,8 +40,7 @@ def two_runs(local_stack, triton_image, tmp_path_factory):
     b = json.loads(json.dumps(a))
     b["triton"] = {"model_threads": 2}
     env = {**os.environ, **local_stack["aws_env"], "STOKER_HOME": str(tmp / "home"),
-           "PREFECT_HOME": str(tmp / "prefect"), "HF_HOME": str(tmp / "hf")}
-    env.pop("PREFECT_API_URL", None)
+           "PREFECT_HOME": str(tmp / "prefect"), "HF_HOME": str(tmp / "hf"), "PREFECT_API_URL": worker_prefect_api}
     manifests = []
     for label, data in (("a", a), ("b", b)):
         path = tmp / f"{label}.yaml"

@@ -34,10 +34,11 @@ def spec_data(local_stack, standin_image):
     engine.remove_deployment(engine.connect(), data["deploy"]["name"], lambda _m: None)
 
 
-def test_a_pytorch_spec_runs_end_to_end_on_the_standin_and_rolls_back(tmp_path, local_stack, spec_data):
+def test_a_pytorch_spec_runs_end_to_end_on_the_standin_and_rolls_back(tmp_path, local_stack, spec_data,
+                                                                       worker_prefect_api):
     path = tmp_path / "spec.yaml"
     path.write_text(yaml.safe_dump(spec_data))
-    env = stoker_env(tmp_path, local_stack)
+    env = stoker_env(tmp_path, local_stack, worker_prefect_api)
 
     plan = stoker(["plan", str(path)], env)
     assert plan.returncode == 0, plan.stderr[-2000:]

@@ -29,10 +29,10 @@ def spec_data(local_stack, standin_image):
 
 
 def test_a_tensorrt_spec_runs_end_to_end_on_the_standin_and_a_rebuild_switches_gpu_sets(tmp_path, local_stack,
-                                                                                       spec_data):
+                                                                                       spec_data, worker_prefect_api):
     path = tmp_path / "spec.yaml"
     path.write_text(yaml.safe_dump(spec_data))
-    env = stoker_env(tmp_path, local_stack)
+    env = stoker_env(tmp_path, local_stack, worker_prefect_api)
 
     plan = stoker(["plan", str(path)], env)
     assert plan.returncode == 0, plan.stderr[-2000:]
