@@ -36,7 +36,8 @@ def sh(image: str, script: str, **kw) -> ContainerStep:
 
 def leftovers(executor, step: ContainerStep) -> list:
     return executor.client.containers.list(all=True, filters={"label": [f"ai.stoker.step={step.name}",
-                                                                        f"ai.stoker.deployment={DEPLOYMENT}"]})
+                                                                        f"ai.stoker.deployment={DEPLOYMENT}"]},
+                                           ignore_removed=True)
 
 
 @pytest.mark.docker

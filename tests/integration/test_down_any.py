@@ -79,7 +79,7 @@ def test_down_removes_only_the_named_deployment(triton_image, tmp_path):
         *lines, last = r.stdout.splitlines()
         assert sorted(lines) == sorted(f"removed container stoker-{one}-{role}" for role in ROLES)
         assert last.startswith(f"deployment {one}: removed 3 container(s) and its state folders ")
-        left = {c.name for c in client.containers.list(all=True)}
+        left = {c.name for c in client.containers.list(all=True, ignore_removed=True)}
         assert not any(n.startswith(f"stoker-{one}-") for n in left)
         assert {f"stoker-{two}-{role}" for role in ROLES} | {f"not-stoker-{tag}"} <= left
         assert not own[one].exists() and not worker.exists()

@@ -108,7 +108,7 @@ def test_operate_section_runs_verbatim(tmp_path, tmp_path_factory, triton_image)
 
         from stoker.containers.engine import LABEL_DEPLOYMENT
 
-        left = [c.name for c in docker.from_env().containers.list(all=True)
+        left = [c.name for c in docker.from_env().containers.list(all=True, ignore_removed=True)
                 if c.labels.get(LABEL_DEPLOYMENT) in ("tiny-watched", "tiny-int4")]
         assert left == []
         stack = home / "prefect-stack"

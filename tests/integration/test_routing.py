@@ -103,7 +103,8 @@ def test_quantize_and_build_run_in_a_docker_worker_container_and_come_back_throu
         assert run["state"]["type"] == "COMPLETED" and run["parent_task_run_id"]
         assert run["work_pool_name"] == "stoker-gpu"
         client = docker_engine.connect()
-        left = [c.name for c in client.containers.list(all=True) if c.image.tags == ["stoker/worker:0.1.0"]]
+        left = [c.name for c in client.containers.list(all=True, ignore_removed=True)
+                if c.image.tags == ["stoker/worker:0.1.0"]]
         assert left == [], left
     finally:
         docker_engine.remove_deployment(docker_engine.connect(), name, lambda _m: None)
