@@ -56,7 +56,7 @@ def place_temporary_api() -> None:
     from prefect.server.api.server import SubprocessASGIServer
 
     # prefect 3.8.8 (pinned) draws the port with random.choice from this class attribute, then checks it is free.
-    SubprocessASGIServer._port_range = _LeasedPort()
+    SubprocessASGIServer._port_range = LeasedPort()
 
 
 def prepare_temporary_api() -> None:
@@ -67,7 +67,7 @@ def prepare_temporary_api() -> None:
     place_temporary_api()
 
 
-class _LeasedPort(Sequence):
+class LeasedPort(Sequence):
     """One port, picked afresh (and leased) at each draw: the server may start long after this was set."""
 
     def __len__(self) -> int:

@@ -75,6 +75,17 @@ def prefect_env(api) -> dict[str, str]:
     return {**os.environ, **api.env()}
 
 
+def stoker_env(tmp_path: Path, api_url: str, local_stack: dict | None = None, standin: bool = False) -> dict:
+    """The environment of a `stoker` process a test starts: homes of its own under ``tmp_path``, the local stack's
+    S3 credentials, and ``api_url``, the test process's Prefect API (tests/conftest.py worker_prefect_api): each
+    process starting a temporary API of its own would cost more than most checks under test."""
+    env = {**os.environ, **(local_stack or {}).get("aws_env", {}), "STOKER_HOME": str(tmp_path / "home"),
+           "PREFECT_HOME": str(tmp_path / "prefect"), "HF_HOME": str(tmp_path / "hf"), "PREFECT_API_URL": api_url}
+    if standin:
+        env["STOKER_STANDIN"] = "1"
+    return env
+
+
 def run_py(code: str, env: dict, timeout: float = 300) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=timeout)

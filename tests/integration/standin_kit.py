@@ -4,7 +4,6 @@ into a GPU target's spec on this machine's stack, `stoker` as a user runs it, th
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import uuid
@@ -36,15 +35,6 @@ def gpu_spec_data(local_stack, target: str, prefix: str, **deploy) -> dict:
 def stoker(args, env, timeout=1200):
     return subprocess.run([sys.executable, "-m", "stoker.cli", *args], env=env, capture_output=True, text=True,
                           timeout=timeout)
-
-
-def stoker_env(tmp_path, local_stack, api_url: str, standin: bool = True) -> dict:
-    """``api_url``: the test process's Prefect API (tests/conftest.py worker_prefect_api)."""
-    env = {**os.environ, **local_stack["aws_env"], "STOKER_HOME": str(tmp_path / "home"),
-           "PREFECT_HOME": str(tmp_path / "prefect"), "PREFECT_API_URL": api_url}
-    if standin:
-        env["STOKER_STANDIN"] = "1"
-    return env
 
 
 def manifest_of(result) -> dict:

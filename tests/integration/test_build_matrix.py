@@ -6,14 +6,13 @@ under the spec's own name; the entries' deployments are gone; a rerun's heavy st
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import uuid
 from pathlib import Path
 
 import pytest
-from operate_helpers import ROOT, make_spec
+from operate_helpers import ROOT, make_spec, stoker_env
 
 from stoker.containers import engine as docker_engine
 
@@ -56,12 +55,6 @@ def _matrix(data: dict, env: dict, promote: bool = True) -> dict:
     return json.loads(line.removeprefix("RESULT "))
 
 
-def _env(tmp_path: Path, api_url: str, local_stack: dict | None = None) -> dict:
-    # api_url: the test process's Prefect API (tests/conftest.py worker_prefect_api), not one more temporary API
-    return {**os.environ, **(local_stack or {}).get("aws_env", {}), "STOKER_HOME": str(tmp_path / "home"),
-            "PREFECT_HOME": str(tmp_path / "pf"), "HF_HOME": str(tmp_path / "hf"), "PREFECT_API_URL": api_url}
-
-
 def _manifests(home: Path) -> dict[str, dict]:
     return {p.parent.name: json.loads(p.read_text()) for p in (home / "runs").glob("*/manifest.json")}
 
@@ -73,7 +66,7 @@ def _manifests(home: Path) -> dict[str, dict]:
 def test_a_two_format_matrix_promotes_its_best_and_reruns_from_the_cache(tmp_path, local_stack, matrix_spec,
                                                                          worker_prefect_api):
     data, name = matrix_spec, matrix_spec["deploy"]["name"]
-    home, env = tmp_path / "home", _env(tmp_path, worker_prefect_api, local_stack)
+    home, env = tmp_path / "home", stoker_env(tmp_path, worker_prefect_api, local_stack)
 
     first = _matrix(data, env)
     rows = first["rows"]
@@ -114,7 +107,7 @@ def test_a_two_format_matrix_promotes_its_best_and_reruns_from_the_cache(tmp_pat
 
 def test_a_duplicated_entry_fails_the_flow_in_one_line_before_any_build(tmp_path, worker_prefect_api):
     data = {"model": {"repo_id": "org/m"}, "storage": {"bucket": "b-1"}, "deploy": {"name": "dup"}}
-    r = _run(data, ["none", "fp8", "fp8"], _env(tmp_path, worker_prefect_api))
+    r = _run(data, ["none", "fp8", "fp8"], stoker_env(tmp_path, worker_prefect_api))
     assert r.returncode != 0
     assert "matrix entry fp8 on reference: duplicated" in r.stderr
     assert not (tmp_path / "home").exists()  # no fetch, no cache, no run folder

@@ -14,7 +14,6 @@ import json
 import queue
 import shutil
 import urllib.request
-from pathlib import Path
 
 import numpy as np
 import pytest

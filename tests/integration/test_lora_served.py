@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import subprocess
 import sys
 import urllib.error
@@ -22,7 +21,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from operate_helpers import ROOT, make_spec
+from operate_helpers import ROOT, make_spec, stoker_env
 
 from stoker.containers import engine
 
@@ -84,15 +83,14 @@ def test_an_adapter_is_served_exactly_and_a_new_revision_needs_no_rebuild(tmp_pa
     spec["adapters"] = [{"name": "tiny-lora", "repo_id": ADAPTER_REPO, "revision": "main"}]
     # Small but real: each adapter scored on the candidate against the same adapter on the unquantized build.
     spec["evaluation"] = {"max_windows": 2, "prompts": 2, "window_tokens": 32, "prompt_tokens": 8, "greedy_tokens": 8}
-    env = {**os.environ, **local_stack["aws_env"], "STOKER_HOME": str(tmp_path / "home"),
-           "PREFECT_HOME": str(tmp_path / "prefect"), "HF_HOME": str(tmp_path / "hf"),
-           "PREFECT_API_URL": worker_prefect_api}
+    env = stoker_env(tmp_path, worker_prefect_api, local_stack)
     try:
         first = _run(spec, tmp_path, env)
         assert first["status"] == "completed" and first["steps"]["adapters"]["status"] == "completed"
         task_id = first["steps"]["package"]["detail"]["adapters"]["tiny-lora"]
         evaluation = first["evaluation"]
-        assert evaluation["passed"] and evaluation["candidate"]["adapters"]["tiny-lora"]["agreement"]["token_match_rate"] == 1.0
+        agreement = evaluation["candidate"]["adapters"]["tiny-lora"]["agreement"]
+        assert evaluation["passed"] and agreement["token_match_rate"] == 1.0
         assert any(r["metric"].startswith("tiny-lora: ") for r in evaluation["rows"])
         # The benchmark step measured the adapter under the same load as the base.
         [level] = first["benchmark"]["adapters"]["tiny-lora"]
@@ -153,7 +151,7 @@ def test_the_engine_target_serves_the_adapter_converted_and_preloaded_on_the_sta
     """`target: tensorrt` with an adapter, on the STAND-IN (not TensorRT-LLM): the package converts the adapter to
     TensorRT-LLM's format into the backend's lora_prefetch_dir; the stand-in's runtime serves those files, and its
     answers through the OpenAI API at the stable address are transformers + PEFT's."""
-    from standin_kit import gpu_spec_data, manifest_of, stoker, stoker_env
+    from standin_kit import gpu_spec_data, manifest_of, stoker
 
     from stoker.stack.hub_mirror import publish_model
 
@@ -166,7 +164,7 @@ def test_the_engine_target_serves_the_adapter_converted_and_preloaded_on_the_sta
     spec["quantization"] = {"format": "none"}  # its own baseline: the quantized rebuilds are test_standin_tensorrt's
     spec["evaluation"] = {"max_windows": 2, "prompts": 2, "window_tokens": 32, "prompt_tokens": 8, "greedy_tokens": 8}
     path = tmp_path / "spec.yaml"
-    env = stoker_env(tmp_path, local_stack, worker_prefect_api)
+    env = stoker_env(tmp_path, worker_prefect_api, local_stack, standin=True)
     name = spec["deploy"]["name"]
     try:
         path.write_text(yaml.safe_dump(spec))  # the demo model is bfloat16: refused before any download

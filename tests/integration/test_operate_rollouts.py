@@ -9,7 +9,6 @@ gate (the candidate never serves), and `stoker rollback`.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -19,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 from loadgen import SteadyLoad
-from operate_helpers import ROOT, make_spec, record
+from operate_helpers import ROOT, make_spec, record, stoker_env
 
 from stoker.containers import engine as docker_engine
 from stoker.deploy import rollout
@@ -39,8 +38,7 @@ def two_runs(local_stack, triton_image, tmp_path_factory, worker_prefect_api):
     a["triton"] = {"model_threads": 1}
     b = json.loads(json.dumps(a))
     b["triton"] = {"model_threads": 2}
-    env = {**os.environ, **local_stack["aws_env"], "STOKER_HOME": str(tmp / "home"),
-           "PREFECT_HOME": str(tmp / "prefect"), "HF_HOME": str(tmp / "hf"), "PREFECT_API_URL": worker_prefect_api}
+    env = stoker_env(tmp, worker_prefect_api, local_stack)
     manifests = []
     for label, data in (("a", a), ("b", b)):
         path = tmp / f"{label}.yaml"

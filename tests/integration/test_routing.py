@@ -14,7 +14,6 @@ import json
 import socket
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
 

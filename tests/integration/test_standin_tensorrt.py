@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from standin_kit import gpu_spec_data, manifest_of, stoker, stoker_env
+from operate_helpers import stoker_env
+from standin_kit import gpu_spec_data, manifest_of, stoker
 
 from stoker.containers import engine
 
@@ -32,7 +33,7 @@ def test_a_tensorrt_spec_runs_end_to_end_on_the_standin_and_a_rebuild_switches_g
                                                                                        spec_data, worker_prefect_api):
     path = tmp_path / "spec.yaml"
     path.write_text(yaml.safe_dump(spec_data))
-    env = stoker_env(tmp_path, local_stack, worker_prefect_api)
+    env = stoker_env(tmp_path, worker_prefect_api, local_stack, standin=True)
 
     plan = stoker(["plan", str(path)], env)
     assert plan.returncode == 0, plan.stderr[-2000:]

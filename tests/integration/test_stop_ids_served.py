@@ -12,8 +12,6 @@ difference: end_id is never returned, while a matched stop word is (transformers
 from __future__ import annotations
 
 import json
-import time
-from pathlib import Path
 
 import numpy as np
 import pytest

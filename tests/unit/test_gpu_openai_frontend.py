@@ -11,11 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from stoker import targets
 from stoker.triton import config as triton_config
-from stoker.gpu import inflight, matrix, openai_frontend, repository, rules, trtllm
+from stoker.gpu import inflight, openai_frontend, repository, rules, trtllm
 from stoker.gpu.facts import known
-from stoker.gpu.rules import PlanRefused
 from stoker.containers.ports import Ports
 from stoker.spec.load import load_spec, parse_spec
 

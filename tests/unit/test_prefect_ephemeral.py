@@ -7,7 +7,7 @@ from __future__ import annotations
 import socket
 
 from stoker.containers import port_lease
-from stoker.stack.prefect_ephemeral import _LeasedPort, place_temporary_api
+from stoker.stack.prefect_ephemeral import LeasedPort, place_temporary_api
 
 
 def test_the_temporary_api_gets_one_leased_free_port_outside_prefects_default_range(monkeypatch, tmp_path):
@@ -16,7 +16,7 @@ def test_the_temporary_api_gets_one_leased_free_port_outside_prefects_default_ra
     monkeypatch.setenv("STOKER_PORT_LEASES", str(tmp_path / "leases"))
     own = SubprocessASGIServer._port_range
     # prefect 3.8.8's own choice, unless this session placed it already (tests/conftest.py, with service tests in)
-    assert own == range(8000, 9000) or isinstance(own, _LeasedPort)
+    assert own == range(8000, 9000) or isinstance(own, LeasedPort)
     monkeypatch.setattr(SubprocessASGIServer, "_port_range", range(8000, 9000))
     monkeypatch.setattr(SubprocessASGIServer, "_instances", {})  # the server a flow here would start: untouched
     place_temporary_api()
