@@ -178,6 +178,14 @@ def test_killed_proxy_comes_back_and_a_removed_one_is_recreated(client, target, 
     pid = proxy.attrs["State"]["Pid"]
     os.kill(pid, signal.SIGKILL)  # a crash: Docker's restart policy brings it back with its config
     deadline = time.monotonic() + 30
+    # Restarted first, then serving: until the kernel has torn the old process tree down, its workers may still
+    # answer, so a reply alone does not show that the restarted proxy serves.
+    while True:
+        proxy.reload()
+        if proxy.attrs["RestartCount"] >= 1 and proxy.attrs["State"]["Running"] and proxy.attrs["State"]["Pid"] != pid:
+            break
+        assert time.monotonic() < deadline, f"not restarted within 30 s: {proxy.attrs['State']}"
+        time.sleep(0.2)
     while True:
         try:
             assert serving_tag(target) == "A"
@@ -186,8 +194,6 @@ def test_killed_proxy_comes_back_and_a_removed_one_is_recreated(client, target, 
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.5)
-    proxy.reload()
-    assert proxy.attrs["RestartCount"] >= 1
 
     proxy.remove(force=True)
     lines = Lines()
