@@ -86,18 +86,22 @@ def machine_busy() -> tuple[float, float]:
     return (user + nice + system + irq + softirq + steal) / TICK, (idle + iowait) / TICK
 
 
-def snapshot() -> dict[tuple[str, str], tuple[float, str]]:
-    """{(pid, start time): (CPU-seconds so far, command line)} of every process now."""
+def snapshot(names: dict[tuple[str, str], str]) -> dict[tuple[str, str], float]:
+    """{(pid, start time): CPU-seconds so far} of every process now; ``names`` gets the command line of each process
+    not in it yet (read once: a process keeps its command line, and the sampler's own CPU counts against the run)."""
     out = {}
     for pid in os.listdir("/proc"):
         if not pid.isdigit():
             continue
         try:
             rest = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+            key = (pid, rest[19])
+            if key not in names:
+                names[key] = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(
+                    errors="replace").strip()
         except OSError:  # gone between listing and reading
             continue
-        out[(pid, rest[19])] = ((int(rest[11]) + int(rest[12])) / TICK, cmd)
+        out[key] = (int(rest[11]) + int(rest[12])) / TICK
     return out
 
 
@@ -115,17 +119,16 @@ def main(argv: list[str] | None = None) -> int:
     if not command:
         parser.error("no command after --")
 
-    before = snapshot()  # what every process already alive had used: not the command's
+    names: dict[tuple[str, str], str] = {}
+    before = snapshot(names)  # what every process already alive had used: not the command's
     busy0, idle0 = machine_busy()
     t0 = time.monotonic()
     child = subprocess.Popen(command)
-    peak: dict[tuple[str, str], list] = {}
+    peak: dict[tuple[str, str], float] = {}
     me = str(os.getpid())
     while True:
-        for key, (cpu, cmd) in snapshot().items():
-            used = cpu - before.get(key, (0.0, ""))[0]
-            entry = peak.setdefault(key, [0.0, SAMPLER if key[0] == me else cmd])
-            entry[0] = max(entry[0], used)
+        for key, cpu in snapshot(names).items():
+            peak[key] = max(peak.get(key, 0.0), cpu - before.get(key, 0.0))
         if child.poll() is not None:
             break
         time.sleep(args.interval)
@@ -133,10 +136,10 @@ def main(argv: list[str] | None = None) -> int:
     busy1, idle1 = machine_busy()
 
     kinds: dict[str, dict] = {}
-    for cpu, cmd in peak.values():
+    for key, cpu in peak.items():
         if cpu <= 0:
             continue
-        k = kinds.setdefault(SAMPLER if cmd == SAMPLER else kind_of(cmd), {"cpu_s": 0.0, "processes": 0})
+        k = kinds.setdefault(SAMPLER if key[0] == me else kind_of(names[key]), {"cpu_s": 0.0, "processes": 0})
         k["cpu_s"] += cpu
         k["processes"] += 1
     attributed = sum(k["cpu_s"] for k in kinds.values())
