@@ -41,9 +41,9 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 import yaml
 
+# The runtime (torch, transformers) is imported by initialize only: Triton auto-completes this model's config in
+# a stub process of its own first (auto_complete_config), which needs model.yaml and nothing of torch.
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from stoker_runtime.batch import DEFAULT_MAX_BATCH, Batcher
-from stoker_runtime.model import RUNTIME_FILE, load_model
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 DEFAULT_MAX_TOKENS = 32
@@ -162,6 +162,8 @@ class TritonPythonModel:
         return auto_complete_model_config
 
     def initialize(self, args: dict[str, str]) -> None:
+        from stoker_runtime.batch import DEFAULT_MAX_BATCH, Batcher
+        from stoker_runtime.model import RUNTIME_FILE, load_model
         from tokenizers import Tokenizer
 
         doc = _config_doc()
