@@ -86,6 +86,20 @@ def stoker_env(tmp_path: Path, api_url: str, local_stack: dict | None = None, st
     return env
 
 
+def stoker(args: list[str], env: dict | None = None, timeout: float = 1200) -> subprocess.CompletedProcess:
+    """`stoker ARGS` as a user runs it: a new process from the checkout, output captured; ``env`` None inherits this
+    process's environment (tests/conftest.py gives each test its own STOKER_HOME there)."""
+    return subprocess.run([sys.executable, "-m", "stoker.cli", *args], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def manifest_of(result: subprocess.CompletedProcess) -> dict:
+    """The run manifest a `stoker run` printed the path of, last."""
+    last = (result.stdout.strip().splitlines() or [""])[-1]
+    assert last.startswith("manifest: "), result.stdout[-3000:] + result.stderr[-3000:]
+    return json.loads(Path(last.removeprefix("manifest: ")).read_text())
+
+
 def run_py(code: str, env: dict, timeout: float = 300) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=timeout)

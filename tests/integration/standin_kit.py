@@ -1,13 +1,9 @@
 """What the stand-in end-to-end tests share (test_standin_tensorrt.py, test_standin_pytorch.py): the demo spec turned
-into a GPU target's spec on this machine's stack, `stoker` as a user runs it, the run's manifest."""
+into a GPU target's spec on this machine's stack (`stoker` itself and the run's manifest: operate_helpers)."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 import uuid
-from pathlib import Path
 
 import yaml
 from operate_helpers import free_base_port
@@ -32,12 +28,3 @@ def gpu_spec_data(local_stack, target: str, prefix: str, **deploy) -> dict:
     return data
 
 
-def stoker(args, env, timeout=1200):
-    return subprocess.run([sys.executable, "-m", "stoker.cli", *args], env=env, capture_output=True, text=True,
-                          timeout=timeout)
-
-
-def manifest_of(result) -> dict:
-    last = result.stdout.strip().splitlines()[-1]
-    assert last.startswith("manifest: "), result.stdout[-3000:] + result.stderr[-3000:]
-    return json.loads(Path(last.removeprefix("manifest: ")).read_text())

@@ -11,19 +11,16 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
-import sys
 import urllib.request
-from pathlib import Path
 
 import pytest
 from clean_logs import noise
+from operate_helpers import stoker
 
 import prefect_ui
 from stoker.stack.services import free_port, port_open
 
 pytestmark = [pytest.mark.docker, pytest.mark.prefect, pytest.mark.slow]
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def _get(url: str) -> dict:
@@ -37,11 +34,6 @@ def _post(url: str, body: dict) -> list | dict:
         return json.loads(r.read())
 
 
-def _stoker(args: list[str], env: dict, timeout: float) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "stoker.cli", *args], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=timeout)
-
-
 def test_demo_leaves_a_prefect_ui_where_a_form_run_completes(tmp_path, triton_image):
     assert (reason := prefect_ui.missing()) is None, reason  # a missing browser fails: infra/test-deps.sh installs it
     ui_port = free_port()
@@ -51,7 +43,7 @@ def test_demo_leaves_a_prefect_ui_where_a_form_run_completes(tmp_path, triton_im
     env["STOKER_DEMO_S3_PORT"] = str(free_port(exclude=(ui_port, int(env["STOKER_DEMO_HUB_PORT"]))))
     ui = f"http://127.0.0.1:{ui_port}"
     try:
-        demo = _stoker(["demo"], env, timeout=900)
+        demo = stoker(["demo"], env, timeout=900)
         assert demo.returncode == 0, demo.stderr[-4000:]
         assert noise(demo.stdout + demo.stderr) == []
         line = next(x for x in demo.stdout.splitlines() if x.startswith("Prefect:"))
@@ -80,7 +72,7 @@ def test_demo_leaves_a_prefect_ui_where_a_form_run_completes(tmp_path, triton_im
         form_run = _get(url.replace("/runs/flow-run/", "/api/flow_runs/"))
         assert form_run["deployment_id"] == deployment["id"] and form_run["state_type"] == "COMPLETED"
     finally:
-        down = _stoker(["down"], env, timeout=300)
+        down = stoker(["down"], env, timeout=300)
     assert down.returncode == 0, down.stderr
     assert "stopped prefect-server" in down.stdout, down.stdout
     assert not port_open(ui_port)

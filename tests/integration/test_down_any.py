@@ -6,12 +6,11 @@ points at that is not shaped like a proxy state folder. An unknown name is one l
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import uuid
 from pathlib import Path
 
 import pytest
+from operate_helpers import stoker
 
 from stoker.containers.engine import (
     LABEL_DEPLOYMENT,
@@ -28,16 +27,9 @@ from stoker.containers.engine import (
 from stoker.serving.haproxy import MOUNT
 
 pytestmark = [pytest.mark.docker]
-ROOT = Path(__file__).resolve().parents[2]
 ROLES = (ROLE_PROXY, ROLE_BACKEND, ROLE_OPENAI)
 # sh, not plain `sleep` as PID 1: PID 1 ignores SIGTERM, so each `docker stop` would wait out its 10 s deadline.
 SLEEP = ["/bin/sh", "-c", "trap 'exit 0' TERM; sleep 600 & wait"]
-
-
-def _stoker(*args: str) -> subprocess.CompletedProcess:
-    # STOKER_HOME comes from tests/conftest.py's _isolated_homes (os.environ, inherited here).
-    return subprocess.run([sys.executable, "-m", "stoker.cli", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=180)
 
 
 def _folder(path: Path) -> Path:
@@ -74,7 +66,7 @@ def test_down_removes_only_the_named_deployment(triton_image, tmp_path):
                                                  LABEL_DIGEST: "0" * 64, LABEL_RUN: "run-x"}, mount)
         sleeper(f"not-stoker-{tag}", {LABEL_DEPLOYMENT: one})  # names the deployment, but stoker did not start it
 
-        r = _stoker("down", one)
+        r = stoker(["down", one], timeout=180)
         assert r.returncode == 0, r.stderr
         *lines, last = r.stdout.splitlines()
         assert sorted(lines) == sorted(f"removed container stoker-{one}-{role}" for role in ROLES)
@@ -85,12 +77,12 @@ def test_down_removes_only_the_named_deployment(triton_image, tmp_path):
         assert not own[one].exists() and not worker.exists()
         assert own[two].is_dir() and (decoy / "haproxy.cfg").exists()
 
-        r = _stoker("down", f"nope-{tag}")
+        r = stoker(["down", f"nope-{tag}"], timeout=180)
         assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1 and r.stdout == ""
         assert r.stderr.startswith(f"stoker: error: unknown deployment 'nope-{tag}' (deployments here: ")
         assert two in r.stderr and one not in r.stderr
 
-        listing = _stoker("status")
+        listing = stoker(["status"], timeout=180)
         assert listing.returncode == 0, listing.stderr
         assert f"{two}:" in listing.stdout and f"{one}:" not in listing.stdout
         assert "no stoker deployments" not in listing.stdout

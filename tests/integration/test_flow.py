@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import urllib.request
 import uuid
 from pathlib import Path
@@ -20,7 +19,7 @@ import openai
 import pytest
 import yaml
 from clean_logs import noise
-from operate_helpers import free_base_port
+from operate_helpers import free_base_port, manifest_of, stoker
 
 from stoker.demo import DEMO_SPEC
 
@@ -48,11 +47,6 @@ def spec_file(tmp_path, local_stack):
     remove_deployment(connect(), data["deploy"]["name"], lambda _m: None)
 
 
-def _stoker(args, env, timeout=1200):
-    return subprocess.run([sys.executable, "-m", "stoker.cli", *args], env=env, capture_output=True, text=True,
-                          timeout=timeout)
-
-
 def _env(tmp_path, local_stack):
     # Cold for real: this Prefect home migrates its own database and registers its block types (no template from
     # make test-services).
@@ -62,20 +56,14 @@ def _env(tmp_path, local_stack):
             "PREFECT_HOME": str(tmp_path / "prefect"), "PREFECT_LOGGING_LEVEL": "INFO"}
 
 
-def _manifest(result) -> dict:
-    last = result.stdout.strip().splitlines()[-1]
-    assert last.startswith("manifest: "), result.stdout[-2000:]
-    return json.loads(Path(last.removeprefix("manifest: ")).read_text())
-
-
 def test_demo_spec_end_to_end_then_a_rerun_of_cache_hits(tmp_path, local_stack, triton_image, spec_file):
     path, data = spec_file
     env = _env(tmp_path, local_stack)
 
-    first = _stoker(["run", str(path)], env)
+    first = stoker(["run", str(path)], env)
     assert first.returncode == 0, first.stderr[-4000:]
     assert noise("\n".join([*local_stack["model_log"], first.stdout, first.stderr])) == []
-    m1 = _manifest(first)
+    m1 = manifest_of(first)
     assert m1["status"] == "completed"
     assert all(m1["steps"][s]["status"] == "completed" for s in (*HEAVY_STEPS, "deploy", "benchmark"))
     assert not any(m1["steps"][s]["cache_hit"] for s in (*HEAVY_STEPS, "deploy"))
@@ -125,7 +113,7 @@ def test_demo_spec_end_to_end_then_a_rerun_of_cache_hits(tmp_path, local_stack, 
     for url, home, source in ((m1["endpoint"]["grpc"], env["STOKER_HOME"], "from its manifest"),
                               (m1["backend"]["grpc"], str(tmp_path / "elsewhere"), "from its repository in S3")):
         out = tmp_path / f"bench-{source.split()[-1]}"
-        bench = _stoker(["bench", "--url", url, "--requests", "2", "--warmup", "0", "--output-tokens", "4",
+        bench = stoker(["bench", "--url", url, "--requests", "2", "--warmup", "0", "--output-tokens", "4",
                          "--quiet", "--out", str(out)], {**env, "STOKER_HOME": home}, timeout=300)
         assert bench.returncode == 0, bench.stderr[-2000:]
         assert source in bench.stdout and "output tok/s" in bench.stdout, bench.stdout
@@ -145,10 +133,10 @@ def test_demo_spec_end_to_end_then_a_rerun_of_cache_hits(tmp_path, local_stack, 
                                                 extra_body={"min_tokens": 8}).choices[0].text for model in cards}
     assert answers["demo-lora"] != answers[data["deploy"]["name"]], answers  # the adapter changes the answer
 
-    second = _stoker(["run", str(path)], env)
+    second = stoker(["run", str(path)], env)
     assert second.returncode == 0, second.stderr[-4000:]
     assert noise(second.stdout + second.stderr) == []
-    m2 = _manifest(second)
+    m2 = manifest_of(second)
     assert m2["run_id"] != m1["run_id"]
     assert all(m2["steps"][s]["cache_hit"] for s in (*HEAVY_STEPS, "adapters", "deploy")), {
         s: m2["steps"][s]["cache_hit"] for s in m2["steps"]}
@@ -162,11 +150,11 @@ def test_demo_spec_end_to_end_then_a_rerun_of_cache_hits(tmp_path, local_stack, 
         assert m2["steps"][s]["digest"] == m1["steps"][s]["digest"]
 
     # `stoker plan` agrees: every step up to deploy would hit.
-    plan = _stoker(["plan", str(path)], env, timeout=300)
+    plan = stoker(["plan", str(path)], env, timeout=300)
     assert plan.returncode == 0, plan.stderr
     rows = {line.split()[0]: line.split()[1] for line in plan.stdout.splitlines()[2:]}
-    assert rows == {"fetch": "hit", "adapters": "checked", "quantize": "hit", "build": "hit", "package": "hit", "upload": "hit",
-                    "deploy": "hit", "benchmark": "hit", "evaluate": "runs"}, plan.stdout
+    assert rows == {"fetch": "hit", "adapters": "checked", "quantize": "hit", "build": "hit", "package": "hit",
+                    "upload": "hit", "deploy": "hit", "benchmark": "hit", "evaluate": "runs"}, plan.stdout
 
     # A checkpoint with damaged scales (well-formed, wrong numbers) fails the evaluation gate in one line;
     # the candidate never serves and the first build still answers at the same address.
@@ -182,7 +170,7 @@ def test_demo_spec_end_to_end_then_a_rerun_of_cache_hits(tmp_path, local_stack, 
     good = Path(env["STOKER_HOME"]) / "cache" / "quantize" / m1["steps"]["quantize"]["key"] / "out"
     publish_damaged(Path(env["STOKER_HOME"]) / "cache", quantize_key(load_spec(damaged_spec),
                                                                      m1["steps"]["fetch"]["digest"]), good)
-    third = _stoker(["run", str(damaged_spec)], env)
+    third = stoker(["run", str(damaged_spec)], env)
     assert third.returncode != 0
     last = third.stderr.strip().splitlines()[-1]
     assert "evaluation failed:" in last and ("greedy agreement" in last or "perplexity" in last), last

@@ -151,7 +151,8 @@ def test_the_engine_target_serves_the_adapter_converted_and_preloaded_on_the_sta
     """`target: tensorrt` with an adapter, on the STAND-IN (not TensorRT-LLM): the package converts the adapter to
     TensorRT-LLM's format into the backend's lora_prefetch_dir; the stand-in's runtime serves those files, and its
     answers through the OpenAI API at the stable address are transformers + PEFT's."""
-    from standin_kit import gpu_spec_data, manifest_of, stoker
+    from operate_helpers import manifest_of, stoker
+    from standin_kit import gpu_spec_data
 
     from stoker.stack.hub_mirror import publish_model
 

@@ -17,8 +17,8 @@ from pathlib import Path
 import openai
 import pytest
 import yaml
-from operate_helpers import stoker_env
-from standin_kit import gpu_spec_data, manifest_of, stoker
+from operate_helpers import manifest_of, stoker, stoker_env
+from standin_kit import gpu_spec_data
 
 from stoker.containers import engine
 from stoker.protocol import LLMAPI
