@@ -63,14 +63,14 @@ image: venv triton-image
 demo: setup
 	$(VENV)/bin/stoker demo
 
-# `make test` is both tiers at once (infra/test-tiers.sh: the one-process fast tier fills the core the service
-# tier leaves idle; a broken edit still fails in about two minutes, and stops the service tier), each printing
-# `tier NAME: N s` (benchmarks/suite.py reads them). --durations=25: the slowest tests are visible in every run.
+# `make test` is both tiers, fast first (a broken edit fails in a minute), each printing `tier NAME: N s`
+# (benchmarks/suite.py reads them). --durations=25: the slowest tests are visible in every run.
 SERVICE_MARKERS := docker or triton or s3 or hub or prefect or slow
 TEST_WORKERS ?= 4
 test: setup venv-dev
 	bash infra/test-deps.sh
-	@MAKE="$(MAKE)" bash infra/test-tiers.sh
+	@$(MAKE) --no-print-directory test-fast
+	@$(MAKE) --no-print-directory test-services
 
 test-unit: venv-dev
 	$(PY) -m pytest -q tests/unit
