@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import time
 
@@ -49,6 +50,25 @@ def _script(lines: list[str]) -> str:
     return "\n".join(out) + "\n"
 
 
+def _end_group(leader: subprocess.Popen) -> None:
+    """Stop whatever the script started that still runs: its process group (its own session). A script cut short (the
+    test's timeout, a failure) never reaches its own clean-up lines, and its background jobs (the webhook server,
+    started with `&`) would outlive the test and hold the Operate section's ports for the next run."""
+    for sig, grace_s in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(leader.pid, sig)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline:
+            leader.poll()  # reaps the script itself; the group lives on while any member does
+            try:
+                os.killpg(leader.pid, 0)
+            except ProcessLookupError:
+                return
+            time.sleep(0.2)
+
+
 def _sections(stdout: str) -> dict[str, tuple[float, str]]:
     """The output after each marker, by line number (or 'rerun'), with the time the command started."""
     parts = re.split(r"^::: (\S+) (\S+)\n", stdout, flags=re.M)
@@ -67,8 +87,11 @@ def test_operate_section_runs_verbatim(tmp_path, tmp_path_factory, triton_image)
     env.update(STOKER_HOME=str(home), OUT=str(out), PY=str(ROOT / ".venv" / "bin" / "python"), HF_HOME=str(tmp_path / "hf"))
     script = tmp_path / "operate.sh"
     script.write_text(_script(lines))
+    script_run = subprocess.Popen(["bash", str(script)], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
-        done = subprocess.run(["bash", str(script)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=2400)
+        stdout, stderr = script_run.communicate(timeout=2400)
+        done = subprocess.CompletedProcess(script_run.args, script_run.returncode, stdout, stderr)
         log = done.stdout + "\n--- stderr ---\n" + done.stderr
         (tmp_path / "operate.log").write_text(log)
         assert done.returncode == 0, log[-6000:]
@@ -117,6 +140,7 @@ def test_operate_section_runs_verbatim(tmp_path, tmp_path_factory, triton_image)
     finally:
         from stoker.containers.engine import connect, remove_deployment
 
+        _end_group(script_run)
         # The workers first, so that no build still running can deploy after the removal.
         stop_all(home / "prefect-stack")
         for name in ("tiny-watched", "tiny-int4"):
