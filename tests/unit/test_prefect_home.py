@@ -59,7 +59,9 @@ def test_a_server_on_another_database_registers_block_types_whatever_it_inherite
     assert env["PREFECT_API_BLOCKS_REGISTER_ON_START"] == "true"
 
 
-def test_a_cold_environment_drops_the_template_and_the_registration_settings_it_inherited(tmp_path):
+def test_a_cold_environment_drops_the_template_and_the_registration_settings_it_inherited(tmp_path, monkeypatch):
+    # A cold machine: this process has no template either (seed falls back to it; a developer's shell may export it).
+    monkeypatch.delenv(prefect_home.TEMPLATE_ENV, raising=False)
     template = tmp_path / "template.db"
     template.write_bytes(b"migrated")
     env = {prefect_home.TEMPLATE_ENV: str(template), "PATH": "/usr/bin"}
