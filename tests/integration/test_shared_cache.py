@@ -293,9 +293,11 @@ def test_the_remote_sweep_removes_markerless_litter_and_stale_multipart_uploads(
     assert leases.try_acquire(client, storage, "build", "k-litter", leases.Holder.me(), TTL_S) is not None
     client.put_object(Bucket=storage.bucket, Key=f"{base}/blobs/abc", Body=b"half")
     upload_id = client.create_multipart_upload(Bucket=storage.bucket, Key=f"{base}/blobs/big")["UploadId"]
+    live = time.time()  # the builder's lease is fresh now; on a loaded host the next step can outlast its 2 s ttl
     SharedStore(StepStore(tmp_path / "a"), storage).get("build", "k-done", _produce([]), print)
     lines: list[str] = []
-    assert remote.sweep_remote(client, storage, TTL_S, lines.append) == (0, 0)  # a live builder's: left alone
+    # A sweep while the builder is live (ci45 swept at the wall clock, 2 s later, and found the lease stale).
+    assert remote.sweep_remote(client, storage, TTL_S, lines.append, now=live) == (0, 0)  # left alone
     later = time.time() + TTL_S + 5
     assert remote.sweep_remote(client, storage, TTL_S, lines.append, dry_run=True, now=later) == (1, 1)
     assert remote.sweep_remote(client, storage, TTL_S, lines.append, now=later) == (1, 1)
