@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import socket
-import subprocess
-import sys
 
 import pytest
 import yaml
-from operate_helpers import free_base_port, stoker_env
+from operate_helpers import free_base_port, stoker, stoker_env
 
 from stoker.demo import DEMO_SPEC
 
@@ -29,8 +27,7 @@ def _run(tmp_path, local_stack, worker_prefect_api, edit, args=("run",)):
     spec = tmp_path / "spec.yaml"
     spec.write_text(yaml.safe_dump(data))
     env = stoker_env(tmp_path, worker_prefect_api, local_stack)
-    r = subprocess.run([sys.executable, "-m", "stoker.cli", *args, str(spec)], env=env, capture_output=True,
-                       text=True, timeout=300)
+    r = stoker([*args, str(spec)], env=env, timeout=300)
     err_lines = [line for line in r.stderr.splitlines() if line.startswith("stoker: error:")]
     return r, err_lines
 

@@ -5,13 +5,12 @@ from __future__ import annotations
 import itertools
 import json
 import socket
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from bench_models import UNARY_CONFIG, UNARY_MODEL
+from operate_helpers import stoker
 
 from stoker.bench.client import BenchConfig, run_sweep
 from stoker.bench.errors import (
@@ -135,10 +134,8 @@ def test_http_generate_single_response_works(triton) -> None:
 def test_stoker_bench_command(triton, tmp_path: Path) -> None:
     out = tmp_path / "bench"
     # The scripted model has no tokenizer: chunks are counted, and said to be.
-    run = subprocess.run(
-        [sys.executable, "-m", "stoker.cli", "bench", "--url", triton.grpc_url, "--concurrency", "1,2",
-         "--requests", "6", "--output-tokens", "5", "--workers", "2", "--count-chunks", "--out", str(out)],
-        capture_output=True, text=True, timeout=120, check=False)
+    run = stoker(["bench", "--url", triton.grpc_url, "--concurrency", "1,2", "--requests", "6", "--output-tokens", "5",
+                  "--workers", "2", "--count-chunks", "--out", str(out)], timeout=120)
     assert run.returncode == 0, run.stderr
     assert "| concurrency 2 | 6 | 0 |" in run.stdout
     assert "output CHUNKS/s" in run.stdout and "stream CHUNKS, not tokens" in run.stdout
@@ -151,9 +148,8 @@ def test_stoker_bench_command(triton, tmp_path: Path) -> None:
     assert [lv["concurrency"] for lv in summary["levels"]] == [1, 2]
     assert summary["settings"]["workers"] == 2 and summary["levels"][1]["output_tokens"]["mean"] == 5
     assert len((out / "records.jsonl").read_text().splitlines()) == 12
-    bad = subprocess.run([sys.executable, "-m", "stoker.cli", "bench", "--url", triton.grpc_url, "--model", "nope",
-                          "--count-chunks", "--out", str(tmp_path / "x")], capture_output=True, text=True, timeout=60,
-                         check=False)
+    bad = stoker(["bench", "--url", triton.grpc_url, "--model", "nope", "--count-chunks",
+                  "--out", str(tmp_path / "x")], timeout=60)
     assert bad.returncode == 1 and bad.stderr.count("\n") == 1
     assert bad.stderr.startswith("stoker: error: model 'nope' is not in the repository")
 

@@ -13,11 +13,11 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import httpx
 import pytest
+from operate_helpers import stoker
 
 pytestmark = [pytest.mark.triton, pytest.mark.slow]
 
@@ -47,8 +47,7 @@ def openai_url(tmp_path_factory):
 
 
 def _bench(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "stoker.cli", "bench", *args], cwd=ROOT, capture_output=True,
-                          text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    return stoker(["bench", *args], env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300)
 
 
 def test_bench_over_openai_counts_every_request_and_token(openai_url, tmp_path):

@@ -17,7 +17,7 @@ import uuid
 
 import pytest
 import yaml
-from operate_helpers import ROOT, prefect_api, prefect_env  # noqa: F401
+from operate_helpers import ROOT, prefect_api, prefect_env, stoker  # noqa: F401
 
 pytestmark = [pytest.mark.prefect, pytest.mark.s3, pytest.mark.slow]
 
@@ -160,8 +160,7 @@ def test_stoker_run_stops_at_preflight_naming_the_block(results):
                                                              "credentials_block": f"bad-secret-{suffix}"}}
     path = tmp / "spec.yaml"
     path.write_text(yaml.safe_dump(spec))
-    r = subprocess.run([sys.executable, "-m", "stoker.cli", "run", str(path)], cwd=ROOT, env=_env(api, tmp),
-                       capture_output=True, text=True, timeout=300)
+    r = stoker(["run", str(path)], env=_env(api, tmp), timeout=300)
     assert r.returncode != 0
     assert r.stderr.strip().splitlines()[-1] == (
         f"stoker: error: storage.credentials_block 'bad-secret-{suffix}': bucket '{BUCKET}' at {url} refused its "

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from operate_helpers import ROOT, make_spec, stoker_env
+from operate_helpers import make_spec, stoker, stoker_env
 
 from stoker.containers import engine
 
@@ -59,8 +59,7 @@ def _greedy_text(base: Path, adapter: Path | None) -> str:
 def _run(spec: dict, tmp: Path, env: dict) -> dict:
     path = tmp / f"spec-{uuid.uuid4().hex[:4]}.yaml"
     path.write_text(yaml.safe_dump(spec))
-    r = subprocess.run([sys.executable, "-m", "stoker.cli", "run", str(path)], cwd=ROOT, env=env,
-                       capture_output=True, text=True, timeout=900)
+    r = stoker(["run", str(path)], env=env, timeout=900)
     assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
     return json.loads(Path(r.stdout.strip().splitlines()[-1].removeprefix("manifest: ")).read_text())
 
@@ -97,10 +96,8 @@ def test_an_adapter_is_served_exactly_and_a_new_revision_needs_no_rebuild(tmp_pa
         assert level["requests"] == first["benchmark"]["levels"][0]["requests"] and level["errors"] == 0
         http = first["endpoint"]["http"]
         # `stoker bench --adapter`: the base, then the adapter selected per request (its lora_task_id).
-        bench = subprocess.run([sys.executable, "-m", "stoker.cli", "bench", "--url", first["endpoint"]["grpc"],
-                                "--adapter", "tiny-lora", "--requests", "4", "--output-tokens", "8", "--quiet",
-                                "--out", str(tmp_path / "bench")], cwd=ROOT, env=env, capture_output=True, text=True,
-                               timeout=300)
+        bench = stoker(["bench", "--url", first["endpoint"]["grpc"], "--adapter", "tiny-lora", "--requests", "4",
+                        "--output-tokens", "8", "--quiet", "--out", str(tmp_path / "bench")], env=env, timeout=300)
         assert bench.returncode == 0 and "adapter tiny-lora:" in bench.stdout, bench.stdout + bench.stderr[-2000:]
         measured = json.loads((tmp_path / "bench" / "adapters" / "tiny-lora" / "summary.json").read_text())
         assert measured["adapter"] == "tiny-lora" and measured["levels"][0]["errors"] == 0
@@ -138,8 +135,7 @@ def test_an_adapter_is_served_exactly_and_a_new_revision_needs_no_rebuild(tmp_pa
         assert _complete(client, name) == want_base
 
         # `stoker rollback NAME` serves the previous adapter set again, at the same address.
-        r = subprocess.run([sys.executable, "-m", "stoker.cli", "rollback", name], cwd=ROOT, env=env,
-                           capture_output=True, text=True, timeout=300)
+        r = stoker(["rollback", name], env=env, timeout=300)
         assert r.returncode == 0 and first["run_id"] in r.stdout, (r.stdout + r.stderr)[-2000:]
         assert _complete(client, "tiny-lora") == want_v1 and _complete(client, name) == want_base
     finally:

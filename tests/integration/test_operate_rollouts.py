@@ -9,8 +9,6 @@ gate (the candidate never serves), and `stoker rollback`.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -18,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 from loadgen import SteadyLoad
-from operate_helpers import ROOT, make_spec, record, stoker_env
+from operate_helpers import make_spec, record, stoker, stoker_env
 
 from stoker.containers import engine as docker_engine
 from stoker.deploy import rollout
@@ -43,8 +41,7 @@ def two_runs(local_stack, triton_image, tmp_path_factory, worker_prefect_api):
     for label, data in (("a", a), ("b", b)):
         path = tmp / f"{label}.yaml"
         path.write_text(yaml.safe_dump(data))
-        r = subprocess.run([sys.executable, "-m", "stoker.cli", "run", str(path)], cwd=ROOT, env=env,
-                           capture_output=True, text=True, timeout=900)
+        r = stoker(["run", str(path)], env=env, timeout=900)
         assert r.returncode == 0, r.stderr[-3000:]
         assert "Logging error" not in r.stderr, r.stderr[-3000:]
         last = r.stdout.strip().splitlines()[-1].removeprefix("manifest: ")
@@ -167,18 +164,15 @@ def test_failed_gate_never_serves_the_candidate_and_rollback_cli(two_runs, aws):
     assert staged.detail["candidate"]["container"] not in [c.name for c in docker_engine.containers(client, name)]
 
     # `stoker rollback NAME --to RUN_B`: B's build staged, proven and switched to, at the same address.
-    cli = [sys.executable, "-m", "stoker.cli", "rollback"]
-    r = subprocess.run([*cli, name, "--to", m_b["run_id"]], cwd=ROOT, env=two_runs["env"], capture_output=True,
-                       text=True, timeout=300)
+    r = stoker(["rollback", name, "--to", m_b["run_id"]], env=two_runs["env"], timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     assert m_b["endpoint"]["http"] in r.stdout and _serving_digest(name) == _upload(m_b)[1]
     # Bad input: one line each, nothing that serves is touched.
     for args, expected in (([name, "--to", m_b["run_id"]], "already serves"),
                            (["no-such-deployment"], "unknown deployment 'no-such-deployment'"),
                            ([name, "--to", "20000101T000000-nope"], "did not deploy this deployment")):
-        r = subprocess.run([*cli, *args], cwd=ROOT, env=two_runs["env"], capture_output=True, text=True, timeout=120)
+        r = stoker(["rollback", *args], env=two_runs["env"], timeout=120)
         assert r.returncode == 1 and expected in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert _serving_digest(name) == _upload(m_b)[1]
-    r = subprocess.run([sys.executable, "-m", "stoker.cli", "status", name], cwd=ROOT, env=two_runs["env"],
-                       capture_output=True, text=True, timeout=60)
+    r = stoker(["status", name], env=two_runs["env"], timeout=60)
     assert r.returncode == 0 and "proxy running" in r.stdout and _upload(m_b)[1][:12] in r.stdout, r.stdout

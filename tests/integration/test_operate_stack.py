@@ -14,7 +14,7 @@ import urllib.request
 import uuid
 
 import pytest
-from operate_helpers import ROOT, api_get, prefect_env
+from operate_helpers import ROOT, api_get, prefect_env, stoker
 
 from stoker.stack.prefect_stack import PG_BIN, ensure_postgres, ensure_server
 from stoker.stack.services import stop_all
@@ -42,8 +42,7 @@ def test_postgres_backed_server_with_auth_and_deploy_flows(pg_api, tmp_path):
                                                       headers={"Content-Type": "application/json"}), timeout=10)
     assert refused.value.code == 401
 
-    r = subprocess.run([sys.executable, "-m", "stoker.cli", "deploy-flows"],
-                       cwd=ROOT, env=prefect_env(api), capture_output=True, text=True, timeout=300)
+    r = stoker(["deploy-flows"], env=prefect_env(api), timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     build = api_get(api, "/deployments/name/build_and_deploy/stoker-cpu")
     assert build["work_pool_name"] == "stoker-cpu"

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from operate_helpers import ROOT, api_get, deployment_id, flow_runs, prefect_api, prefect_env  # noqa: F401
+from operate_helpers import ROOT, api_get, deployment_id, flow_runs, prefect_api, prefect_env, stoker  # noqa: F401
 
 pytestmark = [pytest.mark.prefect, pytest.mark.slow]
 
@@ -34,8 +34,7 @@ def _automations(api) -> dict[str, list[dict]]:
 @pytest.fixture(scope="module")
 def deployed(prefect_api):
     api, _state = prefect_api
-    r = subprocess.run([sys.executable, "-m", "stoker.cli", "deploy-flows"], cwd=ROOT, env=prefect_env(api),
-                       capture_output=True, text=True, timeout=300)
+    r = stoker(["deploy-flows"], env=prefect_env(api), timeout=300)
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
     assert r.stdout.strip().splitlines()[-1] == "applied 4 deployment(s) of prefect.yaml: stoker-cpu, matrix, gpu, watch"
     return api

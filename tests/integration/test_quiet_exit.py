@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from operate_helpers import stoker
 
 from stoker.demo import DEMO_SPEC
 
@@ -42,8 +43,7 @@ def test_stoker_run_exits_without_logging_errors(tmp_path):
     data.pop("adapters")  # no Hub here: preflight must reach S3, not the adapters' Hub reads
     spec = tmp_path / "spec.yaml"
     spec.write_text(yaml.safe_dump(data))
-    r = subprocess.run([sys.executable, "-m", "stoker.cli", "run", str(spec)], cwd=ROOT, env=_env(tmp_path),
-                       capture_output=True, text=True, timeout=300)
+    r = stoker(["run", str(spec)], env=_env(tmp_path), timeout=300)
     assert r.returncode == 1, r.stderr[-3000:]
     assert "Beginning flow run" in r.stderr  # Prefect really logged
     assert r.stderr.strip().splitlines()[-1].startswith("stoker: error: ")

@@ -18,7 +18,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from operate_helpers import ROOT, api_get, make_spec, prefect_api, prefect_env, wait_online  # noqa: F401
+from operate_helpers import ROOT, api_get, make_spec, prefect_api, prefect_env, stoker, wait_online  # noqa: F401
 
 from stoker.containers import engine as docker_engine
 
@@ -47,8 +47,7 @@ def fleet(prefect_api, local_stack, triton_image, tmp_path_factory):
     api, state = prefect_api
     env = prefect_env(api)
     ensure_worker_image(log=lambda _l: None)
-    r = subprocess.run([sys.executable, "-m", "stoker.cli", "deploy-flows"], cwd=ROOT, env=env,
-                       capture_output=True, text=True, timeout=300)
+    r = stoker(["deploy-flows"], env=env, timeout=300)
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
     code = f"from stoker.stack.s3server import save_local_block; save_local_block({local_stack['s3']!r})"
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import sys
 import time
 import urllib.request
 import uuid
@@ -18,7 +17,7 @@ from datetime import datetime
 
 import pytest
 import yaml
-from operate_helpers import ROOT, api_get, deployment_id, flow_runs, make_spec, prefect_env, record, wait_final
+from operate_helpers import ROOT, api_get, deployment_id, flow_runs, make_spec, prefect_env, record, stoker, wait_final
 
 pytestmark = [pytest.mark.prefect, pytest.mark.hub, pytest.mark.s3, pytest.mark.docker, pytest.mark.slow]
 
@@ -57,9 +56,8 @@ def _deploy(tmp_path, api, pool: str, spec: dict) -> None:
     (tmp_path / "prefect.yaml").write_text(yaml.safe_dump({"build": repo["build"], "pull": repo["pull"],
                                                            "deployments": deployments}))
     (tmp_path / "specs").mkdir()
-    r = subprocess.run([sys.executable, "-m", "stoker.cli", "deploy-flows", "--platform", str(tmp_path / "platform.yaml"),
-                        "--prefect-file", str(tmp_path / "prefect.yaml"), "--specs", str(tmp_path / "specs")],
-                       cwd=ROOT, env=prefect_env(api), capture_output=True, text=True, timeout=300)
+    r = stoker(["deploy-flows", "--platform", str(tmp_path / "platform.yaml"), "--prefect-file",
+                str(tmp_path / "prefect.yaml"), "--specs", str(tmp_path / "specs")], env=prefect_env(api), timeout=300)
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
 
 
