@@ -29,7 +29,9 @@ from ..containers import port_lease
 from ..containers.ports import Ports, choose_backend_ports, is_port_free, port_owner
 
 PROXY_START_TIMEOUT_S = 15.0
-PORT_RETRIES = 2  # a port verified free can still be taken before Triton binds it
+# A port verified free can still be taken before Triton binds it, and the python backend can abort at start
+# (triton_log.IPC_ABORT): either way the candidate starts again, on other ports, while the live backend serves.
+START_ATTEMPTS = 3
 
 
 # ---------------------------------------------------------------- reconcile
@@ -183,7 +185,7 @@ def _stage_one(client: docker.DockerClient, target: Target, spec: engine.Backend
     claimed = {p for b in observe_backends(client, target.name) for p in b.ports.values()}
     avoid: set[int] = set(target.listen.values())
     last_error = ""
-    for attempt in range(1, PORT_RETRIES + 1):
+    for attempt in range(1, START_ATTEMPTS + 1):
         seed = f"{target.name}/{attempt}" if replica == 0 else f"{target.name}/{replica}/{attempt}"
         ports = choose_backend_ports(_probe, claimed, seed=seed, avoid=avoid)
         name = engine.backend_name(target.name, slot, replica)
@@ -212,8 +214,9 @@ def _stage_one(client: docker.DockerClient, target: Target, spec: engine.Backend
         except probe.ProbeFailed as err:
             tail = engine.log_tail(c)
             engine.stop_and_remove(c, log)
-            if "already in use" in tail and attempt < PORT_RETRIES:
-                log(f"{name}: a port was taken between the check and Triton's bind; retrying on other ports")
+            again = retry_reason(tail) if attempt < START_ATTEMPTS else None
+            if again:
+                log(f"{name}: {again}; starting it again on other ports (attempt {attempt + 1} of {START_ATTEMPTS})")
                 avoid |= set(ports.values())
                 continue
             kept = f"; {live.container} keeps serving" if live else ""
@@ -225,6 +228,15 @@ def _stage_one(client: docker.DockerClient, target: Target, spec: engine.Backend
         finally:
             pump.stop()
     raise engine.NotReady(last_error or "candidate never started")
+
+
+def retry_reason(tail: str) -> str | None:
+    """Why a candidate that died before it was ready is worth starting again (None: its failure is its own)."""
+    if "already in use" in tail:
+        return "a port was taken between the check and Triton's bind"
+    if triton_log.ipc_abort(tail):
+        return f"Triton's python backend aborted at start ({triton_log.IPC_ABORT}, a transient upstream crash)"
+    return None
 
 
 def discard(client: docker.DockerClient, candidate: BackendRef, log: Log) -> None:

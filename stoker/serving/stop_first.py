@@ -15,7 +15,7 @@ import docker
 import docker.errors
 
 from ..containers import engine
-from . import haproxy, probe
+from . import haproxy, probe, promote, triton_log
 from .deployment import BackendRef, Log, Target, proxy_container, runtime_for, write_config
 
 
@@ -50,13 +50,29 @@ def restart(client: docker.DockerClient, target: Target, old: BackendRef, ready_
         except docker.errors.NotFound:
             log(f"GPU rollout reload: {member.container} is gone; nothing serves until the next deploy")
             return
-        c.start()
-        waited = max(waited, probe.wait_ready(f"{member.http}/v2/health/ready", ready_timeout_s,
-                                              exit_reason=lambda c=c: engine.exit_reason(c)))
+        waited = max(waited, _start_ready(c, member.http, ready_timeout_s, log))
         engine.keep_running(c)
     write_config(target, {old.slot: old.all_ports}, old.slot)
     runtime_for(target, proxy_container(client, target.name)).switch(old.slot, old.all_ports, drain=None)
     log(f"GPU rollout reload: {old.container} started again (ready after {waited:.1f} s) and serves")
+
+
+def _start_ready(c, http: str, ready_timeout_s: float, log: Log) -> float:
+    """Start the stopped container and wait for it; a start that dies of the python backend's IPC abort (this
+    start's output only: the container's log keeps its earlier runs) is tried again, as a candidate's would be."""
+    for attempt in range(1, promote.START_ATTEMPTS + 1):
+        began = time.time()  # docker's log filter takes fractions of a second
+        c.start()
+        try:
+            return probe.wait_ready(f"{http}/v2/health/ready", ready_timeout_s,
+                                    exit_reason=lambda: engine.exit_reason(c))
+        except probe.ProbeFailed:
+            output = c.logs(since=began).decode("utf-8", "replace")
+            if attempt == promote.START_ATTEMPTS or not triton_log.ipc_abort(output):
+                raise
+            log(f"GPU rollout reload: {c.name}: Triton's python backend aborted at start ({triton_log.IPC_ABORT}, "
+                f"a transient upstream crash); starting it again")
+    raise AssertionError("unreachable")
 
 
 def remove(client: docker.DockerClient, old: BackendRef, log: Log) -> None:

@@ -25,6 +25,17 @@ CPU_HARMLESS = (
 )
 
 
+# The python backend now and then aborts while its stubs start on a loaded host (upstream
+# triton-inference-server/server#8882): the process dies with this line and exit code 134. The model repository is
+# not at fault; the next start loads it. Seen in fresh-clone CI runs, from a host-started server and from a container.
+IPC_ABORT = "boost::interprocess::lock_exception"
+
+
+def ipc_abort(output: str) -> bool:
+    """True when a server's output (one start's only) ends in the python backend's transient IPC abort."""
+    return IPC_ABORT in output
+
+
 def shown(line: str) -> bool:
     """True when a line of Triton's output is worth the user's attention in the run log."""
     text = line.strip()

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Self
 
 from stoker.errors import StokerError
+from stoker.serving import triton_log
 
 LOG_TAIL_CHARS = 4000
 _ERROR_LINE = re.compile(r"^(E\d{4} |error: )")
@@ -198,13 +199,11 @@ def start(
 
 
 def _ipc_abort(log_path: Path, offset: int) -> bool:
-    """Whether this attempt's log shows the python backend's IPC abort: now and then, on a loaded host, the server
-    aborts while its python stubs start (`boost::interprocess::lock_exception`; upstream
-    triton-inference-server/server#8882, seen once in a fresh-clone CI here). The repository is not at fault and the
-    next start loads it; the log keeps both attempts."""
+    """Whether this attempt's log (from ``offset``) shows the python backend's transient IPC abort
+    (stoker.serving.triton_log.IPC_ABORT); the log keeps every attempt."""
     with open(log_path, "rb") as log:
         log.seek(offset)
-        return b"boost::interprocess::lock_exception" in log.read()
+        return triton_log.ipc_abort(log.read().decode("utf-8", "replace"))
 
 
 def _start_once(repo_dir: Path | str, ports: TritonPorts, log_path: Path | str, ready_timeout_s: float,

@@ -1,10 +1,13 @@
-"""local_triton.start starts again after the python backend's IPC abort, judged from this attempt's log only."""
+"""A Triton start that dies of the python backend's IPC abort starts again, from the host (local_triton.start,
+judged from this attempt's log only) and in a container (promote's candidate staging); a real load error does not."""
 
 from __future__ import annotations
 
+from stoker.serving.promote import retry_reason
 from stoker.stack.local_triton import _ipc_abort
 
 ABORT = b"terminate called after throwing an instance of 'boost::interprocess::lock_exception'\n"
+LOAD_ERROR = b"E1127 failed to load 'tensorrt_llm': bad weights\n"
 
 
 def test_only_this_attempts_log_counts(tmp_path):
@@ -13,5 +16,14 @@ def test_only_this_attempts_log_counts(tmp_path):
     assert _ipc_abort(log, 0)
     earlier = log.stat().st_size
     assert not _ipc_abort(log, earlier)  # an earlier attempt's abort is not this one's
-    log.write_bytes(log.read_bytes() + b"E1127 failed to load 'tensorrt_llm': bad weights\n")
+    log.write_bytes(log.read_bytes() + LOAD_ERROR)
     assert not _ipc_abort(log, earlier)  # a real load error is raised, not retried
+
+
+def test_a_candidate_is_started_again_after_the_abort_or_a_lost_port_only():
+    abort = retry_reason(("I1127 TRITONBACKEND_ModelInstanceInitialize: tensorrt_llm_0_0\n" + ABORT.decode()))
+    assert abort is not None and "boost::interprocess::lock_exception" in abort
+    port = retry_reason("E1127 failed to start HTTP service: Address already in use\n")
+    assert port is not None and "port" in port
+    assert retry_reason(LOAD_ERROR.decode()) is None
+    assert retry_reason("") is None
