@@ -74,7 +74,7 @@ def build_gpu(spec: Spec, fetched: StepResult, ctx: RunContext) -> StepResult:
             raise StepError(str(err)) from None
         return detail
 
-    return cached_step(ctx, "build", gpu_build_key(spec, fetched.digest), produce, logger.info)
+    return cached_step(ctx, "build", gpu_build_key(spec, fetched.digest, trtllm.step_argvs(spec)), produce, logger.info)
 
 
 @step_task("package", retries=0)
@@ -106,7 +106,7 @@ def package_gpu(spec: Spec, fetched: StepResult, built: StepResult, ctx: RunCont
                         f"fraction {params['lora_cache_gpu_memory_fraction']}")
             extra = {"adapters": {n: d["task_id"] for n, d in described.items()}, "lora": converted}
         info = repository.write_repository(spec, facts, out, tokenizer_src=fetched.path, lora_parameters=params)
-        targets.get(spec.target).fill_repository(slot, fetched, built)
+        targets.get(spec.target).fill_repository(slot, fetched, built, standin.applies(spec, ctx.standin))
         return info | extra | {"pending": []}
 
     key = gpu_package_key(spec, built.digest, lora.digest if lora is not None else None)

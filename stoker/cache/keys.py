@@ -68,9 +68,10 @@ def package_key(spec: Spec, build_digest: str, adapters_digest: str | None = Non
 
 # ---- GPU targets (tensorrt, pytorch): one key covers all GPU work (quantize + checkpoint + engine) ----
 
-def gpu_build_key(spec: Spec, weights_digest: str) -> str:
+def gpu_build_key(spec: Spec, weights_digest: str, argvs: list[list[str]]) -> str:
     """Weights digest + quant config (+ calibration text) + build config + image digest/TRT-LLM version +
-    GPU architecture: engines are tied to all of them. A hit skips every GPU step."""
+    GPU architecture + ``argvs``, the container steps' commands (stoker.gpu.trtllm.step_argvs): engines are tied to
+    all of them. A hit skips every GPU step."""
     from ..gpu import matrix
 
     q = spec.quantization
@@ -82,7 +83,11 @@ def gpu_build_key(spec: Spec, weights_digest: str) -> str:
     config = {"target": spec.target, "quantization": q.model_dump(mode="json", exclude={"calibration": {"text_file"}}),
               "parallel": spec.parallel.model_dump(mode="json"),
               # The LLM-API target builds nothing: its build limits apply at load time (package key).
-              "build": spec.build.model_dump(mode="json", exclude={"image"}) if spec.target == "tensorrt" else None}
+              "build": spec.build.model_dump(mode="json", exclude={"image"}) if spec.target == "tensorrt" else None,
+              # Every argument the container steps run with (the quantize worker reads build.dtype for both
+              # targets). Rendered without the model's facts: what they add comes from the weights, keyed above;
+              # so is build.dtype `auto` (the weights' dtype), which is why the dtype is keyed as written too.
+              "argv": argvs, "dtype": spec.build.dtype}
     if spec.adapters and spec.target == "tensorrt":  # built for adapters (the LoRA plugin), never from them
         config["lora"] = {"max_rank": spec.lora.max_rank}
     versions = {"image": spec.deploy.image_digest or spec.deploy.image, "trtllm": image.trtllm if image else None,
@@ -98,7 +103,8 @@ def gpu_package_key(spec: Spec, build_digest: str, adapters_digest: str | None =
                             "runtime": spec.runtime.model_dump(mode="json"), "build": spec.build.model_dump(mode="json"),
                             "parallel": spec.parallel.model_dump(mode="json")},
                     versions=pick("tritonclient") | {"code": code_digest("gpu", "triton/models", "triton/config.py",
-                                                                     "runtime/lora_trtllm.py")})
+                                                                     "runtime/lora_trtllm.py", "targets/tensorrt.py",
+                                                                     "targets/pytorch.py")})
 
 
 # ---- evaluation: measurements are cached; the verdict (thresholds) is judged again every run ----

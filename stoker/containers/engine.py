@@ -124,11 +124,20 @@ def connect(docker_host: str | None = None, timeout_s: int = 120) -> docker.Dock
     return client
 
 
-def require_image(client: docker.DockerClient, image: str, build_hint: str = "stoker image") -> None:
+def missing_image_fix(image: str) -> str:
+    """How a user gets ``image``: NVIDIA's serving images come from NGC (a login with an NGC API key, then a
+    pull: NGC's docs, "Accessing and pulling an NGC container image"); stoker's own are built by `stoker image`."""
+    if image.split("/", 1)[0] == "nvcr.io":
+        return (f"pull it: `docker login nvcr.io` (username $oauthtoken, an NGC API key as password), then "
+                f"`docker pull {image}`")
+    return "build it with `stoker image`"
+
+
+def require_image(client: docker.DockerClient, image: str) -> None:
     try:
         client.images.get(image)
     except docker.errors.ImageNotFound:
-        raise ImageMissing(f"image {image} is not in the Docker daemon; build it with `{build_hint}`") from None
+        raise ImageMissing(f"image {image} is not in the Docker daemon; {missing_image_fix(image)}") from None
     except requests.exceptions.ConnectionError as err:
         raise DockerUnavailable(f"Docker daemon stopped answering: {one_line(err)}") from err
 

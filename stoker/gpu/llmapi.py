@@ -1,9 +1,11 @@
 """The LLM-API target's Triton repository (`llmapi`): one python model `tensorrt_llm` + model.yaml.
 
 The config declares upstream's inputs/outputs (names and types of TRT-LLM 1.2's
-triton_backend/all_models/llmapi); max_batch_size and decoupled come from model.yaml's
-triton_config through the model's auto-complete, so config.pbtxt leaves them unset, as
-upstream does. model.py is a stoker shim that loads TensorRT-LLM's own llmapi model.py
+triton_backend/all_models/llmapi). Upstream leaves max_batch_size and decoupled unset and lets the model's
+auto_complete_config set them from model.yaml's triton_config; stoker writes both into config.pbtxt too, with the
+same values: a tensor × pipeline > 1 backend runs every MPI rank with --disable-auto-complete-config (as
+upstream's launch_triton_server.py does), where an unset `decoupled` stays false and the model cannot stream.
+Triton's python backend accepts an auto-complete that sets the value a config already has. model.py is a stoker shim that loads TensorRT-LLM's own llmapi model.py
 from the serving image, so the python model always matches the image's TRT-LLM.
 
 Stop ids: the LLM API ends a request at the tokenizer's eos only (its SamplingParams.end_id), so
@@ -89,6 +91,8 @@ def config(spec) -> mc.ModelConfig:
     for name, dtype in LLMAPI_OUT:
         cfg.output.add(name=name, data_type=mc.DataType.Value(dtype), dims=[-1])
     cfg.instance_group.add(count=1, kind=mc.ModelInstanceGroup.KIND_CPU)
+    cfg.max_batch_size = 0  # model_yaml's triton_config: batching happens inside TensorRT-LLM
+    cfg.model_transaction_policy.decoupled = spec.runtime.decoupled
     return cfg
 
 
@@ -105,6 +109,8 @@ def model_yaml(spec, max_seq_len: int | None) -> dict:
                           "cancellation_check_period_ms": r.cancellation_check_period_ms},
         "max_batch_size": b.max_batch_size,
         "max_num_tokens": b.max_num_tokens,
+        # The LLM API refuses a longer prompt (TorchLlmArgs max_input_len), as trtllm-build's engine does.
+        "max_input_len": b.max_input_len,
         "kv_cache_config": {"free_gpu_memory_fraction": r.kv_cache_free_gpu_mem_fraction,
                             "enable_block_reuse": r.enable_kv_cache_reuse},
         "enable_chunked_prefill": r.enable_chunked_context,

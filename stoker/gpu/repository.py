@@ -6,6 +6,7 @@ import json
 import shutil
 from pathlib import Path
 
+from ..openai_api.layout import LIMITS_FILE
 from ..triton import config as triton_config
 from ..triton.models import install_step
 from . import inflight, llmapi
@@ -26,6 +27,7 @@ def write_repository(spec, facts: ModelFacts | None, out: Path, tokenizer_src: P
     LLM-API target: the checkpoint goes to tensorrt_llm/1/checkpoint/.
     """
     out.mkdir(parents=True, exist_ok=True)
+    write_limits(spec, facts, out)
     if spec.target == "pytorch":
         stop_ids = facts.stop_ids if facts else ()
         for rel, text in llmapi.render_all(spec, max_seq_len(spec, facts), stop_ids).items():
@@ -54,3 +56,11 @@ def write_repository(spec, facts: ModelFacts | None, out: Path, tokenizer_src: P
         pending += ["preprocessing/1/tokenizer/", "postprocessing/1/tokenizer/"]
     return {"layout": "inflight_batcher_llm", "models": ["preprocessing", "tensorrt_llm", "postprocessing",
                                                           "ensemble"], "special_ids": ids, "pending": pending}
+
+
+def write_limits(spec, facts: ModelFacts | None, out: Path) -> None:
+    """The limits the deployed build enforces, for the OpenAI service (a prompt over max_input_len, or prompt plus
+    completion over max_seq_len, is a 400 there instead of a failed request at the engine)."""
+    limits = {"max_seq_len": max_seq_len(spec, facts), "max_input_len": spec.build.max_input_len}
+    (out / triton_config.MODEL_NAME / "1").mkdir(parents=True, exist_ok=True)
+    (out / triton_config.MODEL_NAME / "1" / LIMITS_FILE).write_text(json.dumps(limits) + "\n")

@@ -105,6 +105,9 @@ def check(spec, facts: ModelFacts | None, token_present: bool) -> list[Finding]:
     img = matrix.image_info(spec.deploy.image)
     if img is None:
         refuse("deploy.image", f"{spec.deploy.image} is not in stoker's version matrix; use {current}")
+    elif img.trtllm is None:
+        refuse("deploy.image", f"{img.ref} carries no TensorRT-LLM (it serves target {', '.join(img.targets)}): "
+                               f"target {target} needs NVIDIA's serving image, such as {current}")
     elif target == "tensorrt" and not img.trtllm_build:
         refuse("deploy.image", f"{img.ref} carries TRT-LLM {img.trtllm or 'none'}, which has no trtllm-build (the "
                                f"{matrix.data()['engine_backend_last_line']} line was the last): use target: pytorch "

@@ -27,6 +27,10 @@ import os
 from ..errors import PlanRefused
 
 ENV = "STOKER_STANDIN"
+# What the reference artifact holds and an engine folder never does (trtllm-build writes config.json and
+# rank<i>.engine): left out where the stand-in's artifact goes in an engine's place.
+NOT_IN_AN_ENGINE = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
+                    "chat_template.jinja", "chat_template.json")
 TARGETS = ("tensorrt", "pytorch")
 NOTE = ("STAND-IN (STOKER_STANDIN=1): the build and the serving image are stoker's CPU reference runtime behind "
         "TensorRT-LLM's interfaces (the engine's tensors, the LLM API's model); this run proves stoker around "

@@ -83,6 +83,14 @@ def quantize_argv(spec, facts: ModelFacts | None) -> list[str]:
     return argv
 
 
+def step_argvs(spec, facts: ModelFacts | None = None) -> list[list[str]]:
+    """The command of every container step a build runs (gpu_steps' argv), in order: what its cache key holds."""
+    argvs = [quantize_argv(spec, facts)] if needs_quantize_step(spec) and spec.build.engine_dir is None else []
+    if spec.target == "tensorrt" and spec.build.engine_dir is None:
+        argvs.append(build_argv(spec, facts))
+    return argvs
+
+
 def timing_cache_name(spec) -> str:
     """One cache per GPU architecture and TRT-LLM: TensorRT tactics do not transfer across either."""
     gpu = matrix.gpu_info(spec.gpus.type)
@@ -160,6 +168,7 @@ def _gpu_base(spec, name: str, argv: list[str], mounts: list[Mount], timeout_s: 
 def gpu_steps(spec, facts: ModelFacts | None, ws: Workspace) -> list[ContainerStep]:
     """The container steps that build on a GPU host, in order; serving is stoker/serving's (serve_command)."""
     steps: list[ContainerStep] = []
+    argvs = step_argvs(spec, facts)
     if needs_quantize_step(spec) and spec.build.engine_dir is None:
         mounts = [Mount(str(ws.stoker_src), C_STOKER), Mount(str(ws.hf), C_HF),
                   Mount(str(ws.calibration), C_CALIB), Mount(str(ws.unified), C_UNIFIED, False)]
@@ -167,9 +176,9 @@ def gpu_steps(spec, facts: ModelFacts | None, ws: Workspace) -> list[ContainerSt
             mounts.append(Mount(str(ws.checkpoint), C_CKPT, False))
         name = "quantize" if spec.quantization.format != "none" else "checkpoint"
         # A token is only needed to fetch; the weights are mounted, so no secret goes in.
-        steps.append(_gpu_base(spec, name, quantize_argv(spec, facts), mounts, 4 * 3600))
+        steps.append(_gpu_base(spec, name, argvs[0], mounts, 4 * 3600))
     if spec.target == "tensorrt" and spec.build.engine_dir is None:
         mounts = [Mount(str(ws.checkpoint), C_CKPT), Mount(str(ws.engine), C_ENGINE, False),
                   Mount(str(ws.timing_cache), C_TIMING, False)]
-        steps.append(_gpu_base(spec, "build", build_argv(spec, facts), mounts, 4 * 3600))
+        steps.append(_gpu_base(spec, "build", argvs[-1], mounts, 4 * 3600))
     return steps

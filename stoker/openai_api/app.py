@@ -336,7 +336,7 @@ def create_app(settings: Settings, live: LiveModel) -> FastAPI:
         else:
             text, ids = None, model.chat_ids(m.chat_messages(req))
         gen = triton_stream.plan(req, ids, model.context_len, seed=secrets.randbits(63), interface=interface,
-                                 prompt_text=text)
+                                 prompt_text=text, max_input_len=model.max_input_len)
         g, head = await run(gen, model, "chatcmpl", request, adapter, req.model)
         if not req.stream:
             text = "".join([p async for p in g.pieces()])
@@ -359,7 +359,8 @@ def create_app(settings: Settings, live: LiveModel) -> FastAPI:
         ids = model.encode(prompt) if isinstance(prompt, str) else prompt
         gen = triton_stream.plan(req, ids, model.context_len, seed=secrets.randbits(63),
                                  vocab_size=None if isinstance(prompt, str) else model.vocab_size,
-                                 interface=interface, prompt_text=prompt if isinstance(prompt, str) else None)
+                                 interface=interface, prompt_text=prompt if isinstance(prompt, str) else None,
+                                 max_input_len=model.max_input_len)
         g, head = await run(gen, model, "cmpl", request, adapter, req.model)
         if not req.stream:
             text = "".join([p async for p in g.pieces()])

@@ -26,7 +26,7 @@ from typing import Any
 
 from tokenizers import Tokenizer
 
-from .layout import ASSET_FILES, LIVE_FILE
+from .layout import ASSET_FILES, LIMITS_FILE, LIVE_FILE
 from .mapping import ApiError, bad_request, unavailable
 from .triton_stream import INTERFACES
 
@@ -94,6 +94,8 @@ class ServedModel:
     special: dict[str, str]
     context_len: int | None
     vocab_size: int
+    # The deployed build's prompt limit (build.max_input_len, from the package step's limits file); None: unknown.
+    max_input_len: int | None = None
     # How the backend serving this build is spoken to ("ensemble" or "llmapi"), as live.json names it; None: the
     # service's own setting (--interface).
     interface: str | None = None
@@ -115,8 +117,12 @@ class ServedModel:
         vocab = config.get("vocab_size") if isinstance(config.get("vocab_size"), int) else None
         if key is None:
             key = hashlib.sha256((folder / "tokenizer.json").read_bytes()).hexdigest()
+        limits = _json(folder / LIMITS_FILE)
+        deployed = [n for n in (context_length(config), limits.get("max_seq_len")) if isinstance(n, int) and n > 0]
         return cls(key=key, tokenizer=tokenizer, chat_template=template, template_source=source, special=special,
-                   context_len=context_length(config),
+                   # what the deployed engine allows, which may be less than what the model was trained for
+                   context_len=min(deployed) if deployed else None,
+                   max_input_len=limits.get("max_input_len") if isinstance(limits.get("max_input_len"), int) else None,
                    vocab_size=vocab or tokenizer.get_vocab_size(with_added_tokens=True),
                    adapters=_json(folder / "adapters.json"))
 

@@ -42,7 +42,8 @@ class Generation:
 
 
 def plan(req: _Request, input_ids: Sequence[int], context_len: int | None, *, seed: int,
-         vocab_size: int | None = None, interface: str = ENSEMBLE, prompt_text: str | None = None) -> Generation:
+         vocab_size: int | None = None, interface: str = ENSEMBLE, prompt_text: str | None = None,
+         max_input_len: int | None = None) -> Generation:
     """Validate lengths against the model's context and fill OpenAI's defaults.
 
     ``seed`` is used when the request has none (OpenAI samples afresh each time unless seeded).
@@ -66,6 +67,10 @@ def plan(req: _Request, input_ids: Sequence[int], context_len: int | None, *, se
         raise bad_request(f"This model's maximum context length is {context_len} tokens. However, your "
                           f"{where} resulted in {n_prompt} tokens. Please reduce the length of the {where}.",
                           where, "context_length_exceeded")
+    if max_input_len is not None and n_prompt > max_input_len:
+        raise bad_request(f"This deployment accepts prompts of at most {max_input_len} tokens (its build's "
+                          f"max_input_len). However, your {where} resulted in {n_prompt} tokens. Please reduce the "
+                          f"length of the {where}.", where, "context_length_exceeded")
     if asked is None:
         if not chat:
             asked = DEFAULT_COMPLETION_MAX_TOKENS if context_len is None else min(DEFAULT_COMPLETION_MAX_TOKENS,

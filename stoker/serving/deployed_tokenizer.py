@@ -20,10 +20,10 @@ from ..containers import engine
 from ..bench.counting import Found
 from ..storage.digest import file_sha256
 from ..atomic import write_atomic
+from ..openai_api.layout import TOKENIZER_HOMES, NoTokenizer, tokenizer_folder
 from . import promote
 from ..containers.ports import Ports
 
-TOKENIZER_IN_REPO = "preprocessing/1/tokenizer/tokenizer.json"  # every target's repository layout
 _LOCAL = {"127.0.0.1", "localhost", "::1", "0.0.0.0", ""}
 
 
@@ -104,14 +104,23 @@ def _backend_on(client, port: int, home: Path):
 
 
 def _from_manifest(manifest: dict) -> Path | None:
-    """The repository's tokenizer.json as the package step recorded it, if it is still here unchanged."""
+    """The repository's tokenizer.json as the package step recorded it (where its layout keeps it: layout.py), if it
+    is still here unchanged."""
+    recorded: dict[str, tuple[Path, str | None]] = {}
     for out in (manifest.get("steps", {}).get("package") or {}).get("outputs") or []:
         uri = str(out.get("uri", ""))
-        if uri.startswith("file://") and uri.endswith("/" + TOKENIZER_IN_REPO):
-            path = Path(urlparse(uri).path)
-            if path.is_file() and file_sha256(path) == out.get("sha256"):
-                return path
-    return None
+        if not uri.startswith("file://"):
+            continue
+        parts = Path(urlparse(uri).path).parts
+        for i, part in enumerate(parts):  # the key relative to the repository's root
+            if part in TOKENIZER_HOMES:
+                recorded["/".join(parts[i:])] = (Path(urlparse(uri).path), out.get("sha256"))
+    try:
+        _version, folder = tokenizer_folder(recorded)
+    except NoTokenizer:
+        return None
+    path, sha = recorded[f"{folder}/tokenizer.json"]
+    return path if path.is_file() and file_sha256(path) == sha else None
 
 
 def _from_s3(backend, home: Path, where: str) -> Found:
@@ -124,11 +133,16 @@ def _from_s3(backend, home: Path, where: str) -> Found:
         return Found(cached, f"{where}, from its repository in S3 (kept in {cached.parent})")
     _endpoint, bucket, key = repo
     try:  # with the backend's own credentials, as Triton reads it
-        body = s3_client(backend, repo).get_object(Bucket=bucket, Key=f"{key}/{TOKENIZER_IN_REPO}")["Body"].read()
+        s3 = s3_client(backend, repo)
+        keys = [o["Key"][len(key) + 1:] for page in s3.get_paginator("list_objects_v2").paginate(
+            Bucket=bucket, Prefix=f"{key}/") for o in page.get("Contents", [])]
+        _version, folder = tokenizer_folder(keys)
+        rel = f"{folder}/tokenizer.json"
+        body = s3.get_object(Bucket=bucket, Key=f"{key}/{rel}")["Body"].read()
     except Exception as err:  # noqa: BLE001 - any failure means "not found"; the cause goes in the message
         first = (str(err).strip().splitlines() or [type(err).__name__])[0]
-        return Found(None, f"{where}: no manifest here, and s3://{bucket}/{key}/{TOKENIZER_IN_REPO} could not be "
-                           f"read ({type(err).__name__}: {first})")
+        return Found(None, f"{where}: no manifest here, and no tokenizer.json could be read from s3://{bucket}/{key}/ "
+                           f"({type(err).__name__}: {first})")
     cached.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(cached, body.decode("utf-8"))
-    return Found(cached, f"{where}, from its repository in S3")
+    return Found(cached, f"{where}, from its repository in S3 ({rel})")

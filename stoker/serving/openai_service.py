@@ -34,7 +34,7 @@ import docker.errors
 from .backend_repo import mounted_repository, repository_of, s3_client
 from ..containers import engine
 from ..atomic import write_atomic
-from ..openai_api.layout import ADAPTERS_TABLE, ASSET_FILES, LIVE_FILE
+from ..openai_api.layout import ADAPTERS_TABLE, ASSET_FILES, LIMITS_FILE, LIVE_FILE, NoTokenizer, tokenizer_folder
 from ..triton.config import MODEL_NAME
 from . import haproxy
 
@@ -132,7 +132,7 @@ def ensure(client: docker.DockerClient, name: str, image: str, state_dir: Path, 
         log(f"replacing {c.name} (its code, image or address changed)" if c.status == "running"
             else f"replacing {c.name} ({c.status})")
         engine.stop_and_remove(c, log)
-    engine.require_image(client, image, "stoker image")
+    engine.require_image(client, image)
     pythonpath = _install_code(state, code)
     (state / SOCKET).unlink(missing_ok=True)
     log(f"starting {engine.openai_name(name)} ({image}): the OpenAI API at /v1/ of the stable HTTP port")
@@ -160,20 +160,17 @@ def remove(client: docker.DockerClient, name: str, log: Log) -> None:
 
 
 def pick_assets(listing: dict[str, tuple[str, int]]) -> tuple[int, dict[str, str]]:
-    """From the objects under ``tensorrt_llm/`` (relative key → (etag, size)): the newest version that holds a
-    tokenizer.json, and its asset files (name → relative key). Pure."""
-    found: dict[int, str] = {}
-    for rel in listing:
-        parts = rel.split("/")
-        if len(parts) >= 3 and parts[0].isdigit() and parts[-1] == "tokenizer.json":
-            found[int(parts[0])] = "/".join(parts[:-1])
-    if not found:
-        raise OpenAIServiceError(f"no tokenizer.json under {MODEL_NAME}/<version>/ in the model repository")
-    version = max(found)
-    folder = found[version]
+    """From the objects of a model repository (key relative to its root → (etag, size)): the engine model's newest
+    version, and the asset files the service reads (name → relative key): the tokenizer's folder (layout.py says
+    where each layout keeps it), the deployed limits and the adapters table of that version. Pure."""
+    try:
+        version, folder = tokenizer_folder(listing)
+    except NoTokenizer as err:
+        raise OpenAIServiceError(str(err)) from None
     files = {name: f"{folder}/{name}" for name in ASSET_FILES if f"{folder}/{name}" in listing}
-    if f"{version}/{ADAPTERS_TABLE}" in listing:  # the LoRA adapters this build serves, by name
-        files[Path(ADAPTERS_TABLE).name] = f"{version}/{ADAPTERS_TABLE}"
+    for rel in (LIMITS_FILE, ADAPTERS_TABLE):  # the build's limits; the LoRA adapters it serves, by name
+        if f"{MODEL_NAME}/{version}/{rel}" in listing:
+            files[Path(rel).name] = f"{MODEL_NAME}/{version}/{rel}"
     return version, files
 
 
@@ -191,7 +188,7 @@ def fetch_assets(c, state: Path) -> dict:
         return _copy_mounted(c, mounted, state)
     _endpoint, bucket, key = repo
     s3 = s3_client(c, repo)
-    base = f"{key}/{MODEL_NAME}/"
+    base = f"{key}/"
     listing = {}
     for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=base):
         for o in page.get("Contents", []):
@@ -205,9 +202,9 @@ def fetch_assets(c, state: Path) -> dict:
 
 def _copy_mounted(c, root: Path, state: Path) -> dict:
     """fetch_assets for a repository mounted from a folder of this host (GPU targets): the same files, copied."""
-    base = root / MODEL_NAME
+    base = root
     listing = {p.relative_to(base).as_posix(): (f"{p.stat().st_mtime_ns}", p.stat().st_size)
-               for p in base.rglob("*") if p.is_file() and (p.name in ASSET_FILES or
+               for p in base.rglob("*") if p.is_file() and (p.name in ASSET_FILES or p.name == LIMITS_FILE or
                                                              p.relative_to(base).as_posix().endswith(ADAPTERS_TABLE))}
     version, files = pick_assets(listing)
     content = _store(state, listing, files, lambda rel: (base / rel).read_bytes())

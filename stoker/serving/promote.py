@@ -125,7 +125,7 @@ def check_listen_ports(client: docker.DockerClient, target: Target) -> None:
 
 
 def start_proxy(client: docker.DockerClient, target: Target, log: Log):
-    engine.require_image(client, target.proxy_image, "stoker image")
+    engine.require_image(client, target.proxy_image)
     log(f"starting proxy {engine.proxy_name(target.name)} ({target.proxy_image}) on {target.address}, ports "
         f"http={target.listen.http} grpc={target.listen.grpc} metrics={target.listen.metrics}")
     return engine.start_proxy(client, target.name, target.proxy_image, target.listen, target.state_dir,

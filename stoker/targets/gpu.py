@@ -154,8 +154,9 @@ class GpuTarget(Target):
         unified checkpoint; returns what the build step records. Raises CheckpointError."""
 
     @abstractmethod
-    def fill_repository(self, slot: Path, fetched, built) -> None:
-        """Put the model files into the repository's `tensorrt_llm/1/` (`slot`)."""
+    def fill_repository(self, slot: Path, fetched, built, standin_ran: bool = False) -> None:
+        """Put the model files into the repository's `tensorrt_llm/1/` (`slot`); ``standin_ran``: the run's recorded
+        stand-in decision (never read off the artifact)."""
 
 
 class _Prefixed:

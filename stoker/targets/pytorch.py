@@ -17,6 +17,16 @@ class PyTorch(GpuTarget):
     layout = "llmapi"
     interface = LLMAPI  # one python model, `tensorrt_llm`, with the LLM API's inputs
 
+    def check_model(self, spec, facts) -> None:
+        if not spec.runtime.decoupled:
+            from ..errors import PlanRefused
+
+            # The llmapi model answers a non-decoupled request only when streaming is false, and every stoker
+            # client of this layout (smoke, watch, benchmark, OpenAI service) streams (protocol.LLMAPI).
+            raise PlanRefused("runtime.decoupled: false with target pytorch: stoker's clients of TensorRT-LLM's llmapi "
+                              "model stream, which needs a decoupled model; remove runtime.decoupled or set it true")
+        super().check_model(spec, facts)
+
     def scores_perplexity(self, spec) -> bool:
         return False  # the LLM API's model returns no context logits: greedy agreement only (evaluation/endpoint.py)
 
@@ -30,11 +40,12 @@ class PyTorch(GpuTarget):
     def check_built(self, ws, spec) -> dict:
         return {}  # the unified checkpoint, its only output, is checked for every GPU target
 
-    def fill_repository(self, slot: Path, fetched, built) -> None:
+    def fill_repository(self, slot: Path, fetched, built, standin_ran: bool = False) -> None:
         # The quantized checkpoint when the build made one; format none serves the fetched weights as they are.
         # STAND-IN builds (stoker/gpu/standin.py) are the reference artifact itself: the stand-in's llmapi model
-        # loads it from where the LLM API would load the checkpoint.
-        if (built.path / "stoker_runtime.json").is_file():
+        # loads it from where the LLM API would load the checkpoint (which carries the tokenizer, as ModelOpt's
+        # unified export does once stoker's worker copies it in).
+        if standin_ran:
             source = built.path
         else:
             source = built.path / "unified" if (built.path / "unified").is_dir() else fetched.path

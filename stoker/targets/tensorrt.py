@@ -9,7 +9,7 @@ import json
 import shutil
 from pathlib import Path
 
-from ..gpu import matrix
+from ..gpu import matrix, standin
 from ..gpu.checkpoint_check import CheckpointError, check_trtllm_checkpoint
 from .gpu import GpuTarget
 
@@ -51,10 +51,14 @@ class TensorRT(GpuTarget):
         shutil.rmtree(ws.checkpoint)  # the engine is the artifact; the unified checkpoint stays
         return detail
 
-    def fill_repository(self, slot: Path, fetched, built) -> None:
-        # STAND-IN builds (stoker/gpu/standin.py) are the reference artifact itself; it goes where the engine goes.
-        src = built.path if (built.path / "stoker_runtime.json").is_file() else built.path / "engine"
-        shutil.copytree(src, slot / "engine")
+    def fill_repository(self, slot: Path, fetched, built, standin_ran: bool = False) -> None:
+        if standin_ran:
+            # STAND-IN builds (stoker/gpu/standin.py) are the reference artifact itself; it goes where the engine
+            # goes, holding what an engine folder holds: trtllm-build writes config.json and rank<i>.engine, no
+            # tokenizer (TensorRT-LLM docs, "trtllm-build"), so nothing downstream may find one there.
+            shutil.copytree(built.path, slot / "engine", ignore=shutil.ignore_patterns(*standin.NOT_IN_AN_ENGINE))
+            return
+        shutil.copytree(built.path / "engine", slot / "engine")
 
 
 def check_engine(engine: Path, spec) -> dict:

@@ -120,7 +120,10 @@ def test_llmapi_repository_matches_upstream(rendered, llmapi_layout):
     up = llmapi_layout["config_pbtxt"]
     cfg = _load(repo, "tensorrt_llm")
     assert cfg.backend == up["backend"] and cfg.max_batch_size == 0
-    assert not cfg.HasField("model_transaction_policy")  # comes from model.yaml via auto-complete
+    # Upstream leaves it to auto-complete from model.yaml; stoker declares the same value too, for the ranks of a
+    # TP x PP > 1 backend that run without auto-complete (stoker/gpu/llmapi.py).
+    doc = yaml.safe_load((repo / "tensorrt_llm/1/model.yaml").read_text())
+    assert cfg.model_transaction_policy.decoupled is doc["triton_config"]["decoupled"] is True
     assert _io(cfg.input) == _upstream_io(up["inputs"])
     assert {k: v[0] for k, v in _io(cfg.output).items()} == {k: v[0] for k, v in _upstream_io(up["outputs"]).items()}
     doc = yaml.safe_load((repo / "tensorrt_llm/1/model.yaml").read_text())

@@ -13,7 +13,7 @@ from stoker.bench.errors import InvalidBenchmarkConfig
 from stoker.bench.output import markdown_table
 from stoker.cli import main
 from stoker.serving.backend_repo import parse_triton_s3
-from stoker.serving.deployed_tokenizer import TOKENIZER_IN_REPO, _from_manifest, address
+from stoker.serving.deployed_tokenizer import _from_manifest, address
 
 FOUND = Found(Path("/runs/tok/tokenizer.json"), "deployment demo (live backend stoker-demo-blue, run r1)")
 
@@ -106,8 +106,11 @@ def test_triton_s3_uris_are_read_back(uri, expected):
     assert parse_triton_s3(uri) == expected
 
 
-def test_the_manifests_tokenizer_is_used_only_when_it_is_here_unchanged(tmp_path):
-    tok = tmp_path / "out" / TOKENIZER_IN_REPO
+@pytest.mark.parametrize("where", ["preprocessing/1/tokenizer/tokenizer.json",  # the engine layout
+                                   "tensorrt_llm/1/checkpoint/tokenizer.json",  # the LLM API's (no preprocessing)
+                                   "tensorrt_llm/1/weights/tokenizer.json"])  # the reference build's
+def test_the_manifests_tokenizer_is_used_only_when_it_is_here_unchanged(tmp_path, where):
+    tok = tmp_path / "out" / where
     tok.parent.mkdir(parents=True)
     tok.write_text('{"model": {}}')
     digest = hashlib.sha256(tok.read_bytes()).hexdigest()

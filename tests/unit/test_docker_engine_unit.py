@@ -422,3 +422,13 @@ def test_reconcile_keeps_the_live_backends_replicas_and_removes_a_stale_generati
     r = plan_repair([r0, r1, stale], ProxyView(True, True, "blue", {"blue": 20000}, LISTEN), LISTEN)
     assert r.live.container == "b" and [m.container for m in r.live.members] == ["b-1"]
     assert r.remove == (stale,) and not r.reroute
+
+
+def test_a_missing_ngc_image_is_pulled_after_an_ngc_login_and_stokers_own_is_built():
+    from stoker.containers.engine import missing_image_fix
+
+    ngc = "nvcr.io/nvidia/tritonserver:26.07-trtllm-python-py3"
+    assert missing_image_fix(ngc) == ("pull it: `docker login nvcr.io` (username $oauthtoken, an NGC API key as "
+                                      f"password), then `docker pull {ngc}`")
+    assert "stoker image" not in missing_image_fix(ngc + "@sha256:" + "a" * 64)
+    assert missing_image_fix("stoker/triton-cpu:2.51.0-cpu") == "build it with `stoker image`"

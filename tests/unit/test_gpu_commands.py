@@ -6,11 +6,15 @@ from pathlib import Path
 
 from stoker.gpu import matrix, trtllm
 from stoker.gpu.facts import choose_end_id, from_config, known
-from stoker.cache.keys import gpu_build_key
+from stoker.cache import keys
 from stoker.spec.load import load_spec
 
 SPECS = Path(__file__).resolve().parents[2] / "deployments" / "specs"
 LLAMA = known("meta-llama/Meta-Llama-3-8B-Instruct")
+
+
+def gpu_build_key(spec, weights: str) -> str:
+    return keys.gpu_build_key(spec, weights, trtllm.step_argvs(spec))  # as the build task computes it
 
 
 def test_modal_seed_build_command_exactly():
@@ -76,3 +80,37 @@ def test_gather_context_logits_is_opt_in_and_changes_the_engine():
     on = base.model_copy(update={"build": base.build.model_copy(update={"gather_context_logits": True})})
     assert trtllm.build_argv(on, LLAMA).count("--gather_context_logits") == 1
     assert gpu_build_key(on, "w" * 64) != gpu_build_key(base, "w" * 64)
+
+
+def _variants(section) -> list[tuple[str, object]]:
+    """One other value for every field of a spec section, where its type offers one."""
+    out = []
+    for name, field in type(section).model_fields.items():
+        value, hint = getattr(section, name), str(field.annotation)
+        if isinstance(value, bool):
+            out.append((name, not value))
+        elif isinstance(value, int):
+            out.append((name, value * 2))
+        elif "Literal" in hint:
+            out += [(name, v) for v in field.annotation.__args__ if isinstance(v, str) and v != value]
+    return out
+
+
+def test_the_build_key_holds_every_build_and_quantization_field_its_containers_read():
+    # Derived, not listed: change each field; wherever a step's command changes, the key must change too
+    # (the pytorch target's quantize step reads build.dtype, which its key once left out: a stale hit).
+    for name in ("llama3-8b-fp8-h100-engine.yaml", "llama3-8b-fp8-llmapi-h100.yaml"):
+        base = load_spec(SPECS / name)
+        key, argv = gpu_build_key(base, "w" * 64), trtllm.step_argvs(base, LLAMA)
+        checked = 0
+        for section in ("build", "quantization"):
+            for field, value in _variants(getattr(base, section)):
+                try:
+                    changed = base.model_copy(update={section: getattr(base, section).model_copy(
+                        update={field: value})})
+                except ValueError:
+                    continue
+                if trtllm.step_argvs(changed, LLAMA) != argv:
+                    checked += 1
+                    assert gpu_build_key(changed, "w" * 64) != key, f"{name}: {section}.{field}={value!r}"
+        assert checked >= 3, name

@@ -44,11 +44,34 @@ def test_seed_images_are_refused_naming_the_supported_image(tag):
     assert matrix.image_info(f"nvcr.io/nvidia/tritonserver:{tag}-trtllm-python-py3").trtllm in text
 
 
-def test_engine_target_on_an_image_without_trtllm_build():
-    text = refusal(gpu_spec(deploy={"image": "stoker/triton-cpu:2.51.0-cpu"}))
-    assert text == ("deploy.image: stoker/triton-cpu:2.51.0-cpu carries TRT-LLM none, which has no trtllm-build (the "
-                    f"1.2 line was the last): use target: pytorch (the LLM API), or an image of that line such as "
-                    f"{CURRENT}")
+@pytest.mark.parametrize("target", ["tensorrt", "pytorch"])
+def test_the_cpu_image_is_refused_for_both_gpu_targets_naming_nvidias_image(target):
+    # It carries no TensorRT-LLM at all: "use target: pytorch" (once said for the engine target) would fail again.
+    text = refusal(gpu_spec(target=target, deploy={"image": "stoker/triton-cpu:2.51.0-cpu"}))
+    assert text == ("deploy.image: stoker/triton-cpu:2.51.0-cpu carries no TensorRT-LLM (it serves target reference): "
+                    f"target {target} needs NVIDIA's serving image, such as {CURRENT}")
+
+
+def test_a_pytorch_spec_that_cannot_stream_is_refused_before_any_download():
+    from stoker import targets
+
+    spec = gpu_spec(target="pytorch", runtime={"decoupled": False})
+    with pytest.raises(PlanRefused, match=r"^runtime.decoupled: false with target pytorch: .*stream"):
+        targets.get("pytorch").check_model(spec, LLAMA)
+
+
+@pytest.mark.parametrize("decoupled", [True, False])
+def test_the_llmapi_config_declares_what_ranks_without_auto_complete_need(decoupled):
+    # TP x PP > 1: every rank runs with --disable-auto-complete-config, so config.pbtxt alone decides `decoupled`.
+    from stoker.gpu import llmapi, trtllm
+    from stoker.containers.ports import Ports
+
+    spec = gpu_spec(target="pytorch", gpus={"count": 2}, parallel={"tensor": 2}, runtime={"decoupled": decoupled})
+    argv = trtllm.serve_command(spec, Ports(8000, 8001, 8002), [])
+    assert argv.count("--disable-auto-complete-config") == 2
+    cfg = llmapi.config(spec)
+    assert cfg.model_transaction_policy.decoupled is decoupled and cfg.max_batch_size == 0
+    assert llmapi.model_yaml(spec, 8192)["triton_config"]["decoupled"] is decoupled  # the same value for auto-complete
 
 
 def test_the_12_line_is_the_last_with_the_engine_backend():

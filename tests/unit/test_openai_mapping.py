@@ -325,6 +325,24 @@ def test_served_model_prompt_ids(tmp_path, tok):
     assert model.card()["chat_template"] == "chat_template.jinja"
 
 
+def test_the_deployed_builds_limits_bound_prompts_not_the_models_training_context(tmp_path, tok):
+    # An engine built with max_seq_len 48 / max_input_len 20 of a model trained for 64 positions: the service
+    # answers a 400 for what the engine would fail on, from the limits file the package step writes.
+    tok.save(str(tmp_path / "tokenizer.json"))
+    (tmp_path / "config.json").write_text(json.dumps({"max_position_embeddings": 64}))
+    (tmp_path / "stoker_limits.json").write_text(json.dumps({"max_seq_len": 48, "max_input_len": 20}))
+    model = ServedModel.load(tmp_path)
+    assert (model.context_len, model.max_input_len) == (48, 20)
+    comp = m.parse_completion({"model": "tiny", "prompt": "x", "max_tokens": 8})
+    assert triton_stream.plan(comp, [1] * 20, model.context_len, seed=0, max_input_len=20).max_tokens == 8
+    with pytest.raises(m.ApiError) as err:
+        triton_stream.plan(comp, [1] * 21, model.context_len, seed=0, max_input_len=20)
+    assert (err.value.status, err.value.code) == (400, "context_length_exceeded") and "at most 20" in err.value.message
+    with pytest.raises(m.ApiError):  # 30 + 20 > 48, though < 64
+        triton_stream.plan(m.parse_completion({"model": "tiny", "prompt": "x", "max_tokens": 30}), [1] * 20, 48,
+                           seed=0, max_input_len=20)
+
+
 def test_live_model_follows_live_json(tmp_path, tok):
     import asyncio
 

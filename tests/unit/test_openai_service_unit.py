@@ -67,12 +67,32 @@ def test_parse_triton_s3():
 
 
 def test_pick_assets_takes_the_newest_version_and_only_the_tokenizer_files():
-    listing = {f"{v}/weights/{f}": ("e", 1) for v in (1, 3) for f in ("tokenizer.json", "config.json",
-                                                                        "model.safetensors", "stoker_runtime.json")}
-    listing |= {"1/model.py": ("e", 1), "2/weights/config.json": ("e", 1), "config.pbtxt": ("e", 1)}
+    listing = {f"tensorrt_llm/{v}/weights/{f}": ("e", 1) for v in (1, 3)
+               for f in ("tokenizer.json", "config.json", "model.safetensors", "stoker_runtime.json")}
+    listing |= {"tensorrt_llm/1/model.py": ("e", 1), "tensorrt_llm/2/weights/config.json": ("e", 1),
+                "tensorrt_llm/config.pbtxt": ("e", 1), "preprocessing/1/tokenizer/tokenizer.json": ("e", 1)}
     version, files = openai_service.pick_assets(listing)
     assert version == 3
-    assert files == {"tokenizer.json": "3/weights/tokenizer.json", "config.json": "3/weights/config.json",
-                     "stoker_runtime.json": "3/weights/stoker_runtime.json"}
+    assert files == {"tokenizer.json": "tensorrt_llm/3/weights/tokenizer.json",
+                     "config.json": "tensorrt_llm/3/weights/config.json",
+                     "stoker_runtime.json": "tensorrt_llm/3/weights/stoker_runtime.json"}
+
+
+def test_a_real_engines_repository_serves_preprocessings_tokenizer_and_the_deployed_limits():
+    # What trtllm-build writes (config.json, rank*.engine) holds no tokenizer: the engine layout's is preprocessing's.
+    listing = {k: ("e", 1) for k in ("tensorrt_llm/1/engine/config.json", "tensorrt_llm/1/engine/rank0.engine",
+                                     "tensorrt_llm/1/engine/rank1.engine", "tensorrt_llm/1/stoker_limits.json",
+                                     "tensorrt_llm/1/adapters/adapters.json", "tensorrt_llm/config.pbtxt",
+                                     "preprocessing/1/tokenizer/tokenizer.json",
+                                     "preprocessing/1/tokenizer/tokenizer_config.json",
+                                     "preprocessing/1/tokenizer/stoker_runtime.json",
+                                     "postprocessing/1/tokenizer/tokenizer.json", "ensemble/config.pbtxt")}
+    version, files = openai_service.pick_assets(listing)
+    assert version == 1
+    assert files == {"tokenizer.json": "preprocessing/1/tokenizer/tokenizer.json",
+                     "tokenizer_config.json": "preprocessing/1/tokenizer/tokenizer_config.json",
+                     "stoker_runtime.json": "preprocessing/1/tokenizer/stoker_runtime.json",
+                     "stoker_limits.json": "tensorrt_llm/1/stoker_limits.json",
+                     "adapters.json": "tensorrt_llm/1/adapters/adapters.json"}
     with pytest.raises(openai_service.OpenAIServiceError):
-        openai_service.pick_assets({"1/model.py": ("e", 1)})
+        openai_service.pick_assets({"tensorrt_llm/1/model.py": ("e", 1)})
