@@ -5,6 +5,8 @@
         [--hf-out DIR] [--trtllm-out DIR --tp 1 --pp 1] [--device cuda|cpu] [--seed 0]
 
 Imports only the standard library, torch, transformers and modelopt (what the image has).
+With --device cuda and several GPUs visible, the model spans them all (see `placement`): a model
+too big for one GPU (a 70B tensor-parallel-2 spec) is quantized on the GPUs the spec gives it.
 Format 'none' skips calibration and only exports the TRT-LLM checkpoint. The TRT-LLM
 checkpoint is exported before the unified HF one because export_hf_checkpoint mutates the
 model. Each output is checked structurally (stoker.gpu.checkpoint_check) before exit 0.
@@ -28,6 +30,12 @@ NAMED_CONFIGS = {"fp8": "FP8_DEFAULT_CFG", "fp8_pc_pt": "FP8_PER_CHANNEL_PER_TOK
                  "nvfp4": "NVFP4_DEFAULT_CFG", "int8_wo": "INT8_WEIGHT_ONLY_CFG",
                  "int4_wo": "INT4_BLOCKWISE_WEIGHT_ONLY_CFG"}
 _WEIGHT_ONLY = {"int8_wo": {"num_bits": 8, "axis": 0}, "int4_wo": {"num_bits": 4, "block_sizes": {-1: 128}}}
+# Share of each GPU's free memory the weights may take when the model spans GPUs. The rest is the working room
+# the TRT-LLM export needs beside the weights: bf16 copies of every layer's fused qkv and gate/up before they are
+# packed (ModelOpt export/model_config_utils.py merge_qkv, merge_gate_fc), about 0.65 of a Llama layer's bytes,
+# split over the export's ranks, plus calibration activations (stoker/gpu/memory.py has the whole estimate).
+# A model whose weights need more is refused before calibration rather than running out of memory after it.
+WEIGHT_SHARE = 0.6
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
                    "generation_config.json", "chat_template.jinja")
 
@@ -62,6 +70,25 @@ def quant_config(mtq, fmt: str, kv: str) -> dict:
         # The K/V outputs of attention: FP8 (E4M3) or INT8, one scale per tensor.
         _set_rule(cfg, "*[kv]_bmm_quantizer", {"num_bits": (4, 3) if kv == "fp8" else 8, "axis": None})
     return cfg
+
+
+def placement(device: str, free_bytes: list[int]) -> dict:
+    """from_pretrained's placement arguments. {} means: load, then move the whole model to `device` (one GPU or
+    the CPU, as before). For plain 'cuda' with several GPUs visible: device_map 'auto' (Accelerate's balanced map,
+    whole decoder layers per GPU) with max_memory capping each GPU at WEIGHT_SHARE of its free memory, as
+    ModelOpt's examples/llm_ptq (example_utils.get_model) loads models that a single GPU cannot hold."""
+    if device != "cuda" or len(free_bytes) < 2:
+        return {}
+    return {"device_map": "auto", "max_memory": {i: int(free * WEIGHT_SHARE) for i, free in enumerate(free_bytes)}}
+
+
+def layers_per_device(device_map: dict) -> dict[str, int]:
+    """How many entries of a from_pretrained device map sit on each device (for the log line)."""
+    counts: dict[str, int] = {}
+    for where in device_map.values():
+        name = f"cuda:{where}" if isinstance(where, int) else str(where)
+        counts[name] = counts.get(name, 0) + 1
+    return counts
 
 
 def calibration_batches(tokenizer, text_file: Path, samples: int, seq_len: int, batch_size: int) -> list[list[list[int]]]:
@@ -104,10 +131,25 @@ def main(argv: list[str] | None = None) -> int:
     dtype = getattr(torch, a.dtype)
     t0 = time.monotonic()
     tokenizer = AutoTokenizer.from_pretrained(a.model)
+    gpus = torch.cuda.device_count() if a.device == "cuda" else 0
+    where = placement(a.device, [torch.cuda.mem_get_info(i)[0] for i in range(gpus)] if gpus > 1 else [])
     # from_pretrained, not built in memory: ModelOpt's exporters need a loaded HF model.
-    model = AutoModelForCausalLM.from_pretrained(a.model, dtype=dtype).to(a.device).eval()
-    log(f"loaded {a.model} as {a.dtype} on {a.device} in {time.monotonic() - t0:.1f}s")
-    summary: dict = {"format": a.format, "kv_cache_dtype": a.kv_cache_dtype, "dtype": a.dtype}
+    try:
+        model = AutoModelForCausalLM.from_pretrained(a.model, dtype=dtype, **where)
+    except ValueError as err:  # Accelerate sent layers to disk: the weights exceed the GPUs' WEIGHT_SHARE
+        if where and "offload" in str(err):
+            raise SystemExit(f"quantize_worker: the weights need more than {WEIGHT_SHARE:.0%} of the {gpus} "
+                             "visible GPUs' free memory; give the spec more or larger GPUs") from None
+        raise
+    model = (model if where else model.to(a.device)).eval()
+    devices = sorted({str(p.device) for p in model.parameters()})
+    if where and any(not d.startswith("cuda") for d in devices):
+        raise SystemExit(f"quantize_worker: part of the model landed on {devices}, not on the {gpus} GPUs")
+    # Calibration batches go where the model reads its input: the input embeddings' device (cuda:0 when spanning).
+    input_device = model.get_input_embeddings().weight.device
+    spread = f" ({layers_per_device(model.hf_device_map)} device-map entries)" if where else ""
+    log(f"loaded {a.model} as {a.dtype} on {', '.join(devices)}{spread} in {time.monotonic() - t0:.1f}s")
+    summary: dict = {"format": a.format, "kv_cache_dtype": a.kv_cache_dtype, "dtype": a.dtype, "devices": devices}
     if a.format != "none":
         import modelopt
         import modelopt.torch.quantization as mtq
@@ -117,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
         def forward_loop(m) -> None:
             with torch.no_grad():
                 for batch in batches:
-                    m(torch.tensor(batch, device=a.device))
+                    m(torch.tensor(batch, device=input_device))
 
         t1 = time.monotonic()
         model = mtq.quantize(model, quant_config(mtq, a.format, a.kv_cache_dtype), forward_loop=forward_loop)
@@ -135,9 +177,11 @@ def main(argv: list[str] | None = None) -> int:
             if decoder is None:  # plan refuses this first; a worker run by hand says it before a confusing trace
                 raise CheckpointError(refusal(arch))
             summary["decoder_type"] = decoder
+            t2 = time.monotonic()
             export_tensorrt_llm_checkpoint(model, decoder_type=decoder, dtype=dtype,
                                            export_dir=a.trtllm_out, inference_tensor_parallel=a.tp,
                                            inference_pipeline_parallel=a.pp)
+            summary["trtllm_export_s"] = round(time.monotonic() - t2, 2)
             summary["trtllm_checkpoint"] = check_trtllm_checkpoint(a.trtllm_out, a.format, a.kv_cache_dtype,
                                                                    a.tp * a.pp)
             log(f"TRT-LLM checkpoint in {a.trtllm_out}: {summary['trtllm_checkpoint']}")
@@ -153,6 +197,11 @@ def main(argv: list[str] | None = None) -> int:
     except CheckpointError as err:
         print(f"quantize_worker: {err}", file=sys.stderr)
         return 1
+    if a.device.startswith("cuda"):
+        # What the caching allocator held at its peak on each GPU (nvidia-smi adds the CUDA context on top).
+        summary["peak_reserved_mib"] = {d: torch.cuda.max_memory_reserved(torch.device(d)) >> 20
+                                        for d in devices if d.startswith("cuda")}
+        log(f"peak reserved per GPU (MiB): {summary['peak_reserved_mib']}")
     print(json.dumps(summary), flush=True)
     return 0
 

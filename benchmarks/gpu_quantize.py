@@ -1,0 +1,359 @@
+"""The quantize worker on real GPUs: peak memory per GPU, time and checkpoint size, against stoker/gpu/memory.py's
+estimate and against ModelOpt alone (benchmarks/gpu_bare_modelopt.py).
+
+On the GPU machine (two GPUs, no network; benchmarks/gpu_quantize.sh installs the wheels and calls this):
+
+    python3 benchmarks/gpu_quantize.py device --out $OUT --tokenizer build/tok [--budget-s 560]
+
+makes a Llama-3-8B-shaped model with random weights on the GPU (bf16, saved to /tmp with the tiny tokenizer's
+files: every id stays far below the 128,256-entry vocabulary), compiles ModelOpt's CUDA extensions once, then runs
+for fp8, nvfp4 and int4_awq: stoker's worker on one GPU beside the bare script on the other (same calibration,
+same moment, so the ratio sees the same machine), then stoker's worker spanning both GPUs (--tp 2). nvidia-smi is
+sampled every 200 ms; each process also reports torch.cuda.max_memory_reserved. Raw records go to
+$OUT/gpu_quantize_raw.json after every step, so a run cut short keeps what it measured. Here, afterwards:
+
+    python3 benchmarks/gpu_quantize.py report RAW.json   # → benchmarks/results/gpu_quantize.json + a table
+
+The `make-model` and `context` commands are the device run's own child processes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+MODEL_DIR = Path("/tmp/llama3-8b-random")
+WORK = Path("/tmp/gpu_quantize")
+CALIB_FILE = ROOT / "stoker" / "data" / "calibration.txt"
+CALIB = {"size": 16, "seq_len": 128, "batch_size": 4}
+# Meta-Llama-3-8B's config.json shapes (hidden, layers, GQA 32/8, 128k vocabulary, untied lm_head).
+LLAMA3_8B = {"hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
+             "num_key_value_heads": 8, "vocab_size": 128256, "max_position_embeddings": 8192,
+             "rope_theta": 500000.0, "rms_norm_eps": 1e-5, "tie_word_embeddings": False}
+FORMATS = ("fp8", "nvfp4", "int4_awq")  # int4_awq last: its AWQ search is the slowest
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+
+
+def smi(query: str) -> list[list[str]]:
+    out = subprocess.run(["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader,nounits"],
+                         capture_output=True, text=True, check=True).stdout
+    return [[c.strip() for c in line.split(",")] for line in out.strip().splitlines()]
+
+
+class Sampler:
+    """nvidia-smi's memory.used of every GPU every 200 ms; keeps the highest reading per GPU index."""
+
+    def __init__(self) -> None:
+        self.peak: dict[int, int] = {}
+        self.samples = 0
+        self.proc = subprocess.Popen(["nvidia-smi", "--query-gpu=index,memory.used", "--format=csv,noheader,nounits",
+                                      "-lms", "200"], stdout=subprocess.PIPE, text=True)
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            try:
+                idx, used = (int(x) for x in line.split(","))
+            except ValueError:
+                continue
+            self.peak[idx] = max(self.peak.get(idx, 0), used)
+            self.samples += 1
+
+    def stop(self) -> dict[int, int]:
+        time.sleep(0.5)  # one more reading after the processes ended
+        self.proc.terminate()
+        self.proc.wait()
+        self.thread.join(timeout=2)
+        return dict(self.peak)
+
+
+def make_model(out: Path, tokenizer: Path, shape: dict = LLAMA3_8B, where: str = "cuda") -> None:
+    """Random bf16 weights straight on the GPU (no 32 GB float32 init), saved as a normal HF checkpoint."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(**shape, bos_token_id=1, eos_token_id=2, dtype="bfloat16")
+    torch.set_default_dtype(torch.bfloat16)
+    with torch.device(where):
+        model = LlamaForCausalLM(config)
+    model.save_pretrained(out)
+    for name in TOKENIZER_FILES:
+        if (tokenizer / name).is_file():
+            shutil.copyfile(tokenizer / name, out / name)
+    print(json.dumps({"params": sum(p.numel() for p in model.parameters()),
+                      "bytes_on_disk": sum(f.stat().st_size for f in out.iterdir())}))
+
+
+def context() -> None:
+    """An otherwise empty process: torch, ModelOpt and its CUDA extensions loaded, one bf16 matmul; holds 2 s."""
+    import modelopt.torch.quantization as mtq  # noqa: F401
+    import torch
+    from modelopt.torch.quantization import extensions
+
+    x = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    (x @ x).sum().item()
+    loaded = [bool(f()) for f in (extensions.get_cuda_ext, extensions.get_cuda_ext_fp8, extensions.get_cuda_ext_mx)]
+    torch.cuda.synchronize()
+    print(json.dumps({"reserved_mib": torch.cuda.memory_reserved(0) >> 20, "extensions_loaded": loaded}), flush=True)
+    time.sleep(2)
+
+
+def _case(tool: str, fmt: str, gpus: list[int]) -> dict:
+    name = f"{tool}-{fmt}-{len(gpus)}gpu"
+    out = WORK / name
+    cal = ["--calib-file", str(CALIB_FILE), "--calib-size", str(CALIB["size"]), "--calib-seq-len",
+           str(CALIB["seq_len"]), "--calib-batch-size", str(CALIB["batch_size"])]
+    if tool == "stoker":
+        argv = [sys.executable, "-W", "ignore", "-m", "stoker.gpu.quantize_worker", "--model", str(MODEL_DIR),
+                "--format", fmt, "--kv-cache-dtype", "none", "--dtype", "bfloat16", *cal, "--device", "cuda",
+                "--trtllm-out", str(out), "--tp", str(len(gpus)), "--pp", "1"]
+    else:
+        argv = [sys.executable, "-W", "ignore", str(ROOT / "benchmarks" / "gpu_bare_modelopt.py"), "--model",
+                str(MODEL_DIR), "--format", fmt, *cal, "--out", str(out)]
+    return {"name": name, "tool": tool, "format": fmt, "gpus": len(gpus), "gpu_indices": gpus, "argv": argv,
+            "out": out}
+
+
+def plan() -> list[list[dict]]:
+    """Steps of processes that run at the same time: one format's stoker and bare runs side by side (alternating
+    which GPU each gets), then stoker on both GPUs."""
+    steps = []
+    for k, fmt in enumerate(FORMATS):
+        mine, bare = (0, 1) if k % 2 == 0 else (1, 0)
+        steps.append([_case("stoker", fmt, [mine]), _case("bare", fmt, [bare])])
+        steps.append([_case("stoker", fmt, [0, 1])])
+    return steps
+
+
+def _last_json(text: str) -> dict | None:
+    for line in reversed(text.strip().splitlines()):
+        if line.startswith("{"):
+            try:
+                return json.loads(line)
+            except ValueError:
+                return None
+    return None
+
+
+def run_step(cases: list[dict], idle: dict[int, int], deadline: float, logs: Path) -> list[dict]:
+    """Start the step's processes together, note when each ends, read the GPUs' peaks over the whole step."""
+    sampler = Sampler()
+    running = []
+    for c in cases:
+        shutil.rmtree(c["out"], ignore_errors=True)
+        env = {**os.environ, **NO_MULTICAST, "CUDA_VISIBLE_DEVICES": ",".join(map(str, c["gpu_indices"])),
+               "PYTHONPATH": f"{ROOT}:{os.environ.get('PYTHONPATH', '')}"}
+        # stdout to a file too: ModelOpt prints a lot there, and a full pipe would stall the child.
+        with open(logs / f"{c['name']}.out", "w") as out, open(logs / f"{c['name']}.log", "w") as err:
+            running.append({"c": c, "proc": subprocess.Popen(c["argv"], cwd=ROOT, env=env, stdout=out, stderr=err),
+                            "started": time.monotonic(), "ended": None, "timed_out": False})
+    while any(r["ended"] is None for r in running):
+        for r in running:
+            if r["ended"] is None and r["proc"].poll() is not None:
+                r["ended"] = time.monotonic()
+            elif r["ended"] is None and time.monotonic() > deadline:
+                r["proc"].kill()
+                r["proc"].wait()
+                r["ended"], r["timed_out"] = time.monotonic(), True
+        time.sleep(0.1)
+    peak = sampler.stop()
+    out = []
+    for r in running:
+        c = r["c"]
+        size = sum(f.stat().st_size for f in c["out"].rglob("*") if f.is_file()) if c["out"].is_dir() else 0
+        shutil.rmtree(c["out"], ignore_errors=True)  # 6-9 GB each: the disk holds a few at most
+        out.append({k: c[k] for k in ("name", "tool", "format", "gpus", "gpu_indices")} | {
+            "rc": r["proc"].returncode, "timed_out": r["timed_out"], "wall_s": round(r["ended"] - r["started"], 1),
+            "peak_used_mib": {str(g): peak.get(g) for g in c["gpu_indices"]},
+            "peak_over_idle_mib": {str(g): peak.get(g, 0) - idle.get(g, 0) for g in c["gpu_indices"]},
+            "result": _last_json((logs / f"{c['name']}.out").read_text()), "export_bytes": size,
+            "side_by_side_with": [o["c"]["name"] for o in running if o is not r],
+            "stderr_tail": (logs / f"{c['name']}.log").read_text()[-1500:]})
+    return out
+
+
+def device(out_dir: Path, tokenizer: Path, budget_s: float, steps: set[int] | None = None) -> None:
+    t_start = time.monotonic()
+    deadline = t_start + budget_s
+    WORK.mkdir(parents=True, exist_ok=True)
+    logs = WORK / "logs"
+    logs.mkdir(exist_ok=True)
+    raw: dict = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "calibration": CALIB,
+                 "model": {"shape": "Llama-3-8B", "config": LLAMA3_8B, "weights": "random normal, bf16"},
+                 "gpus": [dict(zip(("index", "name", "memory_total_mib", "driver"), row))
+                          for row in smi("index,name,memory.total,driver_version")], "runs": [], "skipped": []}
+    raw["idle_used_mib"] = {row[0]: int(row[1]) for row in smi("index,memory.used")}
+    idle = {int(k): v for k, v in raw["idle_used_mib"].items()}
+    env = {**os.environ, **NO_MULTICAST, "PYTHONPATH": f"{ROOT}:{os.environ.get('PYTHONPATH', '')}"}
+    versions = subprocess.run([sys.executable, "-c", "import sys, json, torch, transformers, modelopt, accelerate; "
+                               "print(json.dumps({'python': sys.version.split()[0], "
+                               "'torch': torch.__version__, 'transformers': transformers.__version__, "
+                               "'modelopt': modelopt.__version__, 'accelerate': accelerate.__version__, "
+                               "'cuda': torch.version.cuda}))"], capture_output=True, text=True, env=env)
+    raw["versions"] = _last_json(versions.stdout) or {"error": versions.stderr[-500:]}
+
+    def save() -> None:
+        (out_dir / "gpu_quantize_raw.json").write_text(json.dumps(raw, indent=1))
+
+    save()
+    # ModelOpt compiles its CUDA extensions on first use (40-47 s each on an H200): once, here, in parallel with
+    # making the model, so no timed run pays for it.
+    t = time.monotonic()
+    compiles = [subprocess.Popen([sys.executable, "-c", f"from modelopt.torch.quantization import extensions as e; "
+                                  f"print(e.{fn}() is not None)"], env=env, stdout=subprocess.PIPE,
+                                 stderr=subprocess.STDOUT, text=True)
+                for fn in ("get_cuda_ext", "get_cuda_ext_fp8", "get_cuda_ext_mx")]
+    made = subprocess.run([sys.executable, __file__, "make-model", "--out", str(MODEL_DIR), "--tokenizer",
+                           str(tokenizer)], env={**env, "CUDA_VISIBLE_DEVICES": "0"}, capture_output=True, text=True)
+    raw["make_model"] = {"rc": made.returncode, "s": round(time.monotonic() - t, 1),
+                         "result": _last_json(made.stdout), "stderr_tail": made.stderr[-1500:]}
+    raw["extensions"] = [{"out": p.communicate()[0][-400:], "rc": p.returncode} for p in compiles]
+    raw["setup_s"] = round(time.monotonic() - t, 1)
+    save()
+    if made.returncode != 0:
+        return
+    sampler = Sampler()
+    ctx = subprocess.run([sys.executable, __file__, "context"], env={**env, "CUDA_VISIBLE_DEVICES": "0"},
+                         capture_output=True, text=True)
+    peak = sampler.stop()
+    result = _last_json(ctx.stdout) or {}
+    raw["context"] = {"rc": ctx.returncode, "peak_over_idle_mib": peak.get(0, 0) - idle.get(0, 0), **result,
+                      "stderr_tail": ctx.stderr[-800:]}
+    save()
+    for k, step in enumerate(plan()):
+        if steps is not None and k not in steps:
+            continue
+        left = deadline - time.monotonic()
+        if left < 45:
+            raw["skipped"] += [{"name": c["name"], "why": f"device budget spent ({budget_s:.0f} s)"} for c in step]
+            continue
+        raw["runs"] += run_step(step, idle, deadline, logs)
+        save()
+    raw["total_s"] = round(time.monotonic() - t_start, 1)
+    save()
+    with open(out_dir / "gpu_quantize_device.log", "w") as f:
+        for log in sorted(logs.iterdir()):
+            f.write(f"===== {log.name}\n{log.read_text()[-20000:]}\n")
+
+
+# ---------------------------------------------------------------------------------------------- report (here)
+
+def report(raw_path: Path, out_path: Path) -> dict:
+    sys.path.insert(0, str(ROOT))
+    from stoker.gpu import memory, rules
+    from stoker.gpu.facts import from_config
+
+    raw = json.loads(raw_path.read_text())
+    facts = from_config({"architectures": ["LlamaForCausalLM"], **raw["model"]["config"]})
+    gpu = raw["gpus"][0]
+    label = (f"{len(raw['gpus'])}× {gpu['name']} ({gpu['memory_total_mib']} MiB each), driver {gpu['driver']}; "
+             + ", ".join(f"{k} {v}" for k, v in raw["versions"].items()) + f"; {raw['date'][:10]}")
+    cal = raw["calibration"]
+    rows, bare = [], {}
+    for r in raw["runs"]:
+        if r["tool"] == "bare":
+            bare[r["format"]] = r
+    for r in raw["runs"]:
+        if r["tool"] != "stoker":
+            continue
+        peaks = memory.gpu_peaks(facts, r["format"], r["gpus"], cal["batch_size"], cal["seq_len"])
+        measured = [r["peak_over_idle_mib"][str(g)] for g in r["gpu_indices"]]
+        estimate = [p.total >> 20 for p in peaks]
+        est_busiest = memory.quantize_peak_bytes(facts, r["format"], r["gpus"], cal["batch_size"],
+                                                 cal["seq_len"]) >> 20
+        res = r.get("result") or {}
+        row = {"format": r["format"], "gpus": r["gpus"], "ok": r["rc"] == 0,
+               "h100_note": "export only: H100 (sm_90) has no FP4 kernels, NVFP4 checkpoints serve on Blackwell"
+               if r["format"] == "nvfp4" else None,
+               "peak_mib_per_gpu_measured": measured, "peak_mib_per_gpu_estimate": estimate,
+               "estimate_terms_mib_per_gpu": [{k: getattr(p, k) >> 20 for k in
+                                               ("weights", "state", "calibration", "export", "context")}
+                                              for p in peaks],
+               "busiest_measured_mib": max(measured), "busiest_estimate_mib": est_busiest,
+               "estimate_over_measured": round(est_busiest / max(measured), 3),
+               "torch_peak_reserved_mib": res.get("peak_reserved_mib"),
+               "wall_s": r["wall_s"], "calibration_s": res.get("calibration_s"),
+               "trtllm_export_s": res.get("trtllm_export_s"), "export_bytes": r["export_bytes"],
+               "export_bytes_estimate_rules_weight_bytes": rules.weight_bytes(facts, r["format"]),
+               "devices": res.get("devices"), "side_by_side_with": r["side_by_side_with"]}
+        b = bare.get(r["format"]) if r["gpus"] == 1 else None
+        if b is not None and b["rc"] == 0 and r["rc"] == 0:
+            bres = b.get("result") or {}
+            bpeak = max(b["peak_over_idle_mib"].values())
+            row["bare_modelopt"] = {"wall_s": b["wall_s"], "peak_mib": bpeak,
+                                    "calibration_s": bres.get("calibration_s"),
+                                    "export_s": bres.get("export_s"), "torch_peak_reserved_mib":
+                                    bres.get("peak_reserved_mib"), "export_bytes": b["export_bytes"],
+                                    "stoker_over_bare_time": round(r["wall_s"] / b["wall_s"], 3),
+                                    "stoker_over_bare_memory": round(max(measured) / bpeak, 3)}
+        rows.append(row)
+    out = {"what": "stoker.gpu.quantize_worker on H100s: peak GPU memory per GPU (nvidia-smi memory.used, sampled "
+                   "every 200 ms, minus the idle reading) against stoker/gpu/memory.py, wall time, TRT-LLM "
+                   "checkpoint size; one-GPU runs beside ModelOpt alone (benchmarks/gpu_bare_modelopt.py) on the "
+                   "other GPU at the same moment",
+           "device": label, "script": "benchmarks/gpu_quantize.sh → benchmarks/gpu_quantize.py device; "
+                                      "then benchmarks/gpu_quantize.py report",
+           "model": f"Llama-3-8B shapes, random bf16 weights ({(raw.get('make_model') or {}).get('result')})",
+           "calibration": f"{cal['size']} windows × {cal['seq_len']} tokens, batch {cal['batch_size']}, "
+                          "stoker/data/calibration.txt, kv cache none",
+           "context": raw.get("context"), "setup_s": raw.get("setup_s"), "total_device_s": raw.get("total_s"),
+           "goals": {"estimate_over_measured": "within 10 % (0.90-1.10)", "stoker_over_bare": "≤ 1.05 (time, memory)"},
+           "runs": rows, "skipped": raw.get("skipped", [])}
+    out_path.write_text(json.dumps(out, indent=1, ensure_ascii=False) + "\n")
+    return out
+
+
+def table(result: dict) -> str:
+    lines = ["| format | GPUs | peak MiB per GPU, measured | estimate | estimate / measured | wall s | checkpoint GB "
+             "| stoker / bare time, memory |", "|---|---|---|---|---|---|---|---|"]
+    for r in result["runs"]:
+        b = r.get("bare_modelopt")
+        ratio = f"{b['stoker_over_bare_time']:.2f}, {b['stoker_over_bare_memory']:.2f}" if b else "—"
+        fmt = r["format"] + (" (export only)" if r["format"] == "nvfp4" else "")
+        lines.append(f"| {fmt} | {r['gpus']} | {' / '.join(f'{m:,}' for m in r['peak_mib_per_gpu_measured'])} | "
+                     f"{' / '.join(f'{e:,}' for e in r['peak_mib_per_gpu_estimate'])} | "
+                     f"{r['estimate_over_measured']:.2f} | {r['wall_s']:.0f} | {r['export_bytes'] / 1e9:.2f} | "
+                     f"{ratio} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    sub = p.add_subparsers(dest="cmd", required=True)
+    d = sub.add_parser("device")
+    d.add_argument("--out", type=Path, required=True)
+    d.add_argument("--tokenizer", type=Path, required=True)
+    d.add_argument("--budget-s", type=float, default=530)
+    d.add_argument("--steps", help="comma-separated indices into plan(); default all")
+    m = sub.add_parser("make-model")
+    m.add_argument("--out", type=Path, required=True)
+    m.add_argument("--tokenizer", type=Path, required=True)
+    sub.add_parser("context")
+    r = sub.add_parser("report")
+    r.add_argument("raw", type=Path)
+    r.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "gpu_quantize.json")
+    a = p.parse_args()
+    if a.cmd == "device":
+        device(a.out, a.tokenizer, a.budget_s, {int(k) for k in a.steps.split(",")} if a.steps else None)
+    elif a.cmd == "make-model":
+        make_model(a.out, a.tokenizer)
+    elif a.cmd == "context":
+        context()
+    else:
+        print(table(report(a.raw, a.out)))
+
+
+if __name__ == "__main__":
+    main()

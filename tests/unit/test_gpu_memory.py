@@ -1,0 +1,71 @@
+"""The quantize worker's GPU memory estimate (stoker/gpu/memory.py): its terms, its split over GPUs, its ordering."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from stoker.gpu import memory, rules
+from stoker.gpu.facts import known
+
+LLAMA3_8B = known("meta-llama/Meta-Llama-3-8B-Instruct")
+TINY = replace(LLAMA3_8B, hidden=256, intermediate=512, layers=4, heads=8, kv_heads=2, head_dim=32, vocab=2048)
+
+
+def test_a_hand_computed_case():
+    # TINY, fp8, one GPU, 2 × 8 calibration tokens, bf16. One layer: attention 256·32·(2·8 + 2·2) = 163,840 and
+    # MLP 3·256·512 = 393,216 → 557,056 quantized parameters, + 2 norms of 256 → 1,115,136 bytes.
+    weights = 4 * 1_115_136 + 2 * 2048 * 256 * 2  # 4 layers + embedding and lm_head: 6,557,696
+    # Calibration: 16 tokens × (3·512 + 6·256) × 2 B = 98,304; KV cache 2·4 layers·16·2 heads·32·2 B = 16,384;
+    # |W| of one 256 × 512 matrix, 262,144; logits 16 × 2048 × 2 B = 65,536.
+    calibration = 98_304 + 16_384 + 262_144 + 65_536
+    # Export: q|k|v and gate|up of 4 layers, 256·(256 + 128 + 1024)·2 B each = 2,883,584; pack's float32 copy of
+    # one gate|up, 2·256·512·4 = 1,048,576; the embedding's copy, 1,048,576. fp8 keeps no per-block state.
+    export = 2_883_584 + 1_048_576 + 1_048_576
+    assert calibration < export
+    expected = weights + export + memory.CUDA_CONTEXT_BYTES
+    assert memory.quantize_peak_bytes(TINY, "fp8", 1, calib_batch=2, calib_seq=8) == expected
+    [peak] = memory.gpu_peaks(TINY, "fp8", 1, 2, 8)
+    assert (peak.weights, peak.state, peak.calibration, peak.export) == (weights, 0, calibration, export)
+
+
+def test_two_gpus_split_llama_3_8b_in_halves_as_accelerate_does():
+    first, second = memory.split(LLAMA3_8B, 2)
+    assert (first.layers, first.embedding, first.lm_head) == (16, True, False)
+    assert (second.layers, second.embedding, second.lm_head) == (16, False, True)
+    assert sum(s.layers for s in memory.split(LLAMA3_8B, 4)) == 32
+
+
+def test_a_tied_lm_head_stays_with_the_embedding():
+    tied = replace(LLAMA3_8B, tied_embeddings=True)
+    shares = memory.split(tied, 2)
+    assert shares[0].embedding and shares[0].lm_head and not shares[1].lm_head
+    # The shared table is counted once: the GPUs together hold the 16-bit model less its final norm.
+    held = sum(p.weights for p in memory.gpu_peaks(tied, "fp8", 2, 4, 128))
+    assert held == rules.weight_bytes(tied, "none") - tied.hidden * 2
+
+
+def test_spanning_two_gpus_more_than_halves_the_peak():
+    one = memory.quantize_peak_bytes(LLAMA3_8B, "fp8", 1, 4, 128)
+    two = memory.quantize_peak_bytes(LLAMA3_8B, "fp8", 2, 4, 128)
+    # The weights halve, and the tp-2 export holds half of each of half the layers' fused copies.
+    assert two < one / 2
+    # Llama-3-8B: ~15 GiB of bf16 weights + ~9.9 GiB of export copies on one GPU, under 26 GiB in all.
+    assert 24 << 30 < one < 26 << 30
+
+
+def test_formats_order_by_what_they_keep():
+    peak = {f: memory.quantize_peak_bytes(LLAMA3_8B, f, 1, 4, 128) for f in ("fp8", "nvfp4", "int4_awq")}
+    # nvfp4's export adds an FP8 scale per 16 weights; int4_awq keeps a float32 amax per 128 and builds a scale per 128.
+    assert peak["fp8"] < peak["nvfp4"]
+    assert peak["fp8"] < peak["int4_awq"]
+
+
+def test_a_large_calibration_batch_outgrows_the_export():
+    small = memory.gpu_peaks(LLAMA3_8B, "fp8", 1, 4, 128)[0]
+    big = memory.gpu_peaks(LLAMA3_8B, "fp8", 1, 32, 4096)[0]
+    assert small.export > small.calibration
+    # 131,072 tokens of 128,256 bf16 logits alone are 31 GiB.
+    assert big.calibration > big.export
+    assert big.total - small.total == pytest.approx(big.calibration - small.export, rel=1e-9)
