@@ -84,6 +84,14 @@ def _text_bytes(result: Any) -> bytes:
     return b""
 
 
+def _take(ex: Exchange, piece: bytes, now: float) -> None:
+    """Count a response that added text (a chunk); the first one is the first token's time."""
+    if piece:
+        ex.chunks += 1
+        if ex.first_s is None:
+            ex.first_s = now
+
+
 class GrpcTransport:
     def __init__(self, spec: TransportSpec) -> None:
         self.spec = spec
@@ -134,8 +142,7 @@ class GrpcTransport:
 
     async def send(self, text: str, max_tokens: int, request_id: str, timeout_s: float) -> Exchange:
         ex = Exchange(start_s=time.perf_counter())
-        pieces: list[bytes] = []
-        cumulative = self.spec.interface.cumulative_text  # each response holds the output so far: take the new part
+        answer = self.spec.interface.answer()  # each response's new part, however the layout streams
         finished = False
         stream = None
         try:
@@ -159,16 +166,10 @@ class GrpcTransport:
                         ex.error, ex.failed_s = describe_exception(err), now
                         break
                     ex.times.append(now)
-                    piece = _text_bytes(result)
-                    if cumulative:
-                        piece = self.spec.interface.new_part(piece, b"".join(pieces))
-                    if piece:
-                        pieces.append(piece)
-                        ex.chunks += 1
-                        if ex.first_s is None:
-                            ex.first_s = now
+                    _take(ex, answer.add(_text_bytes(result)), now)
                 else:
                     finished = True
+                    _take(ex, answer.end(), ex.times[-1] if ex.times else time.perf_counter())
         except TimeoutError:
             ex.error, ex.failed_s = f"timed out after {timeout_s:g} s", time.perf_counter()
         except Exception as exc:  # noqa: BLE001 -- one request's failure must not stop the level
@@ -176,7 +177,8 @@ class GrpcTransport:
         finally:
             if stream is not None and not finished:
                 stream.cancel()  # frees the server slot of an abandoned request
-        ex.text = b"".join(pieces)
+        # The answer as the model last stood by it: a cumulative stream's revisions applied, not repeated.
+        ex.text = answer.text
         return ex
 
     async def close(self) -> None:

@@ -14,11 +14,10 @@ from typing import Any
 
 import aiohttp
 
-from ..protocol import Interface
+from ..protocol import StreamedAnswer
 from .errors import EndpointUnreachable, ModelUnavailable
 from .transport import (
     PREFLIGHT_TIMEOUT_S,
-    TEXT_OUTPUT,
     Exchange,
     TransportSpec,
     auth_headers,
@@ -38,11 +37,12 @@ def _body_error(obj: Any) -> str | None:
     return None
 
 
-def _text_of(obj: Any) -> bytes:
-    value = obj.get(TEXT_OUTPUT, "") if isinstance(obj, dict) else ""
-    if isinstance(value, list):  # a [-1]-shaped output may come back as a JSON list
-        value = "".join(str(v) for v in value)
-    return str(value).encode("utf-8")
+def _take(ex: Exchange, piece: bytes, now: float) -> None:
+    """Count a response that added text (a chunk); the first one is the first token's time."""
+    if piece:
+        ex.chunks += 1
+        if ex.first_s is None:
+            ex.first_s = now
 
 
 class HttpTransport:
@@ -94,7 +94,7 @@ class HttpTransport:
         body = {**self.spec.request_values(text, max_tokens), "id": request_id}
         path = "generate_stream" if self.spec.streaming else "generate"
         ex = Exchange(start_s=time.perf_counter())
-        pieces: list[bytes] = []
+        answer = self.spec.interface.answer()  # each response's new part, however the layout streams
         try:
             async with asyncio.timeout(timeout_s):
                 async with self._session().post(f"{self.base}/v2/models/{self.spec.model}/{path}", json=body) as r:
@@ -107,7 +107,7 @@ class HttpTransport:
                             if (error := _body_error(obj)) is not None:
                                 ex.error, ex.failed_s = error, now
                                 break
-                            self._piece(ex, pieces, obj, now, self.spec.interface)
+                            self._piece(ex, answer, obj, now)
                     else:
                         raw = await r.read()
                         now = time.perf_counter()
@@ -118,23 +118,21 @@ class HttpTransport:
                         if (error := _body_error(obj)) is not None or r.status != 200:
                             ex.error, ex.failed_s = error or f"HTTP {r.status}", now
                         else:
-                            self._piece(ex, pieces, obj, now, self.spec.interface)
+                            self._piece(ex, answer, obj, now)
+            if ex.error is None:
+                _take(ex, answer.end(), ex.times[-1] if ex.times else time.perf_counter())
         except TimeoutError:
             ex.error, ex.failed_s = f"timed out after {timeout_s:g} s", time.perf_counter()
         except Exception as exc:  # noqa: BLE001 -- one request's failure must not stop the level
             ex.error, ex.failed_s = one_line(f"{type(exc).__name__}: {exc}"), time.perf_counter()
-        ex.text = b"".join(pieces)
+        # The answer as the model last stood by it: a cumulative stream's revisions applied, not repeated.
+        ex.text = answer.text
         return ex
 
-    @staticmethod
-    def _piece(ex: Exchange, pieces: list[bytes], obj: Any, now: float, interface: Interface) -> None:
+    def _piece(self, ex: Exchange, answer: StreamedAnswer, obj: Any, now: float) -> None:
         ex.times.append(now)
-        piece = interface.new_part(_text_of(obj), b"".join(pieces))
-        if piece:
-            pieces.append(piece)
-            ex.chunks += 1
-            if ex.first_s is None:
-                ex.first_s = now
+        text = self.spec.interface.text_of(obj) if isinstance(obj, dict) else b""
+        _take(ex, answer.add(text), now)
 
     async def close(self) -> None:
         if self.session is not None:

@@ -4,7 +4,9 @@ checked, OpenAI's defaults filled), the gRPC request, each streamed response, an
 Two interfaces (stoker.protocol): the ensemble's `tensorrt_llm` takes token ids and streams token ids
 (``triton_request``, ``parse_response``, ``TextStream``); TensorRT-LLM's LLM-API python model (`llmapi` layout,
 the pytorch target) takes text and streams the whole output text so far (``llmapi_request``,
-``parse_llmapi_response``, ``CumulativeText``). The mapping tables are in mapping.py, with the OpenAI side. Pure.
+``parse_llmapi_response``, ``CumulativeText``). The LLM API's names, and the rule that takes the new part of its
+cumulative text, are stoker.protocol's (``_protocol``). The mapping tables are in mapping.py, with the OpenAI side.
+Pure.
 """
 
 from __future__ import annotations
@@ -15,14 +17,16 @@ from dataclasses import dataclass
 import numpy as np
 from tritonclient.grpc import service_pb2
 
+# stoker.protocol itself: this package runs where stoker is not installed, so it reads that file through a link
+# beside it (_protocol.py -> ../protocol.py), which its copy in the container holds as a file.
+from . import _protocol as protocol
 from .mapping import (DEFAULT_CHAT_MAX_TOKENS, DEFAULT_COMPLETION_MAX_TOKENS, MODEL_NAME, UINT64_MASK, ChatRequest,
                       _Request, bad_request, stop_sequences)
 
-# The serving interfaces (stoker.protocol's layouts; this package runs where stoker is not installed, so the
-# names are repeated here and a unit test holds them equal to stoker.protocol.LLMAPI and stoker.gpu.llmapi).
-ENSEMBLE, LLMAPI = "ensemble", "llmapi"
-INTERFACES = (ENSEMBLE, LLMAPI)
-LLMAPI_MODEL = "tensorrt_llm"
+# The serving interfaces by layout name, as live.json and --interface give them.
+ENSEMBLE, LLMAPI = protocol.ENSEMBLE.layout, protocol.LLMAPI.layout
+INTERFACES = tuple(protocol.INTERFACES)
+LLMAPI_MODEL = protocol.LLMAPI.model
 
 
 @dataclass(frozen=True)
@@ -143,6 +147,14 @@ def _bytes_tensor(request: service_pb2.ModelInferRequest, name: str, values: Seq
     _tensor(request, name, "BYTES", [len(values)], raw)
 
 
+def _scalar(request: service_pb2.ModelInferRequest, name: str | None, datatype: str, value: bool | int | float) -> None:
+    """One value as a [1] tensor (the LLM API's config declares dims [1] with max_batch_size 0)."""
+    if name is None:
+        raise ValueError(f"the {protocol.LLMAPI.layout} interface names no input for this {datatype} value")
+    kind = {"BOOL": "?", "INT32": "<i4", "FP32": "<f4", "UINT64": "<u8"}[datatype]
+    _tensor(request, name, datatype, [1], np.asarray([value], kind).tobytes())
+
+
 def llmapi_request(gen: Generation, request_id: str, model: str = LLMAPI_MODEL) -> service_pb2.ModelInferRequest:
     """The streamed request to TensorRT-LLM's LLM-API model (TRT-LLM 1.2.1 all_models/llmapi) for ``gen``.
 
@@ -156,20 +168,24 @@ def llmapi_request(gen: Generation, request_id: str, model: str = LLMAPI_MODEL) 
     """
     if gen.prompt_text is None:
         raise ValueError("the LLM API's model takes the prompt as text: the generation has none")
+    i = protocol.LLMAPI
     r = service_pb2.ModelInferRequest(model_name=model, id=request_id)
-    _bytes_tensor(r, "text_input", [gen.prompt_text])
-    _tensor(r, "streaming", "BOOL", [1], b"\x01")
-    _tensor(r, "sampling_param_max_tokens", "INT32", [1], np.int32(gen.max_tokens).astype("<i4").tobytes())
-    _tensor(r, "sampling_param_exclude_input_from_output", "BOOL", [1], b"\x01")
-    _tensor(r, "return_finish_reason", "BOOL", [1], b"\x01")
+    _bytes_tensor(r, i.text_input, [gen.prompt_text])
+    _scalar(r, i.stream, "BOOL", True)
+    _scalar(r, i.max_tokens, "INT32", gen.max_tokens)
+    for name, value in i.always:  # the prompt left out of the output, the finish reason asked for: flags
+        if not isinstance(value, bool):
+            raise ValueError(f"{name}: the {i.layout} interface's fixed inputs are flags, not {value!r}")
+        _scalar(r, name, "BOOL", value)
     if gen.greedy:
-        _tensor(r, "sampling_param_top_k", "INT32", [1], np.int32(1).astype("<i4").tobytes())
+        _scalar(r, i.top_k, "INT32", 1)
     else:
-        _tensor(r, "sampling_param_temperature", "FP32", [1], np.float32(gen.temperature).astype("<f4").tobytes())
-        _tensor(r, "sampling_param_top_p", "FP32", [1], np.float32(gen.top_p).astype("<f4").tobytes())
-        _tensor(r, "sampling_param_seed", "UINT64", [1], np.uint64(gen.seed).astype("<u8").tobytes())
-    r.outputs.add().name = "text_output"
-    r.outputs.add().name = "finish_reason"
+        _scalar(r, i.temperature, "FP32", gen.temperature)
+        _scalar(r, i.top_p, "FP32", gen.top_p)
+        _scalar(r, i.seed, "UINT64", gen.seed)
+    r.outputs.add().name = i.text_output
+    if i.finish_reason:
+        r.outputs.add().name = i.finish_reason
     # A stream cancelled or ended without a last response still ends with an empty one flagged final.
     r.parameters["triton_enable_empty_final_response"].bool_param = True
     return r
@@ -228,9 +244,9 @@ def parse_llmapi_response(resp: service_pb2.ModelStreamInferResponse) -> Step:
     for i, out in enumerate(r.outputs):
         if i >= len(r.raw_output_contents):
             break
-        if out.name == "text_output":
+        if out.name == protocol.LLMAPI.text_output:
             text = _first_string(r.raw_output_contents[i])
-        elif out.name == "finish_reason":
+        elif out.name == protocol.LLMAPI.finish_reason:
             finish = _first_string(r.raw_output_contents[i])
     done = finish not in (None, "", "None")
     return Step((), _final(r) or done, text=text, finish=finish if done else None)
@@ -308,36 +324,40 @@ class CumulativeText:
     """The LLM API's streamed text in (each response the whole output so far), the new text out, cut at stop
     sequences (``StopCut``). ``sent``: all the text let out.
 
-    A trailing U+FFFD (a character whose bytes have not all come) is held back until a later response completes
-    it or the output ends. Should a response not begin with the text already taken (a detokenizer that revised
-    it), only what goes beyond the length already taken is new: text already sent cannot be taken back."""
+    The new part of each response is stoker.protocol's ``CumulativeStream`` rule: a trailing U+FFFD waits for the
+    response that completes it; a response that revises text already let out adds only what lies beyond it (text
+    sent cannot be taken back, and is never sent twice), and what it changed is kept in ``revisions``."""
 
     def __init__(self, stop: Sequence[str] = ()) -> None:
         self._cut = StopCut(stop)
-        self._taken = ""  # the model's output consumed so far
-        self._last = ""  # the last response's text, as it came
+        self._stream = protocol.CumulativeStream()
         self.sent = ""
 
     @property
     def stopped(self) -> bool:
         return self._cut.stopped
 
+    @property
+    def revisions(self) -> list[str]:
+        """Per response that revised the output already taken, what it changed or withdrew."""
+        return self._stream.revisions
+
     def push(self, text: str, final: bool = False) -> str:
         """The new text that the output so far, ``text``, lets out; ``final``: nothing more will come."""
         if self.stopped:
             return ""
-        self._last = text
-        usable = text if final else text.rstrip("\ufffd")
-        new = usable[len(self._taken):]  # (empty when shorter: a revision of text already taken)
-        if len(usable) >= len(self._taken):
-            self._taken = usable
-        out = self._cut.push(new, final=final)
-        self.sent += out
-        return out
+        return self._let_out(self._stream.push(text, final=final).new, final)
 
     def flush(self) -> str:
         """The rest, at the end of the output (what was held back as a possible stop sequence or character)."""
-        return self.push(self._last, final=True)
+        if self.stopped:
+            return ""
+        return self._let_out(self._stream.flush().new, True)
+
+    def _let_out(self, new: str, final: bool) -> str:
+        out = self._cut.push(new, final=final)
+        self.sent += out
+        return out
 
 
 def llmapi_finish(model_reason: str | None, stopped: bool, completion_tokens: int, max_tokens: int) -> str:

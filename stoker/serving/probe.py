@@ -159,8 +159,15 @@ def smoke(http_url: str, interface: Interface = ENSEMBLE, prompt: str = "Hello",
         raise ProbeFailed(f"smoke inference: the model answered an error: {str(errors[0]).splitlines()[0]}")
     if not events or not any(interface.text_output in e for e in events):
         raise ProbeFailed("smoke inference: the stream ended without any token")
-    return {"events": len(events), "text": "".join(str(e.get(interface.text_output, "")) for e in events),
-            "seconds": round(time.perf_counter() - t0, 3)}
+    # The text as the interface streams it: the LLM API's model sends the whole output so far in every event, so
+    # joining the events would repeat it; the answer is its last output. A revision of text already streamed is
+    # counted, not hidden.
+    answer = interface.answer()
+    for e in events:
+        answer.add(interface.text_of(e))
+    answer.end()
+    return {"events": len(events), "text": answer.text.decode("utf-8", "replace"),
+            "revisions": len(answer.revisions), "seconds": round(time.perf_counter() - t0, 3)}
 
 
 def _error_text(raw: bytes) -> str:

@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -43,6 +46,8 @@ def _gen(greedy=True, text="hi there", max_tokens=8, stop=()):
 
 
 def test_the_names_are_stoker_protocols_and_the_types_the_llmapi_configs():
+    # the service reads stoker/protocol.py itself, through a link beside it (it runs where stoker is not installed)
+    assert Path(ts.protocol.__file__).resolve() == Path(protocol.__file__).resolve()
     assert (ts.ENSEMBLE, ts.LLMAPI) == (protocol.ENSEMBLE.layout, protocol.LLMAPI.layout)
     assert ts.LLMAPI_MODEL == protocol.LLMAPI.model == llmapi.MODEL_NAME
     declared = {name: dtype for name, dtype, _optional in llmapi.LLMAPI_IN}
@@ -58,6 +63,28 @@ def test_the_names_are_stoker_protocols_and_the_types_the_llmapi_configs():
         for name, value in values.items():
             assert got[name][2] == [value], name
         assert protocol.LLMAPI.finish_reason in {o.name for o in r.outputs}
+    sampled = {t.name for t in ts.llmapi_request(_gen(False), "r").inputs}
+    greedy = {t.name for t in ts.llmapi_request(_gen(True), "r").inputs}
+    i = protocol.LLMAPI
+    assert {i.temperature, i.top_p, i.seed} <= sampled and i.top_k in greedy
+
+
+def test_the_services_copy_carries_protocol_as_a_file_and_imports_without_stoker(tmp_path):
+    """The container gets the package as openai_service installs it: the link copied as the file it names, imported
+    as the top-level package stoker_openai with no stoker to fall back on."""
+    from stoker.serving import openai_service
+
+    openai_service._install_code(tmp_path, openai_service.code_digest())
+    (package,) = tmp_path.glob(f"app/*/{openai_service.PACKAGE}")
+    copy = package / "_protocol.py"
+    assert not copy.is_symlink() and copy.read_bytes() == Path(protocol.__file__).read_bytes()
+    probe = ("import sys; sys.modules['stoker'] = None\n"  # any import of stoker fails
+             "from stoker_openai import triton_stream as ts\n"
+             "c = ts.CumulativeText(); print(ts.LLMAPI_MODEL, repr(''.join(c.push(t) for t in ('ab', 'abc')) + c.flush()))")
+    done = subprocess.run([sys.executable, "-c", probe], cwd=package.parent, capture_output=True, text=True,
+                          env={"PYTHONPATH": str(package.parent)}, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["tensorrt_llm", "'abc'"]
 
 
 def test_llmapi_request_greedy_and_sampled():
@@ -122,9 +149,10 @@ def test_cumulative_text_takes_the_new_part_and_cuts_at_stop_sequences():
     u = ts.CumulativeText()
     assert u.push("caf\ufffd") == "caf" and u.push("café") == "é"
     assert ts.CumulativeText().push("x\ufffd", final=True) == "x\ufffd"
-    # a revised earlier part cannot be taken back: only what goes beyond is new
+    # a revised earlier part cannot be taken back: only what goes beyond is new, and the revision is kept
     r = ts.CumulativeText()
     assert r.push("abc") == "abc" and r.push("abX") == "" and r.push("abXd") == "d"
+    assert r.sent == "abcd" and r.revisions == ["c"]
 
 
 def test_text_stream_still_cuts_as_before():
@@ -206,6 +234,36 @@ def test_generating_counts_completion_tokens_from_the_text_and_maps_finish():
     assert run([*steps, ts.Step((), True, text="alpha beta gamma", finish="stop")], stop=("gam",)) == (
         "alpha beta ", "stop", 2)
     assert run([*steps, ts.Step((), True)]) == ("alpha beta", "stop", 2)  # an empty final response
+
+
+def _stream(steps):
+    """Each OpenAI chunk's text as the service sends it, from the llmapi model's responses."""
+    g = LlmApiGenerating(None, _gen(max_tokens=8), _model(None), "r")
+    pieces = []
+    for step in steps:
+        g._step = step
+        pieces += g.ready()
+        if g.finish:
+            break
+    return pieces, g
+
+
+def test_the_openai_streams_assembled_text_is_the_final_text():
+    # the cumulative responses: a character completed by the next token, then more text, then the end
+    texts = ["alpha caf\ufffd", "alpha café", "alpha café beta", "alpha café beta gamma"]
+    steps = [ts.Step((), False, text=t) for t in texts[:-1]] + [ts.Step((), True, text=texts[-1], finish="length")]
+    pieces, g = _stream(steps)
+    assert "".join(pieces) == texts[-1] and g.text.revisions == []
+    assert pieces == ["alpha caf", "é", " beta", " gamma"]  # each chunk only what is new
+    assert (g.finish, g.completion_tokens) == ("length", 4)  # counted from that text: café is one <unk>
+
+
+def test_the_openai_stream_never_repeats_text_a_revision_changed():
+    # a stop string streamed in part ("ga" of "gam"), then cut from the final output
+    steps = [ts.Step((), False, text=t) for t in ("alpha", "alpha g", "alpha ga")]
+    pieces, g = _stream([*steps, ts.Step((), True, text="alpha ", finish="stop")])
+    assert "".join(pieces) == "alpha ga"  # sent text cannot be taken back, and is not sent again
+    assert g.text.revisions == ["ga"] and g.finish == "stop"
 
 
 def test_live_model_reads_the_backends_interface(tmp_path):
