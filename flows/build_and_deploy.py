@@ -110,6 +110,7 @@ def run_steps(spec: Spec, ctx: RunContext, steps: Steps) -> None:
     # One run at a time serves a deployment, whoever started it (schedule, webhook, UI): two at once would each
     # reconcile away the other's staged candidate. Heavy steps above overlap freely; the second waits here.
     with exclusive(deploy_lock(spec.deploy.name), print, f"another run is deploying {spec.deploy.name!r}"):
+        ctx.gpu = target.settle_gpus(steps, spec, ctx)  # the candidate's GPUs, chosen once, from what serves now
         target.record_baseline(steps, spec, ctx)  # GPU targets: a missing bf16 baseline, recorded first
         benchmarked = target.deploy(steps, spec, ctx, built, packaged, uploaded)  # evaluated before promoted
         steps.run("promote", promote_run, spec, benchmarked, ctx)  # its summary becomes the baseline

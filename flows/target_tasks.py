@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from tasks import evaluate, gate, modelopt, reference, rollout, s3, triton_client, triton_repo, trtllm
+from tasks import evaluate, gate, modelopt, reference, rollout, routing, s3, triton_client, triton_repo, trtllm
 
 _HOMES: dict[str, ModuleType] = {
     "quantize_weights": modelopt, "build_reference": reference, "package_repository": triton_repo,
@@ -16,7 +16,7 @@ _HOMES: dict[str, ModuleType] = {
     "benchmark_endpoint": triton_client, "gate_benchmark": gate,
     "evaluate_candidate": evaluate, "baseline_reference": evaluate, "baseline_recorded": evaluate,
     "build_gpu": trtllm, "package_gpu": trtllm, "upload_repository": s3, "remove_candidate": rollout,
-    "decide_gpu_rollout": rollout,
+    "decide_gpu_rollout": rollout, "settle_gpu_rollout": rollout, "route_heavy_steps": routing, "mark_routed": routing,
 }
 
 

@@ -198,6 +198,9 @@ def evaluate_candidate(spec: Spec, served: StepResult, packaged: StepResult, fet
     limits = {"max_perplexity_rise_pct": ev.max_perplexity_rise_pct, "min_greedy_agreement": ev.min_greedy_agreement,
               "min_task_score": ev.lm_eval.min_score if ev.lm_eval else None}
     rows, failure = metrics.verdict(candidate, base, limits)
+    if base["check"].get("passed") is None:  # kept as the reference, said to be unchecked wherever it is shown
+        logger.warning(f"evaluate: the baseline is NOT checked against transformers ({base['check']['against']}); "
+                       "the gates compare with it as served")
     # Each LoRA adapter on the candidate against the same adapter on the unquantized build; a failure names it.
     for name, scored in sorted((scores.get("adapters") or {}).items()):
         ref = base["adapters"][name]

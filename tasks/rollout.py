@@ -63,6 +63,20 @@ def decide_gpu_rollout(spec: Spec, fetched: StepResult, ctx: RunContext) -> Step
     return StepResult(name="gpu-rollout", duration_s=time.perf_counter() - t0, detail=decided)
 
 
+def settle_gpu_rollout(spec: Spec, ctx: RunContext) -> dict:
+    """Under the deploy lock: the candidate's GPUs (and the baseline's) from what serves now, once; staging uses
+    them as recorded (stoker/gpu/decision.py settle)."""
+    from stoker.containers import engine as docker_engine
+    from stoker.gpu import decision
+
+    held = rollout.held_gpus(docker_engine.connect(spec.deploy.docker_host), spec)
+    settled = decision.settle(spec, ctx.gpu, held)
+    if settled["candidate"] != ctx.gpu.get("candidate"):
+        get_run_logger().info(f"GPU rollout: what serves changed since the fetch (now on {list(held)}): the "
+                              f"candidate gets GPUs {settled['candidate']}")
+    return settled
+
+
 @step_task("switch", retries=0)
 def switch_traffic(spec: Spec, staged: StepResult, ctx: RunContext) -> StepResult:
     """The stable endpoint moves to the candidate; watched; the old backend retires, or traffic goes back."""

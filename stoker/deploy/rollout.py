@@ -144,6 +144,11 @@ def candidate_gpus(client, spec: Spec, live: promote.topology.Backend | None,
     () each on CPU. ``gpu``: the run's decision (stoker/gpu/decision.py), whose sets are used as recorded; the
     live backend is looked at again, since another run may have switched since the decision."""
     n = spec.deploy.replicas
+    if gpu and gpu.get("candidate") is not None and gpu.get("settled"):
+        # Chosen under the deploy lock (decision.settle) from what serves: used as recorded, never picked again.
+        chosen = tuple(gpu["candidate"])
+        each = max(1, len(chosen) // n)
+        return [tuple(chosen[r * each:(r + 1) * each]) for r in range(n)] if chosen else [()] * n
     sets = decision.sets_of(gpu) if gpu else targets.get(spec.target).gpu_sets(spec)
     if not sets:
         return [()] * n

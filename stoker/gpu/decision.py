@@ -1,5 +1,6 @@
 """A run's GPU decision, made once after the fetch: the rollout (surge, shared or reload, its KV cap and expected
-gap), the GPU sets backends take turns on, and the set the candidate gets, which the build runs on too.
+gap), the GPU sets backends take turns on, the set the candidate gets, and where the build runs (placement.py: on
+GPUs nothing holds, or beside the live backend only where it fits).
 
 Decided from the fetched files (config.json and friends in the fetch step's folder), never from a second Hub read,
 and kept as a plain dict in the run's context and its manifest: package (the shared rollout's KV cap), stage (the
@@ -13,6 +14,7 @@ from dataclasses import fields
 from pathlib import Path
 
 from . import facts as facts_mod
+from .placement import place_baseline, place_build
 from .rollout import Rollout, plan_rollout
 
 
@@ -22,8 +24,25 @@ def decide(spec, facts, held: tuple[int, ...]) -> dict:
     planned = plan_rollout(spec, facts)
     sets = generation_sets(spec, planned)
     candidate = next((s for s in sets if sorted(s) != sorted(held)), sets[0])
+    # Where the build runs: GPUs nothing holds, or beside the live backend when it fits (placement.py); refused
+    # here, before any heavy step, when neither. Unestimated (facts unknown): the candidate's first GPUs.
+    build = (place_build(spec, facts, planned, held) if planned is not None
+             else {"gpus": list(candidate[:spec.parallel.world_size]), "where": "not estimated"})
+    baseline = (place_baseline(spec, facts, planned, held) if planned is not None
+                else {"gpus": list(candidate) if not held else None, "why": "model facts unknown"})
     return {"rollout": planned.to_dict() if planned else None, "sets": [list(s) for s in sets],
-            "held": list(held), "candidate": list(candidate), "facts": "fetched files" if facts else "unknown"}
+            "held": list(held), "candidate": list(candidate), "build": build, "baseline": baseline,
+            "facts": "fetched files" if facts else "unknown"}
+
+
+def for_baseline(decision: dict) -> dict:
+    """The decision the bf16 baseline is staged with: its own GPUs, beside (never instead of) what serves, so
+    staging neither stops the live backend (no reload rollout) nor shares its GPUs. KeyError-free for old records."""
+    gpus = (decision.get("baseline") or {}).get("gpus")
+    # Its build runs there too: free GPUs, where a bf16 backend fits alone.
+    return {"rollout": None, "sets": [list(gpus or [])], "held": decision.get("held", []),
+            "candidate": list(gpus or []), "build": {"gpus": list(gpus or []), "where": "the baseline's GPUs"},
+            "facts": decision.get("facts"), "settled": "the baseline's own GPUs"}
 
 
 def from_fetch(spec, folder: Path, held: tuple[int, ...]) -> dict:
@@ -55,10 +74,10 @@ def sets_of(decision: dict) -> tuple[tuple[int, ...], ...]:
 
 
 def build_gpus(spec, decision: dict | None) -> tuple[int, ...]:
-    """The GPUs a build step uses: the first replica's share of the candidate's set (the spec's first GPUs when
-    no decision was made)."""
+    """The GPUs a build step uses: the decision's placement (the spec's first GPUs when no decision was made)."""
     world = spec.parallel.world_size
-    return tuple((decision or {}).get("candidate") or spec.gpus.ids)[:world]
+    placed = ((decision or {}).get("build") or {}).get("gpus")
+    return tuple(placed or (decision or {}).get("candidate") or spec.gpus.ids)[:world]
 
 
 def with_cap(spec, decision: dict | None):
@@ -68,3 +87,20 @@ def with_cap(spec, decision: dict | None):
         return spec
     runtime = spec.runtime.model_copy(update={"max_tokens_in_paged_kv_cache": p.max_tokens_in_paged_kv_cache})
     return spec.model_copy(update={"runtime": runtime})
+
+
+def settle(spec, earlier: dict, held: tuple[int, ...]) -> dict:
+    """The decision staging uses, taken under the deploy lock from what serves then (``held``): another run of the
+    deployment may have switched since ``earlier`` was made after the fetch. The rollout and the build's placement
+    stay (the build has run); the candidate's set and the baseline's GPUs are chosen again from ``held``, once."""
+    sets = sets_of(earlier) or ((),)
+    candidate = next((s for s in sets if sorted(s) != sorted(held)), sets[0])
+    baseline = dict(earlier.get("baseline") or {})
+    if baseline.get("gpus") is not None or "free GPUs" in str(baseline.get("why", "")):
+        world = spec.parallel.world_size * spec.deploy.replicas
+        free = [i for i in spec.gpus.ids if i not in held]
+        baseline = ({"gpus": free[:world], "need_bytes": baseline.get("need_bytes")} if len(free) >= world else
+                    {"gpus": None, "why": f"it needs {world} free GPUs nothing serves from and the spec lists "
+                                          f"{list(spec.gpus.ids)}, {list(held)} serving"})
+    return {**earlier, "held": list(held), "candidate": list(candidate), "baseline": baseline,
+            "settled": "under the deploy lock"}

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ..errors import StokerError
 from . import facts as facts_mod
-from . import matrix, rollout, rules
+from . import matrix, placement, rollout, rules, trtllm
 from .facts import ModelFacts
 
 
@@ -63,6 +63,10 @@ def check_spec(spec) -> tuple[ModelFacts | None, list[rules.Finding]]:
     facts = model_facts(spec)
     findings = rules.enforce(rules.check(spec, facts, token_present(spec)))
     planned = rollout.plan_rollout(spec, facts)  # a rollout that cannot work is refused here too, in one line
+    if planned is not None:  # and a build that fits neither on spare GPUs nor beside what serves (placement.py)
+        placed = placement.plan_rebuild(spec, facts, planned)
+        if placed["need_bytes"]:
+            findings = [*findings, rules.Finding("note", "build", placement.note(placed))]
     if planned is not None and planned.choice == "surge":
         # The GPUs beyond one backend hold the next candidate: the rollout row says which, and which stay unused.
         findings = [f for f in findings if f.field != "gpus.count"]
@@ -117,7 +121,10 @@ def plan_gpu(spec, ctx) -> list:
         row, digest = cached_row(spec, ctx, "fetch", fetch_key(spec, source_id), f"sha {source.get('sha')}")
         out.append(row)
     weights = digest
-    for name, keyfn, note in (("build", gpu_build_key, "quantize + checkpoint + engine: a hit skips all GPU work"),
+    def build_key(spec, digest):
+        return gpu_build_key(spec, digest, trtllm.step_argvs(spec))
+
+    for name, keyfn, note in (("build", build_key, "quantize + checkpoint + engine: a hit skips all GPU work"),
                               ("package", gpu_package_key, "")):
         if digest is None:
             out.append(PlannedStep(name, None, "pending", "key known once the previous step has run"))

@@ -83,6 +83,16 @@ def quantize_argv(spec, facts: ModelFacts | None) -> list[str]:
     return argv
 
 
+def step_names(spec) -> tuple[str, ...]:
+    """The container steps a build runs, in order (gpu_steps' names): what stoker/gpu/placement.py sizes."""
+    names = ()
+    if needs_quantize_step(spec) and spec.build.engine_dir is None:
+        names += ("quantize" if spec.quantization.format != "none" else "checkpoint",)
+    if spec.target == "tensorrt" and spec.build.engine_dir is None:
+        names += ("build",)
+    return names
+
+
 def step_argvs(spec, facts: ModelFacts | None = None) -> list[list[str]]:
     """The command of every container step a build runs (gpu_steps' argv), in order: what its cache key holds."""
     argvs = [quantize_argv(spec, facts)] if needs_quantize_step(spec) and spec.build.engine_dir is None else []

@@ -59,6 +59,9 @@ class Tasks(Protocol):
     upload_repository: Callable[..., StepResult]
     remove_candidate: Callable[..., StepResult]
     decide_gpu_rollout: Callable[..., StepResult]
+    settle_gpu_rollout: Callable[..., dict]
+    route_heavy_steps: Callable[..., dict]
+    mark_routed: Callable[..., None]
 
 
 class StepRunner(Protocol):
@@ -172,6 +175,10 @@ class Target(ABC):
     def decide_gpus(self, steps: StepRunner, spec: Spec, fetched: StepResult, ctx: RunContext) -> dict | None:
         """The run's GPU decision (stoker/gpu/decision.py), made once after the fetch; None on CPU."""
         return None
+
+    def settle_gpus(self, steps: StepRunner, spec: Spec, ctx: RunContext) -> dict | None:
+        """Under the deploy lock: the run's GPU decision as staging will use it (None on CPU)."""
+        return ctx.gpu
 
     def gpu_rollout(self, spec: Spec):
         """The plan's GPU rollout (stoker.gpu.rollout.Rollout: surge, shared or reload); None on CPU or unknown."""

@@ -106,6 +106,9 @@ class GpuTarget(Target):
     def decide_gpus(self, steps: StepRunner, spec, fetched, ctx) -> dict:
         return steps.run("gpu-rollout", steps.tasks.decide_gpu_rollout, spec, fetched, ctx).detail
 
+    def settle_gpus(self, steps: StepRunner, spec, ctx) -> dict:
+        return steps.tasks.settle_gpu_rollout(spec, ctx) if ctx.gpu else ctx.gpu
+
     def gpu_sets(self, spec) -> tuple[tuple[int, ...], ...]:
         """A generation's GPUs (every replica's, in order); surge: two such sets. What `stoker plan` shows: a run
         decides once from its fetched files (decide_gpus) and uses that."""
@@ -128,11 +131,29 @@ class GpuTarget(Target):
         (at eval-data)."""
         if "eval-data" not in steps or steps["eval-data"].detail.get("baseline_record") != "missing":
             return
+        from ..errors import StepError
+        from ..gpu import decision
+
+        placed = (ctx.gpu or {}).get("baseline") or {}
+        if not placed.get("gpus"):
+            raise StepError(f"evaluation: these weights have no recorded bf16 baseline and it cannot be made without "
+                            f"touching what serves: {placed.get('why', 'no GPU decision')}; list spare device ids, or "
+                            "record it from a run while nothing serves")
         fetched, eval_data = steps["fetch"], steps["eval-data"]
+        ctx = ctx.model_copy(update={"gpu": decision.for_baseline(ctx.gpu)})  # its own GPUs, the live one untouched
         q = spec.quantization.model_copy(update={"format": "none", "kv_cache_dtype": "none"})
         bf16 = spec.model_copy(update={"quantization": q})
         sub = _Prefixed(steps, "bf16-")
-        built = self.build(sub, bf16, fetched, ctx)
+        # Where the run's own build runs: routed to the GPU pool, or here inside the GPU slot.
+        if spec.routing.heavy:
+            routed = steps.tasks.route_heavy_steps(bf16, fetched, ctx)
+            built = self.build(sub, bf16, fetched, ctx.model_copy(update={"routed_to": spec.routing.heavy}))
+            for name in ("quantize", "build"):
+                if name in sub:
+                    steps.tasks.mark_routed(sub[name], routed)
+        else:
+            with self.heavy_slot(bf16, ctx):
+                built = self.build(sub, bf16, fetched, ctx)
         packaged = self.package(sub, bf16, fetched, built, ctx)
         uploaded = sub.run("upload", steps.tasks.upload_repository, bf16, packaged, ctx)
         staged = sub.run("deploy", steps.tasks.stage_candidate, bf16, uploaded, ctx,

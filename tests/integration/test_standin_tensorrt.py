@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import openai
 import pytest
 import yaml
 from operate_helpers import manifest_of, stoker, stoker_env
@@ -23,7 +24,9 @@ pytestmark = [pytest.mark.docker, pytest.mark.s3, pytest.mark.hub, pytest.mark.p
 
 @pytest.fixture
 def spec_data(local_stack, standin_image):
-    data = gpu_spec_data(local_stack, "tensorrt", "sti", openai=False)
+    data = gpu_spec_data(local_stack, "tensorrt", "sti", openai=True)
+    data["build"] = {"max_input_len": 24}  # below the model's context: the deployed limit, not the model's, applies
+    data["benchmark"]["input_tokens"] = 16  # within it
     data["evaluation"] = {"enabled": False}
     yield data
     engine.remove_deployment(engine.connect(), data["deploy"]["name"], lambda _m: None)
@@ -55,6 +58,14 @@ def test_a_tensorrt_spec_runs_end_to_end_on_the_standin_and_a_rebuild_switches_g
     assert 'backend: "tensorrtllm"' in inside and "/models/tensorrt_llm/1/engine" in inside
     assert inside == (packaged / "tensorrt_llm" / "config.pbtxt").read_text()
     assert m1["steps"]["deploy"]["detail"]["image"] == "stoker/triton-standin:2.51.0-cpu"
+    # The engine folder holds what trtllm-build writes, no tokenizer; /v1 finds preprocessing's (a 503 once).
+    assert not list((packaged / "tensorrt_llm" / "1" / "engine").glob("tokenizer*"))
+    api = openai.OpenAI(base_url=m1["endpoint"]["openai"], api_key="unused", max_retries=0, timeout=60)
+    done = api.chat.completions.create(model=spec_data["deploy"]["name"], max_tokens=6, temperature=0,
+                                       messages=[{"role": "user", "content": "Hello"}])
+    assert done.choices[0].message.content and done.choices[0].finish_reason in ("length", "stop")
+    with pytest.raises(openai.BadRequestError, match="at most 24 tokens"):  # build.max_input_len, not the context
+        api.completions.create(model=spec_data["deploy"]["name"], prompt="word " * 40, max_tokens=4)
 
     # A rebuild (another format): staged on the other GPU set (surge), gated, switched; one backend after.
     spec_data["quantization"]["format"] = "int4_awq"

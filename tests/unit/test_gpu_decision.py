@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from stoker.errors import PlanRefused
 from stoker.gpu import decision, rollout
 from stoker.gpu.facts import from_config
 from stoker.spec.load import parse_spec
@@ -19,7 +20,9 @@ CONFIG_70B = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hid
 FACTS = from_config(CONFIG_70B, source="known")
 
 
-def spec(count: int, tp: int = 2, rollout_: str = "auto", gpu: str = "h100-80gb"):
+# H200s: the quantize worker spans the two GPUs of a 70B TP2 build and needs more than an H100 holds
+# (stoker/gpu/memory.py; `stoker plan` refuses that on H100s, test_gpu_placement.py).
+def spec(count: int, tp: int = 2, rollout_: str = "auto", gpu: str = "h200"):
     return parse_spec({"model": {"repo_id": "meta-llama/Meta-Llama-3-70B-Instruct"}, "storage": {"bucket": "bkt"},
                        "target": "tensorrt", "gpus": {"type": gpu, "count": count, "rollout": rollout_},
                        "deploy": {"image": CURRENT}, "quantization": {"format": "fp8"},
@@ -57,6 +60,11 @@ def test_the_decision_reads_the_fetched_folder_not_the_hub(tmp_path):
 
 
 def test_a_reload_decision_says_so_and_keeps_one_set():
-    d = decision.decide(spec(count=2, rollout_="reload"), FACTS, (0, 1))
+    # Spare GPUs 2 and 3 take the build; the candidate takes the live set once the live backend stops.
+    d = decision.decide(spec(count=4, rollout_="reload"), FACTS, (0, 1))
     assert d["rollout"]["choice"] == "reload" and d["sets"] == [[0, 1]] and d["candidate"] == [0, 1]
+    assert d["build"]["gpus"] == [2, 3]
     assert decision.planned(d).gap_s > 0
+    # Without them, a build beside a reload rollout's live backend (nearly all of the GPUs) is refused.
+    with pytest.raises(PlanRefused, match=r"^gpus: a rebuild while the live backend serves on GPUs \[0, 1\]"):
+        decision.decide(spec(count=2, rollout_="reload"), FACTS, (0, 1))

@@ -240,7 +240,18 @@ def test_a_gpu_run_decides_its_rollout_once_and_build_package_and_stage_read_tha
     monkeypatch.setattr(tasks.trtllm, "build_gpu", recording("build", 2))
     monkeypatch.setattr(tasks.trtllm, "package_gpu", recording("package", 3))
     monkeypatch.setattr(tasks.rollout, "stage_candidate", recording("deploy", 2))
+    settled = {**decided, "candidate": [1], "settled": "under the deploy lock"}
+
+    def settle(spec, ctx):
+        calls.append("settle")
+        seen.setdefault("settle", []).append(ctx.gpu)
+        return settled
+
+    monkeypatch.setattr(tasks.rollout, "settle_gpu_rollout", settle)
     steps = run({"target": "tensorrt", "gpus": GPUS}, tmp_path)
     assert calls.count("gpu-rollout") == 1 and steps["gpu-rollout"].detail == decided
     assert seen["gpu-rollout"] == [None]  # decided before anything had one
-    assert seen["build"] == seen["package"] == seen["deploy"] == [decided]
+    assert seen["build"] == seen["package"] == [decided] == seen["settle"]
+    # The candidate's GPUs are settled once, under the deploy lock (after the build), and staging uses that.
+    assert calls.index("settle") > calls.index("package") and calls.count("settle") == 1
+    assert seen["deploy"] == [settled]
