@@ -94,6 +94,9 @@ class BackendSpec:
     device_ids: tuple[int, ...] = ()
     labels: dict[str, str] = field(default_factory=dict)
     interface: str = "ensemble"  # the layout's interface (stoker.protocol): what the smoke and the watch address
+    # Called just before the container starts, with the Docker client: the labels it adds, or an exception that
+    # refuses the start (the stand-in's GPU memory ledger, stoker/gpu/standin_ledger.py).
+    admit: Callable[[docker.DockerClient], dict[str, str]] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if not _NAME_RE.match(self.name):
@@ -210,6 +213,8 @@ def start_backend(client: docker.DockerClient, spec: BackendSpec, slot: str, por
               LABEL_DIGEST: spec.repo_digest, LABEL_SLOT: slot, LABEL_PORTS: ports.label(), LABEL_RUN: spec.run_id,
               LABEL_INTERFACE: spec.interface,
               **({LABEL_REPLICA: str(replica)} if replica else {})}
+    if spec.admit is not None:
+        labels |= spec.admit(client)
     args = backend_command(spec, ports, secrets.token_hex(16))
     kwargs: dict = {}
     if spec.entrypoint is not None:

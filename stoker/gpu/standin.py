@@ -77,3 +77,43 @@ def check(spec) -> None:
     if spec.quantization.format not in runs:
         raise PlanRefused(f"{ENV}=1: quantization.format {spec.quantization.format!r} is built only by TensorRT-LLM on "
                           f"a GPU; the stand-in builds {', '.join(runs)}")
+
+
+def backend_admission(spec, repository, gpus: tuple[int, ...]):
+    """The admission a stand-in backend passes before it starts (stoker/gpu/standin_ledger.py): its footprint on
+    ``gpus`` from the model's facts and the repository it serves, refused where they lack the room; None when the
+    model's facts are unknown (nothing to size it by)."""
+    from .planning import model_facts
+
+    facts = model_facts(spec)
+    if facts is None or not gpus:
+        return None
+
+    def admit(client) -> dict[str, str]:
+        from ..containers import engine
+        from . import standin_ledger as ledger
+
+        minimum, take = ledger.backend_take(spec, facts, repository)
+        held = ledger.held_bytes(engine.containers(client, spec.deploy.name), gpus)
+        taken = ledger.admit(f"the backend of {spec.deploy.name}", gpus, ledger.gpu_bytes(spec), held, minimum, take)
+        return {ledger.LABEL_BYTES: str(taken)}
+
+    return admit
+
+
+def admit_build(spec, fetched_path, gpus: tuple[int, ...]) -> None:
+    """A stand-in build (run on the CPU here) is admitted on the GPUs a GPU host would build on, as a backend is:
+    its quantize/trtllm-build peak beside what running containers hold there; OutOfMemory otherwise."""
+    from pathlib import Path
+
+    from ..containers import engine
+    from . import facts as facts_mod
+    from . import placement, standin_ledger as ledger
+
+    if not (Path(fetched_path) / "config.json").is_file() or not gpus:
+        return
+    need = placement.build_need_bytes(spec, facts_mod.from_folder(Path(fetched_path)))
+    if need:
+        held = ledger.held_bytes(engine.containers(engine.connect(spec.deploy.docker_host), spec.deploy.name),
+                                 tuple(gpus))
+        ledger.admit(f"the build ({', '.join(need)})", tuple(gpus), ledger.gpu_bytes(spec), held, max(need.values()))

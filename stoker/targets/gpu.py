@@ -64,9 +64,12 @@ class GpuTarget(Target):
         return nullcontext() if on_cpu else super().heavy_slot(spec, ctx)
 
     def build(self, steps: StepRunner, spec, fetched, ctx):
+        from ..gpu import decision
+
         if standin.applies(spec, ctx.standin):
             # STAND-IN: the reference path's quantize + build (CPU child processes) instead of ModelOpt's export
             # and trtllm-build; fill_repository puts the artifact where the engine goes.
+            standin.admit_build(spec, fetched.path, decision.build_gpus(spec, ctx.gpu))
             quantized = steps.run("quantize", steps.tasks.quantize_weights, spec, fetched, ctx)
             return steps.run("build", steps.tasks.build_reference, spec, quantized, ctx)
         return steps.run("build", steps.tasks.build_gpu, spec, fetched, ctx)
@@ -92,7 +95,8 @@ class GpuTarget(Target):
 
             # STAND-IN: the CPU image (its entrypoint is tritonserver itself: cleared, the command names it) and
             # no device requests; the labels still say which GPUs a GPU host would have given.
-            fields.update(image=DEFAULT_STANDIN_IMAGE, entrypoint="", device_ids=())
+            fields.update(image=DEFAULT_STANDIN_IMAGE, entrypoint="", device_ids=(),
+                          admit=standin.backend_admission(spec, Path(repository), tuple(gpus)))
             labels[STANDIN_LABEL] = "true"
         return fields | {"labels": labels}
 

@@ -67,9 +67,29 @@ def test_a_tensorrt_spec_runs_end_to_end_on_the_standin_and_a_rebuild_switches_g
     with pytest.raises(openai.BadRequestError, match="at most 24 tokens"):  # build.max_input_len, not the context
         api.completions.create(model=spec_data["deploy"]["name"], prompt="word " * 40, max_tokens=4)
 
-    # A rebuild (another format): staged on the other GPU set (surge), gated, switched; one backend after.
+    # The GPU memory ledger (STAND-IN): the backend holds its engine and a KV cache sized from what was free.
+    from stoker.gpu.standin_ledger import LABEL_BYTES
+
+    assert int(backend.labels[LABEL_BYTES]) > 0.5 * 80 * 2**30
+    # Something else holds GPU 1, where the rebuild would run: the build is refused as CUDA would refuse it, with
+    # the numbers, before any heavy step; the live backend keeps serving.
     spec_data["quantization"]["format"] = "int4_awq"
     path.write_text(yaml.safe_dump(spec_data))
+    hog = client.containers.run("stoker/triton-cpu:2.51.0-cpu", ["sleep", "300"], detach=True, entrypoint="",
+                                name=f"{spec_data['deploy']['name']}-hog", labels={
+                                    engine.LABEL_MANAGED: "true", engine.LABEL_DEPLOYMENT: spec_data["deploy"]["name"],
+                                    engine.LABEL_ROLE: "hold", "ai.stoker.gpus": "1", LABEL_BYTES: str(76 * 2**30)})
+    try:
+        refused = stoker(["run", str(path)], env)
+    finally:
+        hog.remove(force=True)
+    assert refused.returncode != 0
+    out = refused.stdout + refused.stderr
+    assert "CUDA out of memory (STAND-IN ledger): the build (quantize) needs ~" in out and "on GPU 1" in out, out[-3000:]
+    backend.reload()
+    assert backend.status == "running"
+
+    # A rebuild (another format): staged on the other GPU set (surge), gated, switched; one backend after.
     second = stoker(["run", str(path)], env)
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
     m2 = manifest_of(second)
