@@ -60,6 +60,6 @@ t2 = time.monotonic()
 export_tensorrt_llm_checkpoint(model, decoder_type="llama", dtype=torch.bfloat16, export_dir=a.out,
                                inference_tensor_parallel=1, inference_pipeline_parallel=1)
 export_s = time.monotonic() - t2
+peak = {"cuda:0": torch.cuda.max_memory_reserved(0) >> 20} if a.device == "cuda" else None
 print(json.dumps({"load_s": round(load_s, 2), "calibration_s": round(calibration_s, 2), "export_s": round(export_s, 2),
-                  "peak_reserved_mib": {"cuda:0": torch.cuda.max_memory_reserved(0) >> 20} if a.device == "cuda" else None}),
-      flush=True)
+                  "peak_reserved_mib": peak}), flush=True)

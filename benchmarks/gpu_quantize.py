@@ -250,82 +250,126 @@ def device(out_dir: Path, tokenizer: Path, budget_s: float, steps: set[int] | No
 
 # ---------------------------------------------------------------------------------------------- report (here)
 
-def report(raw_path: Path, out_path: Path) -> dict:
+NOT_MEASURED = [
+    "H100: both device calls asked for kind nvidia-h100-x2 and were served two H200s (the tool may substitute); the "
+    "memory figures do not depend on the card's size (same Hopper kernels, same allocator), the times do. No H100 "
+    "figure here.",
+    "NVFP4 inference: Hopper (sm_90) has no FP4 kernels; nvfp4 ran quantize + export only (the checkpoint serves on "
+    "Blackwell).",
+    "The unified HF checkpoint (--hf-out), which stoker's pipeline also writes for every quantized format "
+    "(stoker/gpu/trtllm.py quantize_argv): not run; memory.py models the TRT-LLM export, which by ModelOpt's code "
+    "(export/unified_export_hf.py packs module by module in place) needs more.",
+    "FP8/INT8 KV-cache quantization (kv none here), stoker's default calibration (512 × 512 tokens, batch 8: the "
+    "logits term, 1 GiB there, is not checked against a measurement), real (non-random) weights.",
+    "More than 2 GPUs and 70B-sized models (no device time left for them). memory.split reproduces, offline on a "
+    "meta-device model, transformers 5.17's and 5.23's device maps (with Accelerate 1.15) for Llama-3-8B on 2, 4 "
+    "and 8 GPUs and for an 80-layer variant on 2; the memory of those placements is not measured.",
+    "ModelOpt alone spanning 2 GPUs: the bare script is the one-GPU baseline only.",
+    "The worker inside the TRT-LLM serving image (ModelOpt ~0.37 there): these runs carried ModelOpt 0.47 wheels.",
+]
+FIRST_ESTIMATE = (
+    "The first version of memory.py (commit eeae63b) over-estimated by 1.35× on one GPU: it counted a 16-bit "
+    "gate|up copy of every layer in the export (merge_gate_fc), which ModelOpt makes only for MoE shared experts. "
+    "memory.py was corrected from ModelOpt's code after the first device run (per-format packing copies from "
+    "quant_utils.to_quantized_weight, calibration and export working sets added since nothing empties the "
+    "allocator's cache, transformers 5.17's balanced map); the second run, on another machine, measured the same "
+    "peaks to the MiB, so the ratios below are of an estimate written after seeing the first run's numbers.")
+
+
+def _label(raw: dict) -> str:
+    gpu = raw["gpus"][0]
+    return (f"{len(raw['gpus'])}× {gpu['name']} ({gpu['memory_total_mib']} MiB each), driver {gpu['driver']}; "
+            + ", ".join(f"{k} {v}" for k, v in raw["versions"].items()) + f"; {raw['date']}")
+
+
+def report(raw_paths: list[Path], out_path: Path) -> dict:
+    """Raw records of one or more device runs (same machine kind) → the committed result."""
     sys.path.insert(0, str(ROOT))
     from stoker.gpu import memory, rules
     from stoker.gpu.facts import from_config
 
-    raw = json.loads(raw_path.read_text())
-    facts = from_config({"architectures": ["LlamaForCausalLM"], **raw["model"]["config"]})
-    gpu = raw["gpus"][0]
-    label = (f"{len(raw['gpus'])}× {gpu['name']} ({gpu['memory_total_mib']} MiB each), driver {gpu['driver']}; "
-             + ", ".join(f"{k} {v}" for k, v in raw["versions"].items()) + f"; {raw['date'][:10]}")
-    cal = raw["calibration"]
-    rows, bare = [], {}
-    for r in raw["runs"]:
-        if r["tool"] == "bare":
-            bare[r["format"]] = r
-    for r in raw["runs"]:
-        if r["tool"] != "stoker":
-            continue
-        peaks = memory.gpu_peaks(facts, r["format"], r["gpus"], cal["batch_size"], cal["seq_len"])
+    raws = [json.loads(p.read_text()) for p in raw_paths]
+    first = raws[0]
+    facts = from_config({"architectures": ["LlamaForCausalLM"], **first["model"]["config"]})
+    cal = first["calibration"]
+
+    def runs(raw: dict, tool: str) -> dict:
+        return {(r["format"], r["gpus"]): r for r in raw["runs"] if r["tool"] == tool}
+
+    rows = []
+    for (fmt, gpus), r in runs(first, "stoker").items():
+        per_run = [runs(raw, "stoker").get((fmt, gpus)) for raw in raws]
         measured = [r["peak_over_idle_mib"][str(g)] for g in r["gpu_indices"]]
+        same = all(x is not None and [x["peak_over_idle_mib"][str(g)] for g in x["gpu_indices"]] == measured
+                   for x in per_run)
+        peaks = memory.gpu_peaks(facts, fmt, gpus, cal["batch_size"], cal["seq_len"])
         estimate = [p.total >> 20 for p in peaks]
-        est_busiest = memory.quantize_peak_bytes(facts, r["format"], r["gpus"], cal["batch_size"],
-                                                 cal["seq_len"]) >> 20
-        res = r.get("result") or {}
-        row = {"format": r["format"], "gpus": r["gpus"], "ok": r["rc"] == 0,
-               "h100_note": "export only: H100 (sm_90) has no FP4 kernels, NVFP4 checkpoints serve on Blackwell"
-               if r["format"] == "nvfp4" else None,
-               "peak_mib_per_gpu_measured": measured, "peak_mib_per_gpu_estimate": estimate,
+        busiest = memory.quantize_peak_bytes(facts, fmt, gpus, cal["batch_size"], cal["seq_len"]) >> 20
+        row = {"format": fmt, "gpus": gpus, "ok": all(x and x["rc"] == 0 for x in per_run),
+               "note": "export only: H100/H200 (sm_90) have no FP4 kernels" if fmt == "nvfp4" else None,
+               "peak_mib_per_gpu_measured": measured, "same_peaks_in_every_run": same,
+               "peak_mib_per_gpu_estimate": estimate,
+               "estimate_over_measured_per_gpu": [round(e / m, 3) for e, m in zip(estimate, measured)],
+               "busiest_measured_mib": max(measured), "busiest_estimate_mib": busiest,
+               "estimate_over_measured": round(busiest / max(measured), 3),
                "estimate_terms_mib_per_gpu": [{k: getattr(p, k) >> 20 for k in
                                                ("weights", "state", "calibration", "export", "context")}
                                               for p in peaks],
-               "busiest_measured_mib": max(measured), "busiest_estimate_mib": est_busiest,
-               "estimate_over_measured": round(est_busiest / max(measured), 3),
-               "torch_peak_reserved_mib": res.get("peak_reserved_mib"),
-               "wall_s": r["wall_s"], "calibration_s": res.get("calibration_s"),
-               "trtllm_export_s": res.get("trtllm_export_s"), "export_bytes": r["export_bytes"],
-               "export_bytes_estimate_rules_weight_bytes": rules.weight_bytes(facts, r["format"]),
-               "devices": res.get("devices"), "side_by_side_with": r["side_by_side_with"]}
-        b = bare.get(r["format"]) if r["gpus"] == 1 else None
-        if b is not None and b["rc"] == 0 and r["rc"] == 0:
-            bres = b.get("result") or {}
-            bpeak = max(b["peak_over_idle_mib"].values())
-            row["bare_modelopt"] = {"wall_s": b["wall_s"], "peak_mib": bpeak,
-                                    "calibration_s": bres.get("calibration_s"),
-                                    "export_s": bres.get("export_s"), "torch_peak_reserved_mib":
-                                    bres.get("peak_reserved_mib"), "export_bytes": b["export_bytes"],
-                                    "stoker_over_bare_time": round(r["wall_s"] / b["wall_s"], 3),
-                                    "stoker_over_bare_memory": round(max(measured) / bpeak, 3)}
+               "torch_peak_reserved_mib": (r.get("result") or {}).get("peak_reserved_mib"),
+               "devices": (r.get("result") or {}).get("devices"),
+               "wall_s": [x["wall_s"] for x in per_run if x],
+               "calibration_s": [(x.get("result") or {}).get("calibration_s") for x in per_run if x],
+               "trtllm_export_s": [(x.get("result") or {}).get("trtllm_export_s") for x in per_run if x],
+               "export_bytes": r["export_bytes"], "export_bytes_rules_weight_bytes": rules.weight_bytes(facts, fmt),
+               "side_by_side_with": r["side_by_side_with"]}
+        if gpus == 1:
+            bare = [runs(raw, "bare").get((fmt, 1)) for raw in raws]
+            if all(b and b["rc"] == 0 for b in bare) and row["ok"]:
+                bpeak = max(bare[0]["peak_over_idle_mib"].values())
+                row["bare_modelopt"] = {
+                    "wall_s": [b["wall_s"] for b in bare], "peak_mib": bpeak,
+                    "calibration_s": [(b.get("result") or {}).get("calibration_s") for b in bare],
+                    "export_s": [(b.get("result") or {}).get("export_s") for b in bare],
+                    "torch_peak_reserved_mib": (bare[0].get("result") or {}).get("peak_reserved_mib"),
+                    "export_bytes": bare[0]["export_bytes"],
+                    "stoker_over_bare_time": [round(x["wall_s"] / b["wall_s"], 3) for x, b in zip(per_run, bare)],
+                    "stoker_over_bare_memory": round(max(measured) / bpeak, 3)}
         rows.append(row)
-    out = {"what": "stoker.gpu.quantize_worker on H100s: peak GPU memory per GPU (nvidia-smi memory.used, sampled "
-                   "every 200 ms, minus the idle reading) against stoker/gpu/memory.py, wall time, TRT-LLM "
-                   "checkpoint size; one-GPU runs beside ModelOpt alone (benchmarks/gpu_bare_modelopt.py) on the "
-                   "other GPU at the same moment",
-           "device": label, "script": "benchmarks/gpu_quantize.sh → benchmarks/gpu_quantize.py device; "
-                                      "then benchmarks/gpu_quantize.py report",
-           "model": f"Llama-3-8B shapes, random bf16 weights ({(raw.get('make_model') or {}).get('result')})",
+    out = {"what": "stoker.gpu.quantize_worker on two GPUs: peak GPU memory per GPU (nvidia-smi memory.used sampled "
+                   "every 200 ms, minus the idle reading) against stoker/gpu/memory.py, wall time (process start to "
+                   "exit), TRT-LLM checkpoint size; each one-GPU run side by side with ModelOpt alone "
+                   "(benchmarks/gpu_bare_modelopt.py, same calibration) on the other GPU",
+           "device": _label(first), "device_runs": [_label(raw) for raw in raws],
+           "script": "bash benchmarks/gpu_quantize.sh on the device (→ benchmarks/gpu_quantize.py device), then "
+                     "python3 benchmarks/gpu_quantize.py report RAW.json [RAW.json …]; logs: "
+                     "benchmarks/results/gpu_quantize_h200x2.log",
+           "model": f"Llama-3-8B shapes (hidden 4096, 32 layers, intermediate 14336, 32/8 heads, vocab 128256, "
+                    f"untied), random bf16 weights, {(first.get('make_model') or {}).get('result')}",
            "calibration": f"{cal['size']} windows × {cal['seq_len']} tokens, batch {cal['batch_size']}, "
-                          "stoker/data/calibration.txt, kv cache none",
-           "context": raw.get("context"), "setup_s": raw.get("setup_s"), "total_device_s": raw.get("total_s"),
+                          "stoker/data/calibration.txt; kv cache none; --tp = GPUs",
+           "context": [{k: raw["context"].get(k) for k in ("peak_over_idle_mib", "reserved_mib", "extensions_loaded")}
+                       for raw in raws],
+           "memory_model_constant_mib": memory.CUDA_CONTEXT_BYTES >> 20,
+           "setup_s": [raw.get("setup_s") for raw in raws], "device_run_s": [raw.get("total_s") for raw in raws],
            "goals": {"estimate_over_measured": "within 10 % (0.90-1.10)", "stoker_over_bare": "≤ 1.05 (time, memory)"},
-           "runs": rows, "skipped": raw.get("skipped", [])}
+           "first_estimate": FIRST_ESTIMATE, "runs": rows,
+           "skipped": [s for raw in raws for s in raw.get("skipped", [])], "not_measured": NOT_MEASURED}
     out_path.write_text(json.dumps(out, indent=1, ensure_ascii=False) + "\n")
     return out
 
 
 def table(result: dict) -> str:
-    lines = ["| format | GPUs | peak MiB per GPU, measured | estimate | estimate / measured | wall s | checkpoint GB "
-             "| stoker / bare time, memory |", "|---|---|---|---|---|---|---|---|"]
+    lines = ["| format | GPUs | peak MiB per GPU, measured | estimate | estimate / measured (busiest) | wall s "
+             "| TRT-LLM checkpoint | stoker / bare: time; memory |", "|---|---|---|---|---|---|---|---|"]
     for r in result["runs"]:
         b = r.get("bare_modelopt")
-        ratio = f"{b['stoker_over_bare_time']:.2f}, {b['stoker_over_bare_memory']:.2f}" if b else "—"
+        ratio = (f"{', '.join(f'{t:.2f}' for t in b['stoker_over_bare_time'])}; {b['stoker_over_bare_memory']:.2f}"
+                 if b else "—")
         fmt = r["format"] + (" (export only)" if r["format"] == "nvfp4" else "")
         lines.append(f"| {fmt} | {r['gpus']} | {' / '.join(f'{m:,}' for m in r['peak_mib_per_gpu_measured'])} | "
                      f"{' / '.join(f'{e:,}' for e in r['peak_mib_per_gpu_estimate'])} | "
-                     f"{r['estimate_over_measured']:.2f} | {r['wall_s']:.0f} | {r['export_bytes'] / 1e9:.2f} | "
-                     f"{ratio} |")
+                     f"{r['estimate_over_measured']:.2f} | {', '.join(f'{w:.0f}' for w in r['wall_s'])} | "
+                     f"{r['export_bytes'] / 1e9:.2f} GB | {ratio} |")
     return "\n".join(lines)
 
 
@@ -342,7 +386,7 @@ def main() -> None:
     m.add_argument("--tokenizer", type=Path, required=True)
     sub.add_parser("context")
     r = sub.add_parser("report")
-    r.add_argument("raw", type=Path)
+    r.add_argument("raw", type=Path, nargs="+")
     r.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "gpu_quantize.json")
     a = p.parse_args()
     if a.cmd == "device":
