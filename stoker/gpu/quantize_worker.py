@@ -30,11 +30,12 @@ NAMED_CONFIGS = {"fp8": "FP8_DEFAULT_CFG", "fp8_pc_pt": "FP8_PER_CHANNEL_PER_TOK
                  "nvfp4": "NVFP4_DEFAULT_CFG", "int8_wo": "INT8_WEIGHT_ONLY_CFG",
                  "int4_wo": "INT4_BLOCKWISE_WEIGHT_ONLY_CFG"}
 _WEIGHT_ONLY = {"int8_wo": {"num_bits": 8, "axis": 0}, "int4_wo": {"num_bits": 4, "block_sizes": {-1: 128}}}
-# Share of each GPU's free memory the weights may take when the model spans GPUs. The rest is the working room
-# the TRT-LLM export needs beside the weights: bf16 copies of every layer's fused qkv and gate/up before they are
-# packed (ModelOpt export/model_config_utils.py merge_qkv, merge_gate_fc), about 0.65 of a Llama layer's bytes,
-# split over the export's ranks, plus calibration activations (stoker/gpu/memory.py has the whole estimate).
-# A model whose weights need more is refused before calibration rather than running out of memory after it.
+# Share of each GPU's free memory the weights may take when the model spans GPUs. The rest is the worker's working
+# room beside the weights: calibration's activations and logits, then the TRT-LLM export's copies (every layer's
+# fused q|k|v, the embedding table, scales, the matrix being packed) and the CUDA context. On two H200s each GPU
+# peaked at 1.17-1.42x the weights it held (Llama-3-8B shapes; benchmarks/results/gpu_quantize.json, estimate in
+# stoker/gpu/memory.py), so weights up to 60 % of a GPU leave that room with some to spare for larger calibration
+# batches; a model that needs more is refused before calibration rather than running out of memory after it.
 WEIGHT_SHARE = 0.6
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
                    "generation_config.json", "chat_template.jinja")
