@@ -117,23 +117,28 @@ def run_steps(spec: Spec, ctx: RunContext, steps: Steps) -> None:
 
 
 def publish_run(spec: Spec, ctx: RunContext, manifest: dict, s3_ok: bool) -> None:
-    """Manifest to S3 and disk (last), report and artifacts to Prefect."""
+    """Manifest to disk first (nothing after it, S3 or Prefect's API, can lose the run's record), then to S3, then
+    the report and the Prefect artifacts."""
     logger = get_run_logger()
+    path = write_local(ctx, manifest)
     uris = []
     if s3_ok:
         try:
             uris.append(store_manifest(spec, manifest))
         except Exception as exc:  # the local manifest still records the run
             logger.warning(f"manifest not stored in S3: {one_line(exc)}")
-    report = markdown(manifest, uris + [(ctx.run_dir / "manifest.json").as_uri()])
+    report = markdown(manifest, uris + [path.as_uri()])
     write_atomic(ctx.run_dir / "report.md", report)
     key = f"stoker-{spec.deploy.name}"
-    create_markdown_artifact(report, key=f"{key}-report", description="stoker run report")
-    if manifest["benchmark"]["levels"]:
-        create_table_artifact(benchmark_rows(manifest), key=f"{key}-benchmark", description="benchmark by level")
-    if manifest["endpoint"]:
-        create_link_artifact(manifest["endpoint"]["http"], link_text="stable HTTP endpoint", key=f"{key}-endpoint")
-    for uri in uris:
-        create_link_artifact(uri, link_text="run manifest (S3)", key=f"{key}-manifest")
-    path = write_local(ctx, manifest)
+    try:
+        create_markdown_artifact(report, key=f"{key}-report", description="stoker run report")
+        if manifest["benchmark"]["levels"]:
+            create_table_artifact(benchmark_rows(manifest), key=f"{key}-benchmark", description="benchmark by level")
+        if manifest["endpoint"]:
+            create_link_artifact(manifest["endpoint"]["http"], link_text="stable HTTP endpoint",
+                                 key=f"{key}-endpoint")
+        for uri in uris:
+            create_link_artifact(uri, link_text="run manifest (S3)", key=f"{key}-manifest")
+    except Exception as exc:  # Prefect's API unreachable: the run's record is on disk (and in S3) already
+        logger.warning(f"Prefect artifacts not stored: {one_line(exc)}")
     logger.info(f"manifest: {path}")

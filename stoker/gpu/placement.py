@@ -5,8 +5,8 @@ A GPU host serves while stoker rebuilds, so the build's containers (the quantize
 backend's memory unless they run elsewhere. Per GPU, what each holds (estimates from upstream's mechanisms; no
 TensorRT-LLM runs on stoker's machines):
 
-- the quantize worker: stoker/gpu/memory.py (16-bit weights spread over the build's GPUs, quantizer state, the
-  larger of calibration's and export's working sets, the CUDA context), compared with nvidia-smi on H100s in
+- the quantize worker: stoker/gpu/memory.py (16-bit weights spread over the build's GPUs, quantizer state,
+  calibration's and export's working sets, the CUDA context), compared with nvidia-smi on 2x H200 in
   benchmarks/results/gpu_quantize.json;
 - trtllm-build: the rank's engine weights, the activations TensorRT profiles tactics with and the runtime reserve
   (rules.estimate_memory's fixed part; TensorRT-LLM's docs on memory usage name these for the engine);

@@ -78,14 +78,15 @@ def test_a_tensorrt_spec_runs_end_to_end_on_the_standin_and_a_rebuild_switches_g
     hog = client.containers.run("stoker/triton-cpu:2.51.0-cpu", ["sleep", "300"], detach=True, entrypoint="",
                                 name=f"{spec_data['deploy']['name']}-hog", labels={
                                     engine.LABEL_MANAGED: "true", engine.LABEL_DEPLOYMENT: spec_data["deploy"]["name"],
-                                    engine.LABEL_ROLE: "hold", "ai.stoker.gpus": "1", LABEL_BYTES: str(76 * 2**30)})
+                                    engine.LABEL_ROLE: "hold", "ai.stoker.gpus": "1", LABEL_BYTES: str(80 * 2**30)})
     try:
         refused = stoker(["run", str(path)], env)
     finally:
         hog.remove(force=True)
     assert refused.returncode != 0
     out = refused.stdout + refused.stderr
-    assert "CUDA out of memory (STAND-IN ledger): the build (quantize) needs ~" in out and "on GPU 1" in out, out[-3000:]
+    assert "CUDA out of memory (STAND-IN ledger): the build (quantize, build) needs ~" in out, out[-3000:]
+    assert "on GPU 1, which has ~0.0 GiB free of 79.6 GiB" in out, out[-3000:]
     backend.reload()
     assert backend.status == "running"
 

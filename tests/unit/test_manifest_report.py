@@ -86,3 +86,26 @@ def test_a_removed_candidate_counts_as_the_runs_work_not_orchestration_overhead(
     old = {k: v for k, v in rollback.items() if k not in ("began_at", "duration_s")}
     assert build_manifest(SPEC, ctx, steps, {}, started_at=100.0, wall_s=10.0, status="failed",
                           rollback=old)["overhead_s"] == 6.0
+
+
+def test_the_local_manifest_is_written_before_s3_and_prefect_so_an_api_error_loses_nothing(tmp_path, monkeypatch):
+    # Issue 49: the manifest was written after the Prefect artifact calls; an unreachable API lost the run's record.
+    import logging
+
+    import flows.build_and_deploy as flow
+
+    ctx = RunContext(run_id="r9", home=tmp_path)
+    steps = _steps()
+    m = build_manifest(SPEC, ctx, steps, steps["fetch"].detail, 0, 30.0, "completed")
+    order = []
+
+    def unreachable(*_a, **_k):
+        order.append(("artifact", (ctx.run_dir / "manifest.json").is_file()))
+        raise ConnectionError("Prefect API unreachable")
+
+    monkeypatch.setattr(flow, "get_run_logger", lambda: logging.getLogger("test"))
+    monkeypatch.setattr(flow, "create_markdown_artifact", unreachable)
+    flow.publish_run(SPEC, ctx, m, s3_ok=False)
+    assert order == [("artifact", True)]  # the manifest was on disk before Prefect was asked anything
+    assert json.loads((ctx.run_dir / "manifest.json").read_text())["status"] == "completed"
+    assert (ctx.run_dir / "report.md").is_file()
