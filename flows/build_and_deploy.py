@@ -35,6 +35,12 @@ from tasks.s3 import store_manifest, upload_repository
 
 
 
+def ended(exc: BaseException) -> str:
+    """How a run or step that raised ``exc`` ended: "failed", or "cancelled" for what is not an error of its own
+    (Prefect's TerminationSignal when the run is cancelled, Abort, KeyboardInterrupt, SystemExit)."""
+    return "failed" if isinstance(exc, Exception) else "cancelled"
+
+
 class Steps(dict[str, StepResult]):
     """Runs each step, keeping a failed step's duration and one-line cause for the manifest."""
 
@@ -48,9 +54,9 @@ class Steps(dict[str, StepResult]):
         t0, began = time.perf_counter(), time.time()
         try:
             result = task(*args)
-        except Exception as exc:
-            self[name] = StepResult(name=name, status="failed", duration_s=time.perf_counter() - t0,
-                                    error=one_line(exc), started_at=began)
+        except BaseException as exc:  # a cancelled run (Prefect's TerminationSignal) is recorded too
+            self[name] = StepResult(name=name, status=ended(exc), duration_s=time.perf_counter() - t0,
+                                    error=one_line(exc) or type(exc).__name__, started_at=began)
             raise
         if result.started_at is None:  # a step that began elsewhere (a task future) says when itself
             result.started_at = began
@@ -66,20 +72,20 @@ def build_and_deploy(spec: Spec, home: str | None = None) -> dict:
     if spec.storage.shared_cache:  # opt-in: steps read through the bucket's shared cache (stoker/cache/)
         ctx = ctx.model_copy(update={"shared_cache": spec.storage})
     started, t0 = time.time(), time.perf_counter()
-    steps, error = Steps(), None
+    steps, error, status = Steps(), None, "completed"
     try:
         run_steps(spec, ctx, steps)
-    except Exception as exc:
-        error = one_line(exc)
+    except BaseException as exc:  # cancelled (TerminationSignal, a BaseException) or crashed: a true record either way
+        error, status = one_line(exc) or type(exc).__name__, ended(exc)
         raise
     finally:
         source = steps["fetch"].detail if "fetch" in steps else {}
         rollback = read_rollback(ctx)
         manifest = build_manifest(spec, ctx, steps, source, started, time.perf_counter() - t0,
-                                  "failed" if error else "completed", error, rollback=rollback,
+                                  status, error, rollback=rollback,
                                   metrics=steps.metrics, evaluation=steps.evaluation)
         if error:
-            emit_failure(spec, ctx, error, rollback)
+            emit_failure(spec, ctx, error, rollback, status)
         publish_run(spec, ctx, manifest, s3_ok="upload" in steps and steps["upload"].status == "completed")
     return manifest
 

@@ -137,13 +137,14 @@ def scrape_metrics(deployed: StepResult) -> list[dict]:
         return []
 
 
-def emit_failure(spec: Spec, ctx: RunContext, error: str, rollback: dict | None) -> None:
-    """A Prefect event automations can match (deployments/automations/notify-on-failure.yaml)."""
+def emit_failure(spec: Spec, ctx: RunContext, error: str, rollback: dict | None, status: str = "failed") -> None:
+    """A Prefect event automations can match (deployments/automations/notify-on-failure.yaml); ``status``: failed
+    or cancelled."""
     emit_event(
         FAILED_EVENT,
         resource={"prefect.resource.id": f"stoker.deployment.{spec.deploy.name}",
                   "prefect.resource.name": spec.deploy.name},
-        payload={"run_id": ctx.run_id, "error": error, "repo_id": spec.model.repo_id,
+        payload={"run_id": ctx.run_id, "status": status, "error": error, "repo_id": spec.model.repo_id,
                  "revision": spec.model.revision,
                  "rollback": (rollback or {}).get("action"), "rollback_status": (rollback or {}).get("status")},
     )

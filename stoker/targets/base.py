@@ -22,6 +22,7 @@ from ..protocol import ENSEMBLE, Interface
 from ..errors import EvaluationFailed, one_line
 
 if TYPE_CHECKING:
+    from ..target_traits import Traits
     from ..gpu.facts import ModelFacts
     from ..gpu.sections import Gpus
     from ..plan.rows import PlannedStep
@@ -77,6 +78,9 @@ class StepRunner(Protocol):
 
 
 class Target(ABC):
+    # What code outside the targets reads of a target, it reads from its traits (stoker/target_traits.py), never
+    # from its name; each of stoker's targets takes its name, place and layout from there too.
+    traits: ClassVar[Traits]
     name: ClassVar[str]
     runs_on: ClassVar[RunsOn]  # where the heavy steps run: a GPU slot today, a work pool to route to later
     layout: ClassVar[str]  # the Triton repository layout its package step writes
@@ -194,8 +198,8 @@ class Target(ABC):
                            self.repository_of(packaged, uploaded))  # proven, no traffic yet
         try:
             benchmarked = self.evaluate(steps, spec, staged, built, ctx, baseline)
-        except Exception as exc:
-            steps.tasks.abandon_candidate(spec, staged, ctx, one_line(exc))
+        except BaseException as exc:  # a cancelled run too: an unjudged candidate never stays up
+            steps.tasks.abandon_candidate(spec, staged, ctx, one_line(exc) or f"run {type(exc).__name__}")
             raise
         steps.run("switch", steps.tasks.switch_traffic, spec, staged, ctx)  # switch, watch, retire (or switch back)
         return benchmarked

@@ -255,3 +255,22 @@ def test_a_gpu_run_decides_its_rollout_once_and_build_package_and_stage_read_tha
     # The candidate's GPUs are settled once, under the deploy lock (after the build), and staging uses that.
     assert calls.index("settle") > calls.index("package") and calls.count("settle") == 1
     assert seen["deploy"] == [settled]
+
+
+def test_a_cancelled_run_abandons_its_unjudged_candidate_and_records_cancelled(calls, monkeypatch, tmp_path):
+    # Issue 49: cancelling a flow run raises Prefect's TerminationSignal, a BaseException that `except Exception`
+    # never saw: the candidate stayed up and the run was recorded as completed.
+    import tasks.gate
+    from prefect.exceptions import TerminationSignal
+
+    def cancelled(*_args):
+        calls.append("gate")
+        raise TerminationSignal(15)
+
+    monkeypatch.setattr(tasks.gate, "gate_benchmark", cancelled)
+    steps = flow_module.Steps()
+    with pytest.raises(TerminationSignal):
+        flow_module.run_steps(parse_spec(BASE), RunContext.new(tmp_path), steps)
+    assert calls[-1].startswith("abandon: ") and "switch" not in calls
+    assert steps["gate"].status == "cancelled" and steps["gate"].error
+    assert flow_module.ended(TerminationSignal(15)) == "cancelled" and flow_module.ended(RuntimeError()) == "failed"
