@@ -42,9 +42,13 @@ class TokenBucket:
 
     rate: float
     burst: int
+    # Bounded: a server facing many addresses keeps at most this many (issue 49: the map only ever grew).
+    max_keys: int = 10_000
     _state: dict[str, tuple[float, float]] = field(default_factory=dict)
 
     def allow(self, key: str, now: float) -> bool:
+        if key not in self._state and len(self._state) >= self.max_keys:
+            self._sweep(now)
         tokens, last = self._state.get(key, (float(self.burst), now))
         tokens = min(float(self.burst), tokens + (now - last) * self.rate)
         if tokens < 1.0:
@@ -52,6 +56,15 @@ class TokenBucket:
             return False
         self._state[key] = (tokens - 1.0, now)
         return True
+
+    def _sweep(self, now: float) -> None:
+        """Forget buckets that have refilled (the same as no entry); under a flood of addresses still limited, keep
+        the most recently seen half: a forgotten client gets a fresh burst, never a wrong refusal."""
+        refill_s = self.burst / self.rate if self.rate > 0 else float("inf")
+        self._state = {k: v for k, v in self._state.items() if now - v[1] < refill_s}
+        if len(self._state) >= self.max_keys:
+            keep = sorted(self._state.items(), key=lambda kv: kv[1][1])[-(self.max_keys // 2):]
+            self._state = dict(keep)
 
 
 @dataclass

@@ -33,6 +33,20 @@ def test_window_bucket_and_seen_keys():
     assert seen.get("k", 5) == ("d", "run") and seen.get("k", 11) is None
 
 
+
+def test_the_rate_map_stays_bounded_under_a_flood_of_addresses_and_still_limits():
+    bucket = signing.TokenBucket(rate=1.0, burst=2, max_keys=100)
+    assert [bucket.allow("steady", 0.0) for _ in range(3)] == [True, True, False]
+    for i in range(5_000):  # one request each from 5,000 addresses within a second
+        assert bucket.allow(f"10.0.{i // 256}.{i % 256}", 0.5)
+    assert len(bucket._state) <= 100
+    assert bucket.allow("new", 0.6) and bucket.allow("new", 0.6) and not bucket.allow("new", 0.6)
+    # Long after, a sweep forgets every refilled bucket.
+    for i in range(100):
+        bucket.allow(f"later-{i}", 1000.0)
+    assert len(bucket._state) <= 100 and "steady" not in bucket._state
+
+
 METRICS = """# HELP nv_inference_request_success Number of successful inference requests
 nv_inference_request_success{model="ensemble",version="1"} 10
 nv_inference_request_failure{model="ensemble",version="1"} 2
