@@ -107,6 +107,18 @@ def is_port_free(port: int) -> bool:
     return True
 
 
+def address_missing(address: str) -> str | None:
+    """Why this host cannot listen on ``address`` (one line), or None: a `deploy.listen` the host lacks would take
+    the endpoint down only when the new proxy failed to bind, after the old one was removed."""
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((address, 0))
+        except OSError as err:
+            return f"this host cannot listen on {address} ({err.strerror or err})"
+    return None
+
+
 def port_owner(port: int, proc: Path = Path("/proc")) -> str:
     """Who listens on TCP ``port``: 'pid N (command)' from /proc, or 'an unknown process'."""
     inodes = set()

@@ -75,6 +75,7 @@ class Target:
             if "-----BEGIN " not in text:
                 raise TlsError(f"deploy.tls: the {what} {path} is not PEM")
             parts.append(text if text.endswith("\n") else text + "\n")
+        _check_pair(*self.tls)
         return "".join(parts)
 
     @staticmethod
@@ -258,3 +259,15 @@ def sync_config(target: Target, slots: dict[str, Ports | None], live: str | None
     target.state_dir.mkdir(parents=True, exist_ok=True)
     write_atomic(path, expected)
     return True
+
+
+def _check_pair(cert: str | Path, key: str | Path) -> None:
+    """TlsError (one line) when the certificate and key do not load as a pair: OpenSSL's own check, as HAProxy's
+    would fail at start, so that a new proxy is never started (and the running one removed) on a bad pair."""
+    import ssl
+
+    try:
+        ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(str(cert), str(key))
+    except ssl.SSLError as err:
+        why = "the key does not match the certificate" if "KEY_VALUES_MISMATCH" in str(err) else str(err.reason or err)
+        raise TlsError(f"deploy.tls: {cert} and {key} do not load as a pair: {why}") from None

@@ -26,7 +26,7 @@ from .retire import retire
 from .deployment import (BackendRef, Log, PromotionFailed, Target, keys_file, observe_backends, observe_proxy,
                          proxy_container, runtime_for, sync_config, write_config)
 from ..containers import port_lease
-from ..containers.ports import Ports, choose_backend_ports, is_port_free, port_owner
+from ..containers.ports import Ports, address_missing, choose_backend_ports, is_port_free, port_owner
 
 PROXY_START_TIMEOUT_S = 15.0
 # A port verified free can still be taken before Triton binds it, and the python backend can abort at start
@@ -107,7 +107,11 @@ def reconcile_openai(client: docker.DockerClient, target: Target, live: topology
 
 
 def check_listen_ports(client: docker.DockerClient, target: Target) -> None:
-    """The spec's ports must be free or held by this deployment's proxy; else name the owner."""
+    """The spec's address must be this host's, and its ports free or held by this deployment's proxy; else name
+    the cause (one line)."""
+    missing = address_missing(target.address)
+    if missing:
+        raise engine.PortInUse(f"deploy.listen: {missing}; use an address of this host, or 127.0.0.1")
     proxy_c = proxy_container(client, target.name)
     ours = set()
     if proxy_c is not None and proxy_c.status == "running":

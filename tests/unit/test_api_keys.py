@@ -7,6 +7,7 @@ HAProxy in tests/integration/test_endpoint_boundary.py.
 from __future__ import annotations
 
 import hashlib
+import subprocess
 
 import pytest
 
@@ -112,9 +113,20 @@ def test_preflight_reads_keys_and_tls_files_in_one_line_before_any_heavy_step(tm
     with pytest.raises(TlsError, match=r"^deploy.tls: the key .*key.pem is not PEM$"):
         check_endpoint(parse_spec({**BASE, "deploy": deploy}), lines.append)
     (tmp_path / "key.pem").write_text("-----BEGIN PRIVATE KEY-----\nMIIE\n-----END PRIVATE KEY-----\n")
+    with pytest.raises(TlsError, match=r"^deploy.tls: .*cert.pem and .*key.pem do not load as a pair: "):
+        check_endpoint(parse_spec({**BASE, "deploy": deploy}), lines.append)
+    # Issue 49: a key that is PEM but not the certificate's took the endpoint down once HAProxy refused it.
+    for name in ("a", "b"):
+        subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+                        "-nodes", "-days", "1", "-subj", "/CN=localhost", "-keyout", str(tmp_path / f"{name}.key"),
+                        "-out", str(tmp_path / f"{name}.crt")], check=True, capture_output=True)
+    deploy["tls"] = {"cert_file": str(tmp_path / "a.crt"), "key_file": str(tmp_path / "b.key")}
+    with pytest.raises(TlsError, match=r"do not load as a pair: the key does not match the certificate$"):
+        check_endpoint(parse_spec({**BASE, "deploy": deploy}), lines.append)
+    deploy["tls"]["key_file"] = str(tmp_path / "a.key")
     check_endpoint(parse_spec({**BASE, "deploy": deploy}), lines.append)
     assert lines == [f"preflight: the endpoint on 0.0.0.0 asks for 2 API key(s) from file {tmp_path / 'keys.txt'} "
-                     f"and TLS with {tmp_path / 'cert.pem'}"]
+                     f"and TLS with {tmp_path / 'a.crt'}"]
     assert KEY_A not in lines[0]
 
 
