@@ -1,9 +1,13 @@
-"""`stoker rollback NAME [--to RUN_ID]`: serve again, at the same address, what an earlier run deployed.
+"""`stoker rollback NAME [--to RUN_ID] [--spec SPEC]`: serve again, at the same address, what an earlier run deployed.
 
-Without --to: the newest completed run whose repository differs from what serves now. A backend
-that still runs that digest (warm, e.g. during a watch window) takes traffic at once; otherwise
-the run's build is staged on the free slot, proven, and switched to, like any promotion.
-Reads run manifests from $STOKER_HOME/runs; the repository is still in S3 (digests are never deleted).
+Without --to: the newest build whose repository differs from what serves now, among the runs that completed,
+passed their gates and switched traffic to their build. A backend that still runs that digest (warm, e.g. during a
+watch window) takes traffic at once; otherwise the run's build is staged on the free slot, proven, and switched to,
+like any promotion.
+Runs come from S3 (`<prefix>/runs/*/manifest.json`: every host's runs) merged with $STOKER_HOME/runs; the bucket is
+the one this host's runs of NAME name, or --spec's. A target that mounts its repository from a folder (GPU) gets
+the package step's folder when it still holds the build, else a verified copy of the run's upload
+(stoker/serving/mounted_repository.py).
 """
 
 from __future__ import annotations
@@ -19,7 +23,8 @@ class RollbackError(StokerError):
 
 
 def deployed_runs(home: Path, name: str) -> list[dict]:
-    """Manifests of runs that put ``name`` live, oldest first (run ids sort by time)."""
+    """Manifests of runs that may have put ``name`` live, oldest first (run ids sort by time): what `stoker cache
+    prune` keeps (a wrong yes only keeps an entry longer). Rollback asks more of a build: returnable()."""
     from ..record.manifest import read_manifests
 
     out = []
@@ -33,6 +38,33 @@ def deployed_runs(home: Path, name: str) -> list[dict]:
     return out
 
 
+# Steps a build must have completed to be returned to: uploaded, staged, gated, and traffic moved to it.
+REQUIRED_STEPS = ("upload", "deploy", "gate", "switch")
+# What judges a candidate before the switch, when the run had it: every one of them passed.
+GATE_STEPS = ("benchmark", "evaluate", "gate")
+
+
+def returnable(m: dict, name: str) -> bool:
+    """Whether run manifest ``m`` is a build of ``name`` to go back to: the run completed, every gate it ran passed,
+    and traffic switched to it. A candidate that was staged and never switched (a failed gate, a cancelled or killed
+    run) never counts: it was never proven to serve. Pure."""
+    steps = m.get("steps") or {}
+    if ((m.get("spec") or {}).get("deploy") or {}).get("name") != name or m.get("status") != "completed":
+        return False
+    if (m.get("rollback") or {}).get("status") == "rolled back":
+        return False
+    if not all((steps.get(s) or {}).get("status") == "completed" for s in REQUIRED_STEPS):
+        return False
+    if any((steps.get(s) or {}).get("status") not in (None, "completed") for s in GATE_STEPS):
+        return False
+    return bool((steps.get("upload") or {}).get("digest"))
+
+
+def returnable_runs(manifests: list[dict], name: str) -> list[dict]:
+    """The returnable builds of ``name`` among ``manifests``, oldest first. Pure."""
+    return sorted((m for m in manifests if returnable(m, name)), key=lambda m: m["run_id"])
+
+
 def choose(runs: list[dict], run_id: str | None, live_digest: str | None) -> dict:
     """The manifest to return to: RUN_ID's, or the newest whose digest is not the live one. Pure."""
     if run_id:
@@ -41,29 +73,57 @@ def choose(runs: list[dict], run_id: str | None, live_digest: str | None) -> dic
                 if m["steps"]["upload"]["digest"] == live_digest:
                     raise RollbackError(f"run {run_id} deployed digest {live_digest[:12]}, which already serves")
                 return m
-        raise RollbackError(f"run {run_id} did not deploy this deployment (or its manifest is not here)")
+        raise RollbackError(f"run {run_id} did not deploy this deployment (or its manifest is neither here nor in S3)")
     for m in reversed(runs):
         if m["steps"]["upload"]["digest"] != live_digest:
             return m
     raise RollbackError("nothing to roll back to: no earlier run deployed anything else")
 
 
-def rollback_to(name: str, run_id: str | None, log=print) -> dict:
+def history(name: str, home: Path, given=None) -> tuple[list[dict], list[dict], str]:
+    """Every run manifest of ``name`` known here or in S3 (oldest first), its returnable builds, and where they
+    were read from (for messages). Raises RollbackError in one line: no bucket to read, S3 unreachable or refusing."""
+    from ..record import history as runs_history
+    from ..record.manifest import read_manifests
+    from ..storage import s3
+
+    local = read_manifests(home)
+    storages = runs_history.storages_of(local, name, given)
+    if not storages:
+        from ..containers import engine as docker_engine
+
+        if not docker_engine.containers(docker_engine.connect(None), name):
+            raise RollbackError(f"unknown deployment {name!r}: no containers and no runs of it under {home / 'runs'}")
+        raise RollbackError(f"no runs of {name} under {home / 'runs'}, so no bucket to read its runs from: "
+                            "pass --spec SPEC (its storage)")
+    remote: list[dict] = []
+    for st in storages:
+        try:
+            remote += runs_history.remote_manifests(s3.client(st), st, skip={m["run_id"] for m in local})
+        except StokerError as err:
+            raise RollbackError(f"cannot read the runs of {name} in S3, nothing changed: {err}") from None
+    every = [m for m in runs_history.merge(local, remote)
+             if ((m.get("spec") or {}).get("deploy") or {}).get("name") == name]
+    where = " and ".join([str(home / "runs"), *map(runs_history.where, storages)])
+    return every, returnable_runs(every, name), where
+
+
+def rollback_to(name: str, run_id: str | None, log=print, spec_path: str | None = None) -> dict:
     from ..containers import engine as docker_engine
     from ..deploy import rollout
     from ..gpu import decision
     from ..run import stoker_home
-    from ..serving import promote, topology
-    from ..spec.load import parse_spec
+    from ..serving import mounted_repository, promote, topology
+    from ..spec.load import load_spec, parse_spec
 
     home = stoker_home()
-    runs = deployed_runs(home, name)
-    client = None
+    every, runs, where = history(name, home, load_spec(spec_path) if spec_path else None)
+    if run_id and run_id not in {m["run_id"] for m in runs} and run_id in {m["run_id"] for m in every}:
+        raise RollbackError(f"run {run_id} of {name} did not complete, pass its gates and switch traffic to its "
+                            "build: rollback returns only to builds that did")
     if not runs:
-        client = docker_engine.connect(None)
-        if not docker_engine.containers(client, name):
-            raise RollbackError(f"unknown deployment {name!r}: no containers and no runs of it under {home / 'runs'}")
-        raise RollbackError(f"nothing to roll back to: no completed runs of {name} under {home / 'runs'}")
+        raise RollbackError(f"nothing to roll back to: no run of {name} that passed its gates and switched, in "
+                            f"{where}")
     spec = parse_spec(runs[-1]["spec"], f"manifest of {runs[-1]['run_id']}")
     client = docker_engine.connect(spec.deploy.docker_host)
     target = rollout.target_for(spec)
@@ -77,18 +137,30 @@ def rollback_to(name: str, run_id: str | None, log=print) -> dict:
         from ..storage import s3
 
         live_digest = rollout.read_live(s3.client(spec.storage), spec.storage, name).get("digest")
-    chosen = choose(runs, run_id, live_digest)
+    try:
+        chosen = choose(runs, run_id, live_digest)
+    except RollbackError as err:
+        if run_id:
+            raise
+        raise RollbackError(f"{err} (runs read from {where})") from None
     up = chosen["steps"]["upload"]
     warm = next((b for b in backends if b is not routed and b.digest == up["digest"] and b.ready and view.running),
                 None)
     log(f"rollback {name}: to run {chosen['run_id']} (digest {up['digest'][:12]})"
         + (f", warm in {warm.container}" if warm else ""))
     if warm is None:
-        live = promote.reconcile(client, target, log)
         run_spec = parse_spec(chosen["spec"], f"manifest of {chosen['run_id']}")
         # Where that run's backend loaded its repository (a GPU target mounts the package step's folder), else S3.
         repository = (chosen["steps"].get("deploy", {}).get("detail") or {}).get("repository_uri") \
             or up["detail"]["repository_uri"]
+        if not repository.startswith("s3://"):
+            # A folder on this host, which `stoker cache prune` may have removed (or another host's run recorded):
+            # that folder while it holds the build, else a verified copy of the run's upload. Before anything
+            # that serves is touched, so a missing or mismatching build changes nothing.
+            folder, source = mounted_repository.local_copy(run_spec.storage, up["digest"], Path(repository), home, log)
+            log(f"rollback {name}: repository: {source}")
+            repository = str(folder)
+        live = promote.reconcile(client, target, log)
         # The stand-in as that run recorded it, never this shell's environment (stoker/gpu/standin.py).
         ran_standin = bool((chosen.get("standin") or {}).get("ran"))
         # GPU targets: that run's GPU decision (its sets; a reload rollout stops the live backend first).
@@ -119,7 +191,7 @@ def _handler(args) -> int:
     held = (exclusive(deploy_lock(args.name), print, f"a run is deploying {args.name!r}")
             if os.environ.get("PREFECT_API_URL") else contextlib.nullcontext())
     with held:
-        done = rollback_to(args.name, args.to or args.run_id)
+        done = rollback_to(args.name, args.to or args.run_id, spec_path=args.spec)
     print(f"serving run {done['run_id']} (digest {done['digest'][:12]}) at {done['endpoint']['http']} "
           f"via {done['live']['container']}")
     return 0
@@ -130,4 +202,7 @@ def register(sub) -> None:
     p.add_argument("name", help="deploy.name of the spec")
     p.add_argument("run_id", nargs="?", default=None, help=argparse.SUPPRESS)  # the older positional form
     p.add_argument("--to", default=None, metavar="RUN_ID", help="default: the newest run serving something else")
+    p.add_argument("--spec", default=None, metavar="SPEC",
+                   help="a spec of the deployment: its runs are read from its storage too (needed when this host "
+                        "holds none of them; otherwise the storage its local runs name is read)")
     p.set_defaults(fn=_handler)
