@@ -20,6 +20,7 @@ from stoker.gpu import decision, facts as facts_mod, inflight, matrix, planning,
 from stoker.gpu import lora as gpu_lora
 from stoker.gpu.checkpoint_check import CheckpointError, check_unified_checkpoint
 from stoker.cache.keys import calibration_file, gpu_build_key, gpu_package_key
+from stoker.cache.remote import empty_dirs
 from stoker.run import RunContext, StepResult, cached_step, stoker_home
 from stoker.spec.schema import Spec
 
@@ -107,7 +108,9 @@ def package_gpu(spec: Spec, fetched: StepResult, built: StepResult, ctx: RunCont
             extra = {"adapters": {n: d["task_id"] for n, d in described.items()}, "lora": converted}
         info = repository.write_repository(spec, facts, out, tokenizer_src=fetched.path, lora_parameters=params)
         targets.get(spec.target).fill_repository(slot, fetched, built, standin.applies(spec, ctx.standin))
-        return info | extra | {"pending": []}
+        # Empty folders (the ensemble's `1/`, which Triton requires) are recorded for the upload: file records carry
+        # none, so a repository read back from S3 (stoker rollback after a prune) would otherwise lack them.
+        return info | extra | {"pending": [], "empty_dirs": empty_dirs(out)}
 
     key = gpu_package_key(spec, built.digest, lora.digest if lora is not None else None)
     return cached_step(ctx, "package", key, produce, logger.info)

@@ -9,8 +9,11 @@ stoker around the engine, never the engine.
 
 from __future__ import annotations
 
+import shutil
+import socket
 from pathlib import Path
 
+import boto3
 import openai
 import pytest
 import yaml
@@ -103,12 +106,50 @@ def test_a_tensorrt_spec_runs_end_to_end_on_the_standin_and_a_rebuild_switches_g
     assert (d1["facts"], d1["rollout"]["choice"], d1["held"], d1["candidate"]) == ("fetched files", "surge", [], [0])
     assert (d2["held"], d2["candidate"]) == ([0], [1])
 
-    # `stoker rollback`: the first run's build again, staged from the folder its backend mounted, on the GPU set
-    # the live backend does not hold, switched through the same proxy.
-    back = stoker(["rollback", spec_data["deploy"]["name"]], env, timeout=600)
+    # `stoker rollback` after this host lost what it had (issue 48: "rollback reads S3"): the first run's package
+    # folder pruned from the step cache (as `stoker cache prune` removes it) and every local manifest. The history
+    # comes from the run manifests in S3, the repository from the first run's upload, verified and renamed into
+    # place; bad input on the way is one line each, and the build that serves stays.
+    name, st = spec_data["deploy"]["name"], spec_data["storage"]
+    home = Path(env["STOKER_HOME"]).resolve()
+    u1, u2 = m1["steps"]["upload"]["digest"], m2["steps"]["upload"]["digest"]
+    shutil.rmtree(packaged.parent)
+    shutil.rmtree(home / "runs")
+    _one_line_error(stoker(["rollback", name], env, timeout=300), "pass --spec SPEC")
+    with socket.socket() as sock:  # a port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        closed = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    unreachable = tmp_path / "unreachable.yaml"
+    unreachable.write_text(yaml.safe_dump({**spec_data, "storage": {**st, "endpoint_url": closed}}))
+    _one_line_error(stoker(["rollback", name, "--spec", str(unreachable)], {**env, "AWS_MAX_ATTEMPTS": "1"},
+                           timeout=300), f"{closed} is unreachable")
+    # The first upload tampered with: a file of the same size with other bytes, which the marker's sizes let pass.
+    s3c = boto3.client("s3", endpoint_url=st["endpoint_url"], region_name="us-east-1", **{
+        k.lower(): v for k, v in local_stack["aws_env"].items() if k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")})
+    key = f"{st['prefix']}/repos/{u1[:24]}/model_repository/tensorrt_llm/config.pbtxt"
+    original = s3c.get_object(Bucket=st["bucket"], Key=key)["Body"].read()
+    s3c.put_object(Bucket=st["bucket"], Key=key, Body=original.replace(b"tensorrtllm", b"TENSORRTLLM"))
+    _one_line_error(stoker(["rollback", name, "--spec", str(path)], env, timeout=300), "digest mismatch")
+    s3c.put_object(Bucket=st["bucket"], Key=key, Body=original)
+    [live] = engine.containers(client, name, role=engine.ROLE_BACKEND)
+    assert live.labels[engine.LABEL_DIGEST] == u2
+    assert not list((home / "repos").glob("*"))  # no half copy left behind
+
+    # The first run's build again, on the GPU set the live backend does not hold, switched through the same proxy.
+    back = stoker(["rollback", name, "--spec", str(path)], env, timeout=600)
     assert back.returncode == 0, back.stdout[-3000:] + back.stderr[-3000:]
-    [backend3] = engine.containers(client, spec_data["deploy"]["name"], role=engine.ROLE_BACKEND)
-    assert backend3.labels[engine.LABEL_DIGEST] == m1["steps"]["deploy"]["digest"]
+    fetched = home / "repos" / u1[:24]
+    assert f"downloaded from s3://{st['bucket']}/{st['prefix']}/repos/{u1[:24]}/model_repository into {fetched}" \
+        in back.stdout, back.stdout
+    [backend3] = engine.containers(client, name, role=engine.ROLE_BACKEND)
+    assert backend3.labels[engine.LABEL_DIGEST] == m1["steps"]["deploy"]["digest"] == u1
     assert backend3.labels["ai.stoker.gpus"] == "0" and backend3.labels["ai.stoker.gpu.standin"] == "true"
-    shown = stoker(["status", spec_data["deploy"]["name"]], env, timeout=120)
+    assert {m["Source"] for m in backend3.attrs["Mounts"] if m["Destination"] == "/models"} == {str(fetched)}
+    assert backend3.exec_run(["cat", "/models/tensorrt_llm/config.pbtxt"]).output == original
+    shown = stoker(["status", name], env, timeout=120)
     assert shown.returncode == 0 and "GPUs 0 STAND-IN (not TensorRT-LLM)" in shown.stdout, shown.stdout
+
+
+def _one_line_error(r, expected: str) -> None:
+    assert r.returncode == 1 and expected in r.stderr and len(r.stderr.strip().splitlines()) == 1, \
+        r.stdout[-2000:] + r.stderr[-2000:]
