@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from .. import target_traits
 from ..storage.digest import file_sha256, json_digest
 from ..spec.schema import Spec
 from ..versions import code_digest, pick
@@ -74,7 +75,7 @@ def gpu_build_key(spec: Spec, weights_digest: str, argvs: list[list[str]]) -> st
     all of them. A hit skips every GPU step."""
     from ..gpu import matrix
 
-    q = spec.quantization
+    q, engine = spec.quantization, target_traits.of(spec.target).builds_engine
     inputs = {"weights": weights_digest}
     if q.format != "none":
         inputs["calibration"] = file_sha256(calibration_file(spec))
@@ -82,16 +83,16 @@ def gpu_build_key(spec: Spec, weights_digest: str, argvs: list[list[str]]) -> st
     gpu = matrix.gpu_info(spec.gpus.type) if spec.gpus else None
     config = {"target": spec.target, "quantization": q.model_dump(mode="json", exclude={"calibration": {"text_file"}}),
               "parallel": spec.parallel.model_dump(mode="json"),
-              # The LLM-API target builds nothing: its build limits apply at load time (package key).
-              "build": spec.build.model_dump(mode="json", exclude={"image"}) if spec.target == "tensorrt" else None,
+              # A target that builds no engine (the LLM API) applies its build limits at load time (package key).
+              "build": spec.build.model_dump(mode="json", exclude={"image"}) if engine else None,
               # Every argument the container steps run with (the quantize worker reads build.dtype for both
               # targets). Rendered without the model's facts: what they add comes from the weights, keyed above;
               # so is build.dtype `auto` (the weights' dtype), which is why the dtype is keyed as written too.
               "argv": argvs, "dtype": spec.build.dtype}
-    if spec.adapters and spec.target == "tensorrt":  # built for adapters (the LoRA plugin), never from them
+    if spec.adapters and engine:  # built for adapters (the LoRA plugin), never from them
         config["lora"] = {"max_rank": spec.lora.max_rank}
     versions = {"image": spec.deploy.image_digest or spec.deploy.image, "trtllm": image.trtllm if image else None,
-                "gpu_arch": gpu.arch if gpu and spec.target == "tensorrt" else None,
+                "gpu_arch": gpu.arch if gpu and engine else None,
                 "code": code_digest("gpu/quantize_worker.py", "gpu/checkpoint_check.py", "gpu/trtllm.py")}
     return step_key("gpu-build", inputs=inputs, config=config, versions=versions)
 
@@ -104,7 +105,7 @@ def gpu_package_key(spec: Spec, build_digest: str, adapters_digest: str | None =
                             "parallel": spec.parallel.model_dump(mode="json")},
                     versions=pick("tritonclient") | {"code": code_digest("gpu", "triton/models", "triton/config.py",
                                                                      "runtime/lora_trtllm.py", "targets/tensorrt.py",
-                                                                     "targets/pytorch.py")})
+                                                                     "targets/pytorch.py", "target_traits.py")})
 
 
 # ---- evaluation: measurements are cached; the verdict (thresholds) is judged again every run ----

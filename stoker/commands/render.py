@@ -19,9 +19,9 @@ class RenderError(StokerError):
 
 def render(spec_path: Path, outdir: Path) -> dict:
     """Write commands.json and model_repository/ for a GPU-target spec; returns commands.json's content."""
+    from .. import target_traits
     from ..gpu import matrix, planning, repository, rollout, trtllm
     from ..cache.keys import calibration_file
-    from ..spec.schema import GPU_TARGETS
     from ..spec.load import load_spec
 
     spec = load_spec(spec_path)
@@ -29,14 +29,16 @@ def render(spec_path: Path, outdir: Path) -> dict:
     repo = outdir / "model_repository"
     if repo.exists() and any(repo.iterdir()):
         raise RenderError(f"{repo} is not empty; render into a new folder")
-    if spec.target not in GPU_TARGETS:
+    traits = target_traits.of(spec.target)
+    if traits.runs_on != "gpu":
         return _render_reference(spec, spec_path, outdir, repo)
     facts, findings = planning.check_spec(spec)
     work = outdir / "work"
     slot = repo / "tensorrt_llm" / "1"
     ws = trtllm.Workspace(
         hf=work / "hf", calibration=calibration_file(spec),
-        unified=slot / "checkpoint" if spec.target == "pytorch" else work / "unified",
+        # The PyTorch backend serves the unified checkpoint from the repository; beside an engine it is a work file.
+        unified=slot / "checkpoint" if traits.pytorch_backend else work / "unified",
         checkpoint=work / "trtllm_checkpoint", engine=slot / "engine", timing_cache=work / "timing",
         repository=repo, stoker_src=planning.stoker_src())
     packaged = repository.write_repository(spec, facts, repo)

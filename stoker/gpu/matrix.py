@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
+from .. import target_traits
+
 MATRIX_FILE = Path(__file__).resolve().parent / "matrix.json"
 _DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
 
@@ -89,8 +91,10 @@ def image_info(image: str) -> ImageInfo | None:
         return None
     # The LLM API's runtime is in every TRT-LLM of the table; trtllm-build and the C++ backend only up to the 1.2 line.
     build = has_engine_backend(e["trtllm"])
-    return ImageInfo(ref, tag, e["trtllm"], e["tensorrt"], e["cuda"], e["python"], e["modelopt"], build,
-                     ("tensorrt", "pytorch") if build else ("pytorch",), bool(e.get("supported", False)))
+    served = tuple(t.name for t in target_traits.TRAITS.values()
+                   if t.runs_on == "gpu" and (build or not t.builds_engine))
+    return ImageInfo(ref, tag, e["trtllm"], e["tensorrt"], e["cuda"], e["python"], e["modelopt"], build, served,
+                     bool(e.get("supported", False)))
 
 
 def has_engine_backend(trtllm: str | None) -> bool:

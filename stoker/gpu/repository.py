@@ -6,6 +6,7 @@ import json
 import shutil
 from pathlib import Path
 
+from .. import target_traits
 from ..openai_api.layout import LIMITS_FILE
 from ..triton import config as triton_config
 from ..triton.models import install_step
@@ -28,7 +29,7 @@ def write_repository(spec, facts: ModelFacts | None, out: Path, tokenizer_src: P
     """
     out.mkdir(parents=True, exist_ok=True)
     write_limits(spec, facts, out)
-    if spec.target == "pytorch":
+    if target_traits.of(spec.target).layout == "llmapi":
         stop_ids = facts.stop_ids if facts else ()
         for rel, text in llmapi.render_all(spec, max_seq_len(spec, facts), stop_ids).items():
             (out / rel).parent.mkdir(parents=True, exist_ok=True)

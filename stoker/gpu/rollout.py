@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Literal
 
+from .. import target_traits
 from ..errors import PlanRefused
 from . import matrix, rules
 
@@ -32,7 +33,8 @@ GIB = rules.GIB
 STOP_S = 10.0
 START_S = 30.0
 LOAD_BYTES_PER_S = 2e9
-# The LLM-API target loads a HF checkpoint through PyTorch and warms up (autotuning, CUDA graphs) before ready.
+# TensorRT-LLM's PyTorch backend (the LLM API) loads a HF checkpoint and warms up (autotuning, CUDA graphs) before
+# it is ready.
 PYTORCH_EXTRA_S = 30.0
 
 
@@ -116,15 +118,16 @@ def shared_need_bytes(backend: Backend, fraction: float) -> int:
     return 2 * backend.fixed_bytes + int(-(-backend.kv_bytes_per_token * backend.seq_len * (1 + fraction) // fraction))
 
 
-def reload_gap_s(engine_bytes: int, settle_s: float, target: str = "tensorrt") -> float:
-    """Seconds with no backend serving: stop, start, engine read (ranks in parallel), the candidate's settle."""
+def reload_gap_s(engine_bytes: int, settle_s: float, pytorch_backend: bool = False) -> float:
+    """Seconds with no backend serving: stop, start, engine read (ranks in parallel), the PyTorch backend's warm-up,
+    the candidate's settle."""
     gap = STOP_S + START_S + engine_bytes / LOAD_BYTES_PER_S + settle_s
-    return round(gap + (PYTORCH_EXTRA_S if target == "pytorch" else 0.0), 1)
+    return round(gap + (PYTORCH_EXTRA_S if pytorch_backend else 0.0), 1)
 
 
 def choose(requested: str, gpu: matrix.GpuInfo, device_ids: list[int], world: int, backend: Backend,
            fraction: float, max_tokens: int | None = None, settle_s: float = 3.0,
-           target: str = "tensorrt", replicas: int = 1) -> Rollout:
+           pytorch_backend: bool = False, replicas: int = 1) -> Rollout:
     """The rollout for `requested` (auto: surge, else shared, else reload: the first without a gap, then the one
     without a KV cost); PlanRefused when the spec's own choice, or any, cannot work.
 
@@ -175,7 +178,7 @@ def choose(requested: str, gpu: matrix.GpuInfo, device_ids: list[int], world: in
                        first_fraction=first, gap_s=None, **common)
 
     return Rollout("reload", green=(), unused=rest, kv_tokens=alone, max_tokens_in_paged_kv_cache=None,
-                   first_fraction=None, gap_s=reload_gap_s(backend.engine_bytes, settle_s, target), **common)
+                   first_fraction=None, gap_s=reload_gap_s(backend.engine_bytes, settle_s, pytorch_backend), **common)
 
 
 def backend_of(spec, facts) -> Backend:
@@ -195,7 +198,7 @@ def plan_rollout(spec, facts) -> Rollout | None:
         return None
     return choose(spec.gpus.rollout, gpu, spec.gpus.ids, spec.parallel.world_size, backend_of(spec, facts),
                   spec.runtime.kv_cache_free_gpu_mem_fraction, spec.runtime.max_tokens_in_paged_kv_cache,
-                  spec.deploy.settle_s, spec.target, spec.deploy.replicas)
+                  spec.deploy.settle_s, target_traits.of(spec.target).pytorch_backend, spec.deploy.replicas)
 
 
 def _gib(n: int) -> str:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from .. import target_traits
 from ..plan import model_checks
 from ..errors import PlanRefused
 from . import matrix, openai_frontend
@@ -83,7 +84,8 @@ def _gib(n: int) -> str:
     return f"{n / GIB:.1f} GiB"
 
 
-# Build fields that only trtllm-build reads: the LLM API (target pytorch) takes the lengths and batch limits alone.
+# Build fields that only trtllm-build reads: a target that builds no engine (the LLM API) takes the lengths and batch
+# limits alone.
 ENGINE_ONLY_BUILD = frozenset({"opt_num_tokens", "kv_cache_type", "gemm_plugin", "gpt_attention_plugin",
                                "remove_input_padding", "context_fmha", "use_paged_context_fmha", "use_fp8_context_fmha",
                                "multiple_profiles", "gather_context_logits", "workers", "image", "engine_dir"})
@@ -100,6 +102,7 @@ def check(spec, facts: ModelFacts | None, token_present: bool) -> list[Finding]:
         out.append(Finding("note", field, msg))
 
     target, q, b = spec.target, spec.quantization, spec.build
+    engine = target_traits.of(target).builds_engine
     current = matrix.current_image()
     # -- the serving image ------------------------------------------------------------------
     img = matrix.image_info(spec.deploy.image)
@@ -108,7 +111,7 @@ def check(spec, facts: ModelFacts | None, token_present: bool) -> list[Finding]:
     elif img.trtllm is None:
         refuse("deploy.image", f"{img.ref} carries no TensorRT-LLM (it serves target {', '.join(img.targets)}): "
                                f"target {target} needs NVIDIA's serving image, such as {current}")
-    elif target == "tensorrt" and not img.trtllm_build:
+    elif engine and not img.trtllm_build:
         refuse("deploy.image", f"{img.ref} carries TRT-LLM {img.trtllm or 'none'}, which has no trtllm-build (the "
                                f"{matrix.data()['engine_backend_last_line']} line was the last): use target: pytorch "
                                f"(the LLM API), or an image of that line such as {current}")
@@ -123,20 +126,20 @@ def check(spec, facts: ModelFacts | None, token_present: bool) -> list[Finding]:
         for f in openai_frontend.findings(spec):
             (refuse if f.level == "refuse" else note)("deploy.openai", f.message)
     # -- build and serve with one TRT-LLM -----------------------------------------------------
-    if target == "tensorrt" and img is not None and b.image and b.image != spec.deploy.image:
+    if engine and img is not None and b.image and b.image != spec.deploy.image:
         built = matrix.image_info(b.image)
         if built is None or built.trtllm != img.trtllm:
             have = f"TRT-LLM {built.trtllm}" if built else "an unknown TRT-LLM"
             refuse("build.image", f"the engine would be built by {have} and served by TRT-LLM {img.trtllm}; "
                                   "drop build.image to build in the serving image")
-    if target == "tensorrt" and b.engine_dir is not None and img is not None:
+    if engine and b.engine_dir is not None and img is not None:
         version = engine_version(b.engine_dir)
         if version != img.trtllm:
             refuse("build.engine_dir", f"engine built by TRT-LLM {version or 'unknown'} cannot be served by "
                                        f"TRT-LLM {img.trtllm}; rebuild it (drop build.engine_dir)")
-    if target == "pytorch" and (given := sorted(ENGINE_ONLY_BUILD & b.model_fields_set)):
+    if not engine and (given := sorted(ENGINE_ONLY_BUILD & b.model_fields_set)):
         refuse("build", f"{', '.join('build.' + f for f in given)}: trtllm-build settings, for the engine target only; "
-                        "remove them for target pytorch")
+                        f"remove them for target {target}")
     # -- the GPU can run the format -------------------------------------------------------------
     gpu = matrix.gpu_info(spec.gpus.type)
     fmt, kv = matrix.format_info(q.format), matrix.kv_info(q.kv_cache_dtype)
@@ -154,7 +157,7 @@ def check(spec, facts: ModelFacts | None, token_present: bool) -> list[Finding]:
         if not _runs(q.format, target, gpu.sm):
             where = (f"needs compute capability >= {_cc(lo)}" if hi is None else
                      f"runs on compute capability {_cc(lo)}–{_cc(hi)} only")
-            backend = " on the PyTorch backend" if target == "pytorch" else ""
+            backend = " on the PyTorch backend" if target_traits.of(target).pytorch_backend else ""
             refuse("quantization.format", f"{q.format!r}{backend} {where}; the {gpu.name} has {_cc(gpu.sm)}: use one "
                                           f"of {', '.join(runnable)}" + (" or a newer GPU" if gpu.sm < lo else ""))
         if kv["min_sm"] > gpu.sm:
@@ -163,10 +166,10 @@ def check(spec, facts: ModelFacts | None, token_present: bool) -> list[Finding]:
                                                   "or 'none'")
         for flag, value, need in (("gemm_plugin", b.gemm_plugin, {"fp8": 89, "nvfp4": 100}.get(b.gemm_plugin)),
                                   ("use_fp8_context_fmha", b.use_fp8_context_fmha, 89 if b.use_fp8_context_fmha else None)):
-            if target == "tensorrt" and need and need > gpu.sm:
+            if engine and need and need > gpu.sm:
                 refuse(f"build.{flag}", f"{value} needs compute capability >= {_cc(need)}; the {gpu.name} has "
                                         f"{_cc(gpu.sm)}: use the default")
-    if target == "tensorrt" and b.use_fp8_context_fmha and q.format not in ("fp8", "fp8_pc_pt", "nvfp4", "w4a8_awq"):
+    if engine and b.use_fp8_context_fmha and q.format not in ("fp8", "fp8_pc_pt", "nvfp4", "w4a8_awq"):
         refuse("build.use_fp8_context_fmha", "needs an FP8 quantization format; set quantization.format: fp8")
     # -- GPUs and parallelism ---------------------------------------------------------------------
     world = spec.parallel.world_size
@@ -199,7 +202,7 @@ def check(spec, facts: ModelFacts | None, token_present: bool) -> list[Finding]:
     if spec.benchmark.input_tokens > b.max_input_len:
         refuse("benchmark.input_tokens", f"{spec.benchmark.input_tokens} exceeds build.max_input_len "
                                          f"{b.max_input_len}; raise max_input_len")
-    if target == "tensorrt" and spec.triton.max_batch_size > b.max_batch_size:
+    if engine and spec.triton.max_batch_size > b.max_batch_size:
         refuse("triton.max_batch_size", f"{spec.triton.max_batch_size} exceeds the engine's build.max_batch_size "
                                         f"{b.max_batch_size}; lower it or raise build.max_batch_size")
     if b.max_input_len > b.max_num_tokens and not spec.runtime.enable_chunked_context:
@@ -248,7 +251,7 @@ def engine_version(engine_dir: Path) -> str | None:
 def _sm_range(fmt: str, target: str) -> tuple[int, int | None]:
     """The compute capabilities on which ``target`` runs ``fmt``: (lowest, highest or None)."""
     info = matrix.format_info(fmt)
-    if target == "pytorch" and "pytorch_sm" in info:
+    if target_traits.of(target).pytorch_backend and "pytorch_sm" in info:
         lo, hi = info["pytorch_sm"]
         return int(lo), None if hi is None else int(hi)
     return int(info["min_sm"]), None

@@ -24,6 +24,7 @@ from __future__ import annotations
 import ipaddress
 import os
 
+from .. import target_traits
 from ..errors import PlanRefused
 
 ENV = "STOKER_STANDIN"
@@ -31,7 +32,6 @@ ENV = "STOKER_STANDIN"
 # rank<i>.engine): left out where the stand-in's artifact goes in an engine's place.
 NOT_IN_AN_ENGINE = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
                     "chat_template.jinja", "chat_template.json")
-TARGETS = ("tensorrt", "pytorch")
 NOTE = ("STAND-IN (STOKER_STANDIN=1): the build and the serving image are stoker's CPU reference runtime behind "
         "TensorRT-LLM's interfaces (the engine's tensors, the LLM API's model); this run proves stoker around "
         "TensorRT-LLM, never TensorRT-LLM")
@@ -47,12 +47,17 @@ def decide(spec) -> bool:
     never the environment again (a worker or a rollback elsewhere must not change what the run is). Refuses a
     spec the stand-in must not touch (PlanRefused, one line)."""
     check(spec)
-    return active() and spec.target in TARGETS
+    return active() and covers(spec)
+
+
+def covers(spec) -> bool:
+    """The spec's target has a stand-in (its traits name the target standing in)."""
+    return target_traits.of(spec.target).standin is not None
 
 
 def applies(spec, recorded: bool) -> bool:
     """The stand-in replaces this run's build and serving image: recorded for the run, and a target it covers."""
-    return bool(recorded) and spec.target in TARGETS
+    return bool(recorded) and covers(spec)
 
 
 def check_recorded(spec, recorded: bool) -> None:
@@ -64,16 +69,18 @@ def check_recorded(spec, recorded: bool) -> None:
 
 def check(spec) -> None:
     """PlanRefused (one line) when the switch is on for a spec it must not touch."""
-    if not active() or spec.target == "reference":
+    traits = target_traits.of(spec.target)
+    if not active() or traits.runs_on == "cpu":  # nothing to stand in for
         return
-    if spec.target not in TARGETS:
-        raise PlanRefused(f"{ENV}=1: target {spec.target!r} has no stand-in (only {', '.join(TARGETS)}); unset {ENV}")
+    if traits.standin is None:
+        covered = ", ".join(t.name for t in target_traits.TRAITS.values() if t.standin)
+        raise PlanRefused(f"{ENV}=1: target {spec.target!r} has no stand-in (only {covered}); unset {ENV}")
     if not ipaddress.ip_address(spec.deploy.listen).is_loopback:
         raise PlanRefused(f"{ENV}=1 with deploy.listen {spec.deploy.listen}: a stand-in serves no engine, and an "
                           "endpoint other machines reach is meant for production; unset it or listen on 127.0.0.1")
     from ..plan.model_checks import formats_for
 
-    runs = ("none", *formats_for("reference"))
+    runs = ("none", *formats_for(traits.standin))
     if spec.quantization.format not in runs:
         raise PlanRefused(f"{ENV}=1: quantization.format {spec.quantization.format!r} is built only by TensorRT-LLM on "
                           f"a GPU; the stand-in builds {', '.join(runs)}")

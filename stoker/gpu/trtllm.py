@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from .. import target_traits
 from ..containers.execute import ContainerStep, Mount
 from . import lora, matrix
 from .facts import ModelFacts
@@ -67,7 +68,12 @@ def serving_image(spec) -> str:
 
 def needs_quantize_step(spec) -> bool:
     """Engine target: always (a TRT-LLM checkpoint is needed). LLM-API: only to quantize."""
-    return spec.target == "tensorrt" or spec.quantization.format != "none"
+    return builds_engine(spec) or spec.quantization.format != "none"
+
+
+def builds_engine(spec) -> bool:
+    """Whether the build exports a TRT-LLM checkpoint and runs trtllm-build (the target's trait)."""
+    return target_traits.of(spec.target).builds_engine
 
 
 def quantize_argv(spec, facts: ModelFacts | None) -> list[str]:
@@ -78,7 +84,7 @@ def quantize_argv(spec, facts: ModelFacts | None) -> list[str]:
             "--calib-batch-size", str(cal.batch_size), "--seed", "0"]
     if q.format != "none" and q.kv_cache_dtype != "int8":
         argv += ["--hf-out", C_UNIFIED]
-    if spec.target == "tensorrt":
+    if builds_engine(spec):
         argv += ["--trtllm-out", C_CKPT, "--tp", str(spec.parallel.tensor), "--pp", str(spec.parallel.pipeline)]
     return argv
 
@@ -88,7 +94,7 @@ def step_names(spec) -> tuple[str, ...]:
     names = ()
     if needs_quantize_step(spec) and spec.build.engine_dir is None:
         names += ("quantize" if spec.quantization.format != "none" else "checkpoint",)
-    if spec.target == "tensorrt" and spec.build.engine_dir is None:
+    if builds_engine(spec) and spec.build.engine_dir is None:
         names += ("build",)
     return names
 
@@ -96,7 +102,7 @@ def step_names(spec) -> tuple[str, ...]:
 def step_argvs(spec, facts: ModelFacts | None = None) -> list[list[str]]:
     """The command of every container step a build runs (gpu_steps' argv), in order: what its cache key holds."""
     argvs = [quantize_argv(spec, facts)] if needs_quantize_step(spec) and spec.build.engine_dir is None else []
-    if spec.target == "tensorrt" and spec.build.engine_dir is None:
+    if builds_engine(spec) and spec.build.engine_dir is None:
         argvs.append(build_argv(spec, facts))
     return argvs
 
@@ -182,12 +188,12 @@ def gpu_steps(spec, facts: ModelFacts | None, ws: Workspace) -> list[ContainerSt
     if needs_quantize_step(spec) and spec.build.engine_dir is None:
         mounts = [Mount(str(ws.stoker_src), C_STOKER), Mount(str(ws.hf), C_HF),
                   Mount(str(ws.calibration), C_CALIB), Mount(str(ws.unified), C_UNIFIED, False)]
-        if spec.target == "tensorrt":
+        if builds_engine(spec):
             mounts.append(Mount(str(ws.checkpoint), C_CKPT, False))
         name = "quantize" if spec.quantization.format != "none" else "checkpoint"
         # A token is only needed to fetch; the weights are mounted, so no secret goes in.
         steps.append(_gpu_base(spec, name, argvs[0], mounts, 4 * 3600))
-    if spec.target == "tensorrt" and spec.build.engine_dir is None:
+    if builds_engine(spec) and spec.build.engine_dir is None:
         mounts = [Mount(str(ws.checkpoint), C_CKPT), Mount(str(ws.engine), C_ENGINE, False),
                   Mount(str(ws.timing_cache), C_TIMING, False)]
         steps.append(_gpu_base(spec, "build", argvs[-1], mounts, 4 * 3600))

@@ -8,6 +8,7 @@ fails at export ("Weight shape 192 … not divisible for block size 128").
 
 from __future__ import annotations
 
+from .. import target_traits
 from ..errors import PlanRefused
 from ..gpu import decoders, matrix
 from ..gpu.facts import ModelFacts
@@ -16,19 +17,9 @@ from ..gpu.facts import ModelFacts
 # configs: INT4_AWQ_CFG and W4A8_AWQ_BETA_CFG block 128, our int4_wo 128, NVFP4 16).
 BLOCK_SIZES = {"int4_awq": 128, "w4a8_awq": 128, "int4_wo": 128, "nvfp4": 16}
 BLOCK_KIND = {"int4_awq": "AWQ", "w4a8_awq": "AWQ", "int4_wo": "INT4", "nvfp4": "NVFP4"}
-# Same order as the spec's own list, minus none (never a useful alternative to a format).
-REFERENCE_FORMATS = ("fp8", "int4_awq", "int8_sq", "w4a8_awq")
-
-# The reference runtime runs transformers' own model class for config.json's architecture
-# (stoker/runtime/model.py), so biases, sliding windows, rope variants and activations are transformers'.
-# What limits it is the build step: dequantizing every quantized linear by name and finding the exported
-# per-layer K/V scales. These are the architectures served and matched with transformers token for token
-# (tests/integration/test_architectures_served.py: each unquantized, Qwen2 fp8 + fp8 KV for biases beside
-# quantized weights, Phi-3 int4_awq for fused qkv/gate_up; Mistral shares Llama's tensor names); any other
-# would be a guess.
-REFERENCE_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM", "Phi3ForCausalLM")
 # The engine target exports every format (none included) with ModelOpt's export_tensorrt_llm_checkpoint, under
 # the decoder type TensorRT-LLM's own quantization example gives the architecture (stoker/gpu/decoders.py).
+# Which formats and architectures the reference runtime takes: stoker/target_traits.py.
 
 
 def linear_inputs(facts: ModelFacts) -> dict[str, int]:
@@ -47,8 +38,9 @@ def _fits(fmt: str, facts: ModelFacts) -> bool:
 
 def formats_for(target: str, gpu_sm: int | None = None) -> list[str]:
     """Quantized formats the target can serve (and the GPU run, when known), in stoker's order."""
-    if target == "reference":
-        return list(REFERENCE_FORMATS)
+    own = target_traits.of(target).formats
+    if own is not None:
+        return list(own)
     return [f for f, info in matrix.data()["formats"].items()
             if f != "none" and target in info["targets"] and (gpu_sm is None or info["min_sm"] <= gpu_sm)]
 
@@ -69,13 +61,14 @@ def block_refusal(fmt: str, facts: ModelFacts, target: str, gpu_sm: int | None =
 
 def architecture_refusal(target: str, facts: ModelFacts) -> tuple[str, str] | None:
     """(field, message) when the target cannot build or serve this architecture exactly."""
-    arch = facts.architecture
-    if target == "reference" and arch != "?" and arch not in REFERENCE_ARCHITECTURES:
-        # "?": config.json names none; not ours to guess
-        return ("target reference", f"architecture {arch} is not served by the reference runtime "
-                                    f"({', '.join(REFERENCE_ARCHITECTURES)}); use target: pytorch on a GPU host")
-    if target == "tensorrt" and arch != "?" and decoders.decoder_type(arch) is None:
-        return ("target tensorrt", decoders.refusal(arch))
+    arch, traits = facts.architecture, target_traits.of(target)
+    if arch == "?":  # config.json names none; not ours to guess
+        return None
+    if traits.architectures is not None and arch not in traits.architectures:
+        return (f"target {target}", f"architecture {arch} is not served by the {target} runtime "
+                                    f"({', '.join(traits.architectures)}); use target: pytorch on a GPU host")
+    if traits.builds_engine and decoders.decoder_type(arch) is None:
+        return (f"target {target}", decoders.refusal(arch))
     return None
 
 
@@ -93,7 +86,7 @@ def refusals(spec, facts: ModelFacts | None, gpu_sm: int | None = None) -> list[
     if facts is None:
         return []
     out = [architecture_refusal(spec.target, facts), block_refusal(spec.quantization.format, facts, spec.target, gpu_sm)]
-    if spec.target != "reference":
+    if target_traits.of(spec.target).runs_on == "gpu":  # TensorRT-LLM's ranks; the CPU runtime runs in one
         out.append(kv_heads_refusal(spec.parallel.tensor, facts))
     return [r for r in out if r is not None]
 

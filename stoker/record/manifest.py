@@ -64,7 +64,7 @@ def build_manifest(spec: Spec, ctx: RunContext, steps: dict[str, StepResult], so
         # STOKER_STANDIN=1 replaced the engine build and the serving image (stoker/gpu/standin.py): said on every run
         # of a target that has a stand-in, so a manifest never leaves it open.
         **({"standin": {"ran": standin.applies(spec, ctx.standin), "note": standin.NOTE if standin.applies(spec, ctx.standin) else
-                        "the real engine build and serving image"}} if spec.target in standin.TARGETS else {}),
+                        "the real engine build and serving image"}} if standin.covers(spec) else {}),
         "triton_metrics": metrics or [],  # per model, cumulative since the server started
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started_at)),
         "runner": ctx.runner,

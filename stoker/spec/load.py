@@ -15,7 +15,7 @@ from pydantic import ValidationError
 
 from .. import targets
 from ..errors import SpecError
-from .schema import TARGETS, Spec
+from .schema import TARGET_LOOKUP, Spec
 
 if TYPE_CHECKING:
     from ..targets.base import Target
@@ -37,7 +37,7 @@ def parse_spec(data: object, source: str = "spec") -> Spec:
     if not isinstance(data, dict):
         raise SpecError(f"{source}: expected a mapping at the top level")
     try:
-        return Spec.model_validate(data, context={TARGETS: targets.get})
+        return Spec.model_validate(data, context={TARGET_LOOKUP: targets.get})
     except ValidationError as err:
         raise SpecError(f"{source}: {_one_line(err)}") from None
 

@@ -16,6 +16,7 @@ from typing import Literal, Protocol
 
 from pydantic import BaseModel, Field, ValidationInfo, field_validator, model_serializer, model_validator
 
+from .. import target_traits
 from ..gpu.sections import Build, Gpus, Parallel, Runtime, check_image_digest
 from .adapters import Adapter, Lora, check_names
 from .base import RepoId, _Section, _without_defaults
@@ -25,11 +26,9 @@ from .quality import Benchmark, BenchmarkGate, EvalDataset, Evaluation, LmEvalTa
 # Every format some target runs; which target runs which is the target's answer (stoker/targets/).
 QuantFormat = Literal["none", "fp8", "int4_awq", "int8_sq", "w4a8_awq", "nvfp4", "int8_wo", "int4_wo", "fp8_pc_pt"]
 KvCacheDtype = Literal["none", "fp8", "int8"]
-# For `stoker render` (stoker/commands/render.py), which renders only these two; everything else asks the target.
-GPU_TARGETS = ("tensorrt", "pytorch")
-DEFAULT_TARGET = "reference"
+DEFAULT_TARGET = target_traits.DEFAULT
 # The validation context's key for the target lookup: a name → TargetRules, ValueError naming the known targets.
-TARGETS = "targets"
+TARGET_LOOKUP = "targets"
 
 _BUCKET = re.compile(r"^[0-9a-z][0-9a-z.-]{1,61}[0-9a-z]$")
 _NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,40}$")
@@ -382,7 +381,7 @@ class TargetRules(Protocol):
 
 
 def _lookup(info: ValidationInfo) -> Callable[[str], TargetRules] | None:
-    return (info.context or {}).get(TARGETS)
+    return (info.context or {}).get(TARGET_LOOKUP)
 
 
 def _target(info: ValidationInfo) -> TargetRules | None:

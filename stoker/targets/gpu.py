@@ -26,7 +26,6 @@ GPUS_LABEL = "ai.stoker.gpus"  # the device ids a backend was given (or, under t
 
 
 class GpuTarget(Target):
-    runs_on = "gpu"
     # By contract (no TensorRT-LLM here): the baseline is the bf16 (`none`) build of the same weights,
     # scored through its own endpoint by the same code as any candidate and checked against transformers;
     # that run records it in S3 for the quantized builds (tasks/evaluate.py).

@@ -8,13 +8,14 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+from .. import target_traits
 from ..protocol import LLMAPI
 from .gpu import GpuTarget
 
 
 class PyTorch(GpuTarget):
-    name = "pytorch"
-    layout = "llmapi"
+    traits = target_traits.PYTORCH
+    name, runs_on, layout = traits.name, traits.runs_on, traits.layout
     interface = LLMAPI  # one python model, `tensorrt_llm`, with the LLM API's inputs
 
     def check_model(self, spec, facts) -> None:

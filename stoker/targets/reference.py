@@ -7,6 +7,7 @@ stable endpoint and evaluated on its own ports; only then does traffic switch to
 
 from __future__ import annotations
 
+from .. import target_traits
 from .base import StepRunner, Target
 
 # The CPU image's tritonserver is a GPU build: unasked, it tries pinned memory and GPU metrics at every start and
@@ -19,9 +20,8 @@ _KV_UNEXPORTABLE = {"int8": "kv_cache_dtype 'int8' cannot be exported by nvidia-
 
 
 class Reference(Target):
-    name = "reference"
-    runs_on = "cpu"
-    layout = "ensemble"  # preprocessing → tensorrt_llm (stoker runtime, decoupled) → postprocessing
+    traits = target_traits.REFERENCE
+    name, runs_on, layout = traits.name, traits.runs_on, traits.layout
     evaluates = True
     serves_adapters = True
 

@@ -9,14 +9,15 @@ import json
 import shutil
 from pathlib import Path
 
+from .. import target_traits
 from ..gpu import matrix, standin
 from ..gpu.checkpoint_check import CheckpointError, check_trtllm_checkpoint
 from .gpu import GpuTarget
 
 
 class TensorRT(GpuTarget):
-    name = "tensorrt"
-    layout = "inflight_batcher_llm"
+    traits = target_traits.TENSORRT
+    name, runs_on, layout = traits.name, traits.runs_on, traits.layout
     complete_configs = True  # the LLM API's model, by contrast, takes max_batch_size and decoupled from model.yaml
 
     serves_adapters = True  # engine LoRA (stoker/gpu/lora.py): built for the rank limit, adapters preloaded

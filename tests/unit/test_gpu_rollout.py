@@ -169,7 +169,8 @@ def test_reload_gap():
     b = rollout.backend_of(spec(gpu="l4", fmt="none"), LLAMA8)
     r = plan(gpu="l4", fmt="none")
     assert r.gap_s == round(rollout.STOP_S + rollout.START_S + b.engine_bytes / rollout.LOAD_BYTES_PER_S + 3.0, 1)
-    assert rollout.reload_gap_s(int(2e9), 0, "pytorch") == rollout.reload_gap_s(int(2e9), 0) + rollout.PYTORCH_EXTRA_S
+    warm = rollout.reload_gap_s(int(2e9), 0, pytorch_backend=True)
+    assert warm == rollout.reload_gap_s(int(2e9), 0) + rollout.PYTORCH_EXTRA_S
     assert f"expected gap ~{r.gap_s:.0f} s" in r.note()
 
 
