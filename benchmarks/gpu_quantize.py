@@ -3,16 +3,22 @@ estimate and against ModelOpt alone (benchmarks/gpu_bare_modelopt.py).
 
 On the GPU machine (two GPUs, no network; benchmarks/gpu_quantize.sh installs the wheels and calls this):
 
-    python3 benchmarks/gpu_quantize.py device --out $OUT --tokenizer build/tok [--budget-s 560]
+    python3 benchmarks/gpu_quantize.py device --out $OUT --tokenizer build/tok [--budget-s 560] [--one-gpu]
 
 makes a Llama-3-8B-shaped model with random weights on the GPU (bf16, saved to /tmp with the tiny tokenizer's
 files: every id stays far below the 128,256-entry vocabulary), compiles ModelOpt's CUDA extensions once, then runs
 for fp8, nvfp4 and int4_awq: stoker's worker on one GPU beside the bare script on the other (same calibration,
 same moment, so the ratio sees the same machine), then stoker's worker spanning both GPUs (--tp 2). nvidia-smi is
 sampled every 200 ms; each process also reports torch.cuda.max_memory_reserved. Raw records go to
-$OUT/gpu_quantize_raw.json after every step, so a run cut short keeps what it measured. Here, afterwards:
+$OUT/gpu_quantize_raw.json after every step, so a run cut short keeps what it measured.
 
-    python3 benchmarks/gpu_quantize.py report RAW.json   # → benchmarks/results/gpu_quantize.json + a table
+With --one-gpu (a machine of one GPU, e.g. kind nvidia-h100-x1) the same model, extensions and calibration, but
+every process alone on GPU 0, one after the other: per format stoker's worker and the bare script (which goes first
+alternates between formats), fp8, int4_awq, then nvfp4 (the first dropped when the budget runs short); no --tp 2.
+Here, afterwards:
+
+    python3 benchmarks/gpu_quantize.py report RAW.json [RAW.json …]   # → benchmarks/results/gpu_quantize.json
+    python3 benchmarks/gpu_quantize.py report --section h100_one_gpu RAW.json   # adds/replaces that section only
 
 The `make-model` and `context` commands are the device run's own child processes.
 """
@@ -40,6 +46,7 @@ LLAMA3_8B = {"hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers
              "num_key_value_heads": 8, "vocab_size": 128256, "max_position_embeddings": 8192,
              "rope_theta": 500000.0, "rms_norm_eps": 1e-5, "tie_word_embeddings": False}
 FORMATS = ("fp8", "nvfp4", "int4_awq")  # int4_awq last: its AWQ search is the slowest
+ONE_GPU_FORMATS = ("fp8", "int4_awq", "nvfp4")  # nvfp4 (export only on Hopper) last: the first to drop
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 
@@ -126,10 +133,21 @@ def _case(tool: str, fmt: str, gpus: list[int]) -> dict:
             "out": out}
 
 
-def plan() -> list[list[dict]]:
+def plan(one_gpu: bool = False, swap: bool = False) -> list[list[dict]]:
     """Steps of processes that run at the same time: one format's stoker and bare runs side by side (alternating
-    which GPU each gets), then stoker on both GPUs."""
+    which GPU each gets), then stoker on both GPUs. One GPU: each process is a step of its own on GPU 0, a format's
+    stoker and bare runs back to back (stoker first for fp8 and nvfp4, bare first for int4_awq; `swap` turns every
+    pair round, for a second run that sees each order); a pair's first step carries `pair_s`, the time left it needs
+    to start, so a format is measured whole or not at all."""
     steps = []
+    if one_gpu:
+        for k, fmt in enumerate(ONE_GPU_FORMATS):
+            pair = [_case("stoker", fmt, [0]), _case("bare", fmt, [0])]
+            if k % 2 != swap:
+                pair.reverse()
+            pair[0]["pair_s"] = 100 if fmt == "int4_awq" else 75
+            steps += [[c] for c in pair]
+        return steps
     for k, fmt in enumerate(FORMATS):
         mine, bare = (0, 1) if k % 2 == 0 else (1, 0)
         steps.append([_case("stoker", fmt, [mine]), _case("bare", fmt, [bare])])
@@ -184,7 +202,8 @@ def run_step(cases: list[dict], idle: dict[int, int], deadline: float, logs: Pat
     return out
 
 
-def device(out_dir: Path, tokenizer: Path, budget_s: float, steps: set[int] | None = None) -> None:
+def device(out_dir: Path, tokenizer: Path, budget_s: float, steps: set[int] | None = None,
+           one_gpu: bool = False, swap: bool = False) -> None:
     t_start = time.monotonic()
     deadline = t_start + budget_s
     WORK.mkdir(parents=True, exist_ok=True)
@@ -193,7 +212,9 @@ def device(out_dir: Path, tokenizer: Path, budget_s: float, steps: set[int] | No
     raw: dict = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "calibration": CALIB,
                  "model": {"shape": "Llama-3-8B", "config": LLAMA3_8B, "weights": "random normal, bf16"},
                  "gpus": [dict(zip(("index", "name", "memory_total_mib", "driver"), row))
-                          for row in smi("index,name,memory.total,driver_version")], "runs": [], "skipped": []}
+                          for row in smi("index,name,memory.total,driver_version")], "runs": [], "skipped": [],
+                 "mode": ("one GPU, one process at a time" + (", pairs swapped" if swap else "")) if one_gpu
+                 else "two GPUs, stoker beside bare"}
     raw["idle_used_mib"] = {row[0]: int(row[1]) for row in smi("index,memory.used")}
     idle = {int(k): v for k, v in raw["idle_used_mib"].items()}
     env = {**os.environ, **NO_MULTICAST, "PYTHONPATH": f"{ROOT}:{os.environ.get('PYTHONPATH', '')}"}
@@ -232,14 +253,18 @@ def device(out_dir: Path, tokenizer: Path, budget_s: float, steps: set[int] | No
     raw["context"] = {"rc": ctx.returncode, "peak_over_idle_mib": peak.get(0, 0) - idle.get(0, 0), **result,
                       "stderr_tail": ctx.stderr[-800:]}
     save()
-    for k, step in enumerate(plan()):
+    skip_next = False
+    for k, step in enumerate(plan(one_gpu, swap)):
         if steps is not None and k not in steps:
             continue
         left = deadline - time.monotonic()
-        if left < 45:
+        need = max([45] + [c.get("pair_s", 0) for c in step])
+        if left < need or (skip_next and not any("pair_s" in c for c in step)):
             raw["skipped"] += [{"name": c["name"], "why": f"device budget spent ({budget_s:.0f} s)"} for c in step]
+            skip_next = any("pair_s" in c for c in step)
             continue
-        raw["runs"] += run_step(step, idle, deadline, logs)
+        skip_next = False
+        raw["runs"] += [rec | {"step": k} for rec in run_step(step, idle, deadline, logs)]
         save()
     raw["total_s"] = round(time.monotonic() - t_start, 1)
     save()
@@ -251,9 +276,8 @@ def device(out_dir: Path, tokenizer: Path, budget_s: float, steps: set[int] | No
 # ---------------------------------------------------------------------------------------------- report (here)
 
 NOT_MEASURED = [
-    "H100: both device calls asked for kind nvidia-h100-x2 and were served two H200s (the tool may substitute); the "
-    "memory figures do not depend on the card's size (same Hopper kernels, same allocator), the times do. No H100 "
-    "figure here.",
+    "Two H100s: both device calls asked for kind nvidia-h100-x2 and were served two H200s (the tool may substitute). "
+    "One H100 (kind nvidia-h100-x1) is measured in sections.h100_one_gpu: the same peaks to the MiB as here.",
     "NVFP4 inference: Hopper (sm_90) has no FP4 kernels; nvfp4 ran quantize + export only (the checkpoint serves on "
     "Blackwell).",
     "The unified HF checkpoint (--hf-out), which stoker's pipeline also writes for every quantized format "
@@ -276,14 +300,33 @@ FIRST_ESTIMATE = (
     "peaks to the MiB, so the ratios below are of an estimate written after seeing the first run's numbers.")
 
 
+H100_NOT_MEASURED = [
+    "Two H100s (stoker spanning 2 GPUs, --tp 2): this session's device time allowed one GPU only; the 2-GPU rows at "
+    "the top level ran on 2× H200.",
+    "nvfp4 ran once (stoker first): the second run's budget ran out before its pair; int4_awq's bare process in the "
+    "second run was killed by the run's own budget during its export (rc -9 after 51.7 s), so that pair is not "
+    "counted.",
+    "Each time ratio is one stoker run against one bare run on the same GPU one after the other: the process that "
+    "went first was the slower in 3 of the 4 complete pairs, by 7-14 %; more pairs were not affordable.",
+    "NVFP4 inference (Hopper has no FP4 kernels), --hf-out, quantized KV cache, stoker's default calibration, real "
+    "weights, 70B models: as at the top level.",
+]
+
+
+def _short(raw: dict) -> str:
+    return f"{len(raw['gpus'])}× {raw['gpus'][0]['name']}"
+
+
 def _label(raw: dict) -> str:
     gpu = raw["gpus"][0]
     return (f"{len(raw['gpus'])}× {gpu['name']} ({gpu['memory_total_mib']} MiB each), driver {gpu['driver']}; "
             + ", ".join(f"{k} {v}" for k, v in raw["versions"].items()) + f"; {raw['date']}")
 
 
-def report(raw_paths: list[Path], out_path: Path) -> dict:
-    """Raw records of one or more device runs (same machine kind) → the committed result."""
+def report(raw_paths: list[Path], out_path: Path, section: str | None = None) -> dict:
+    """Raw records of one or more device runs (same machine kind) → the committed result. Without `section` they
+    make the top level (sections already in out_path are kept); with it they make out_path's sections[section]
+    and the rest of the file stays as it is."""
     sys.path.insert(0, str(ROOT))
     from stoker.gpu import memory, rules
     from stoker.gpu.facts import from_config
@@ -292,20 +335,22 @@ def report(raw_paths: list[Path], out_path: Path) -> dict:
     first = raws[0]
     facts = from_config({"architectures": ["LlamaForCausalLM"], **first["model"]["config"]})
     cal = first["calibration"]
+    one_gpu = first.get("mode", "").startswith("one GPU")
+    short = _short(first)
 
     def runs(raw: dict, tool: str) -> dict:
         return {(r["format"], r["gpus"]): r for r in raw["runs"] if r["tool"] == tool}
 
     rows = []
     for (fmt, gpus), r in runs(first, "stoker").items():
-        per_run = [runs(raw, "stoker").get((fmt, gpus)) for raw in raws]
+        per_run = [runs(raw, "stoker").get((fmt, gpus)) for raw in raws]  # None: not run that time (budget)
         measured = [r["peak_over_idle_mib"][str(g)] for g in r["gpu_indices"]]
-        same = all(x is not None and [x["peak_over_idle_mib"][str(g)] for g in x["gpu_indices"]] == measured
-                   for x in per_run)
+        same = all([x["peak_over_idle_mib"][str(g)] for g in x["gpu_indices"]] == measured for x in per_run if x)
         peaks = memory.gpu_peaks(facts, fmt, gpus, cal["batch_size"], cal["seq_len"])
         estimate = [p.total >> 20 for p in peaks]
         busiest = memory.quantize_peak_bytes(facts, fmt, gpus, cal["batch_size"], cal["seq_len"]) >> 20
-        row = {"format": fmt, "gpus": gpus, "ok": all(x and x["rc"] == 0 for x in per_run),
+        row = {"device": short, "format": fmt, "gpus": gpus, "ok": all(x["rc"] == 0 for x in per_run if x),
+               "runs_measured": sum(1 for x in per_run if x),
                "note": "export only: H100/H200 (sm_90) have no FP4 kernels" if fmt == "nvfp4" else None,
                "peak_mib_per_gpu_measured": measured, "same_peaks_in_every_run": same,
                "peak_mib_per_gpu_estimate": estimate,
@@ -324,25 +369,48 @@ def report(raw_paths: list[Path], out_path: Path) -> dict:
                "side_by_side_with": r["side_by_side_with"]}
         if gpus == 1:
             bare = [runs(raw, "bare").get((fmt, 1)) for raw in raws]
-            if all(b and b["rc"] == 0 for b in bare) and row["ok"]:
-                bpeak = max(bare[0]["peak_over_idle_mib"].values())
+            # A run counts where both its stoker and its bare process finished (rc 0).
+            pairs = [(x, b) for x, b in zip(per_run, bare) if x and b and x["rc"] == 0 and b["rc"] == 0]
+            if pairs:
+                b0 = pairs[0][1]
+                bpeak = max(b0["peak_over_idle_mib"].values())
                 row["bare_modelopt"] = {
-                    "wall_s": [b["wall_s"] for b in bare], "peak_mib": bpeak,
-                    "calibration_s": [(b.get("result") or {}).get("calibration_s") for b in bare],
-                    "export_s": [(b.get("result") or {}).get("export_s") for b in bare],
-                    "torch_peak_reserved_mib": (bare[0].get("result") or {}).get("peak_reserved_mib"),
-                    "export_bytes": bare[0]["export_bytes"],
-                    "stoker_over_bare_time": [round(x["wall_s"] / b["wall_s"], 3) for x, b in zip(per_run, bare)],
+                    "wall_s": [b["wall_s"] for _, b in pairs], "peak_mib": bpeak,
+                    "calibration_s": [(b.get("result") or {}).get("calibration_s") for _, b in pairs],
+                    "export_s": [(b.get("result") or {}).get("export_s") for _, b in pairs],
+                    "torch_peak_reserved_mib": (b0.get("result") or {}).get("peak_reserved_mib"),
+                    "export_bytes": b0["export_bytes"],
+                    "stoker_over_bare_time": [round(x["wall_s"] / b["wall_s"], 3) for x, b in pairs],
                     "stoker_over_bare_memory": round(max(measured) / bpeak, 3)}
+                if one_gpu:
+                    row["bare_modelopt"]["first"] = ["stoker" if x["step"] < b["step"] else "bare" for x, b in pairs]
+                    row["bare_modelopt"]["stoker_over_bare_time_summed"] = round(
+                        sum(x["wall_s"] for x, _ in pairs) / sum(b["wall_s"] for _, b in pairs), 3)
+                left_out = [{"run": k + 1, "rc": b["rc"], "timed_out": b["timed_out"], "wall_s": b["wall_s"],
+                             "peak_mib": max(b["peak_over_idle_mib"].values())}
+                            for k, b in enumerate(bare) if b and b["rc"] != 0]
+                if left_out:
+                    row["bare_modelopt"]["not_counted"] = left_out
         rows.append(row)
-    out = {"what": "stoker.gpu.quantize_worker on two GPUs: peak GPU memory per GPU (nvidia-smi memory.used sampled "
-                   "every 200 ms, minus the idle reading) against stoker/gpu/memory.py, wall time (process start to "
-                   "exit), TRT-LLM checkpoint size; each one-GPU run side by side with ModelOpt alone "
-                   "(benchmarks/gpu_bare_modelopt.py, same calibration) on the other GPU",
+    what = ("stoker.gpu.quantize_worker on two GPUs: peak GPU memory per GPU (nvidia-smi memory.used sampled every "
+            "200 ms, minus the idle reading) against stoker/gpu/memory.py, wall time (process start to exit), TRT-LLM "
+            "checkpoint size; each one-GPU run side by side with ModelOpt alone (benchmarks/gpu_bare_modelopt.py, "
+            "same calibration) on the other GPU")
+    if one_gpu:
+        what = ("stoker.gpu.quantize_worker on one GPU: peak GPU memory (nvidia-smi memory.used sampled every 200 ms, "
+                "minus the idle reading) against stoker/gpu/memory.py, wall time (process start to exit), TRT-LLM "
+                "checkpoint size; each run beside ModelOpt alone (benchmarks/gpu_bare_modelopt.py, same calibration) "
+                "on the same GPU one after the other (rows' bare_modelopt.first says which went first)")
+    log = f"benchmarks/results/gpu_quantize_{first['gpus'][0]['name'].split()[1].lower()}x{len(first['gpus'])}.log"
+    script = ("bash benchmarks/gpu_quantize.sh on the device (→ benchmarks/gpu_quantize.py device), then "
+              "python3 benchmarks/gpu_quantize.py report RAW.json [RAW.json …]; logs: " + log)
+    if one_gpu:
+        script = ("ONE_GPU=1 bash benchmarks/gpu_quantize.sh, then ONE_GPU=1 SWAP=1 (each pair the other way "
+                  "round), on kind nvidia-h100-x1 (→ benchmarks/gpu_quantize.py device --one-gpu [--swap]), then "
+                  f"python3 benchmarks/gpu_quantize.py report --section {section} RAW.json [RAW.json …]; logs: {log}")
+    out = {"what": what,
            "device": _label(first), "device_runs": [_label(raw) for raw in raws],
-           "script": "bash benchmarks/gpu_quantize.sh on the device (→ benchmarks/gpu_quantize.py device), then "
-                     "python3 benchmarks/gpu_quantize.py report RAW.json [RAW.json …]; logs: "
-                     "benchmarks/results/gpu_quantize_h200x2.log",
+           "script": script,
            "model": f"Llama-3-8B shapes (hidden 4096, 32 layers, intermediate 14336, 32/8 heads, vocab 128256, "
                     f"untied), random bf16 weights, {(first.get('make_model') or {}).get('result')}",
            "calibration": f"{cal['size']} windows × {cal['seq_len']} tokens, batch {cal['batch_size']}, "
@@ -354,19 +422,35 @@ def report(raw_paths: list[Path], out_path: Path) -> dict:
            "goals": {"estimate_over_measured": "within 10 % (0.90-1.10)", "stoker_over_bare": "≤ 1.05 (time, memory)"},
            "first_estimate": FIRST_ESTIMATE, "runs": rows,
            "skipped": [s for raw in raws for s in raw.get("skipped", [])], "not_measured": NOT_MEASURED}
-    out_path.write_text(json.dumps(out, indent=1, ensure_ascii=False) + "\n")
+    existing = json.loads(out_path.read_text()) if out_path.is_file() else {}
+    if section is None:
+        if existing.get("sections"):
+            out["sections"] = existing["sections"]
+        whole = out
+    else:
+        out["first_estimate"] = ("stoker/gpu/memory.py as for the top level's H200 runs, not changed for these: "
+                                 "its estimates were written before any H100 run.")
+        out["not_measured"] = H100_NOT_MEASURED if "H100" in short else []
+        whole = existing
+        whole.setdefault("sections", {})[section] = out
+    out_path.write_text(json.dumps(whole, indent=1, ensure_ascii=False) + "\n")
     return out
 
 
 def table(result: dict) -> str:
-    lines = ["| format | GPUs | peak MiB per GPU, measured | estimate | estimate / measured (busiest) | wall s "
-             "| TRT-LLM checkpoint | stoker / bare: time; memory |", "|---|---|---|---|---|---|---|---|"]
+    lines = ["| device | format | GPUs | peak MiB per GPU, measured | estimate | estimate / measured (busiest) "
+             "| wall s | TRT-LLM checkpoint | stoker / bare: time; memory |", "|---|---|---|---|---|---|---|---|---|"]
     for r in result["runs"]:
         b = r.get("bare_modelopt")
-        ratio = (f"{', '.join(f'{t:.2f}' for t in b['stoker_over_bare_time'])}; {b['stoker_over_bare_memory']:.2f}"
-                 if b else "—")
+        ratio = "—"
+        if b:
+            times = [f"{t:.2f}" for t in b["stoker_over_bare_time"]]
+            if "first" in b:  # one GPU: which process of the pair ran first
+                times = [f"{t} ({first} first)" for t, first in zip(times, b["first"])]
+            ratio = f"{', '.join(times)}; {b['stoker_over_bare_memory']:.2f}"
         fmt = r["format"] + (" (export only)" if r["format"] == "nvfp4" else "")
-        lines.append(f"| {fmt} | {r['gpus']} | {' / '.join(f'{m:,}' for m in r['peak_mib_per_gpu_measured'])} | "
+        lines.append(f"| {r['device']} | {fmt} | {r['gpus']} | "
+                     f"{' / '.join(f'{m:,}' for m in r['peak_mib_per_gpu_measured'])} | "
                      f"{' / '.join(f'{e:,}' for e in r['peak_mib_per_gpu_estimate'])} | "
                      f"{r['estimate_over_measured']:.2f} | {', '.join(f'{w:.0f}' for w in r['wall_s'])} | "
                      f"{r['export_bytes'] / 1e9:.2f} GB | {ratio} |")
@@ -381,6 +465,8 @@ def main() -> None:
     d.add_argument("--tokenizer", type=Path, required=True)
     d.add_argument("--budget-s", type=float, default=530)
     d.add_argument("--steps", help="comma-separated indices into plan(); default all")
+    d.add_argument("--one-gpu", action="store_true", help="every process alone on GPU 0, one after the other")
+    d.add_argument("--swap", action="store_true", help="--one-gpu: the other process of each pair first")
     m = sub.add_parser("make-model")
     m.add_argument("--out", type=Path, required=True)
     m.add_argument("--tokenizer", type=Path, required=True)
@@ -388,15 +474,18 @@ def main() -> None:
     r = sub.add_parser("report")
     r.add_argument("raw", type=Path, nargs="+")
     r.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "gpu_quantize.json")
+    r.add_argument("--section", help="write the runs as sections[SECTION] of --out (e.g. h100_one_gpu), keeping the "
+                   "rest of the file")
     a = p.parse_args()
     if a.cmd == "device":
-        device(a.out, a.tokenizer, a.budget_s, {int(k) for k in a.steps.split(",")} if a.steps else None)
+        device(a.out, a.tokenizer, a.budget_s, {int(k) for k in a.steps.split(",")} if a.steps else None,
+               a.one_gpu, a.swap)
     elif a.cmd == "make-model":
         make_model(a.out, a.tokenizer)
     elif a.cmd == "context":
         context()
     else:
-        print(table(report(a.raw, a.out)))
+        print(table(report(a.raw, a.out, a.section)))
 
 
 if __name__ == "__main__":
