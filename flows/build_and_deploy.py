@@ -28,7 +28,7 @@ from stoker.spec.load import target_of
 from tasks.evaluate import evaluation_data
 from tasks.gate import promote_run
 from tasks.hub import fetch_adapters, fetch_weights
-from tasks.preflight import preflight_checks
+from tasks.preflight import preflight_checks, refuse_rolled_back
 from tasks.rollout import emit_failure, read_rollback
 from tasks.routing import mark_routed, route_heavy_steps
 from tasks.s3 import store_manifest, upload_repository
@@ -65,8 +65,9 @@ class Steps(dict[str, StepResult]):
 
 
 @flow(name="build_and_deploy", log_prints=True)
-def build_and_deploy(spec: Spec, home: str | None = None) -> dict:
-    """Turn the spec's model revision into a benchmarked Triton endpoint; returns the run manifest."""
+def build_and_deploy(spec: Spec, home: str | None = None, force: bool = False) -> dict:
+    """Turn the spec's model revision into a benchmarked Triton endpoint; returns the run manifest. ``force``:
+    deploy it even if `stoker rollback` rolled this spec's build at this commit back."""
     # The stand-in (STOKER_STANDIN) is decided here, once, and recorded: every step reads ctx.standin.
     ctx = RunContext.new(Path(home) if home else None).model_copy(update={"standin": standin.decide(spec)})
     if spec.storage.shared_cache:  # opt-in: steps read through the bucket's shared cache (stoker/cache/)
@@ -74,7 +75,7 @@ def build_and_deploy(spec: Spec, home: str | None = None) -> dict:
     started, t0 = time.time(), time.perf_counter()
     steps, error, status = Steps(), None, "completed"
     try:
-        run_steps(spec, ctx, steps)
+        run_steps(spec, ctx, steps, force)
     except BaseException as exc:  # cancelled (TerminationSignal, a BaseException) or crashed: a true record either way
         error, status = one_line(exc) or type(exc).__name__, ended(exc)
         raise
@@ -90,11 +91,12 @@ def build_and_deploy(spec: Spec, home: str | None = None) -> dict:
     return manifest
 
 
-def run_steps(spec: Spec, ctx: RunContext, steps: Steps) -> None:
+def run_steps(spec: Spec, ctx: RunContext, steps: Steps, force: bool = False) -> None:
     """The run's steps in order; what builds, packages, deploys and evaluates is the target's."""
     target = target_of(spec)  # a parameter Prefect validated without the registry: checked here
     steps.run("preflight", preflight_checks, spec, ctx.standin)
     fetched = steps.run("fetch", fetch_weights, spec, ctx)
+    refuse_rolled_back(spec, fetched, ctx, force)  # a rolled-back build comes back only when forced
     lora = steps.run("adapters", fetch_adapters, spec, fetched, ctx) if spec.adapters else None  # checked, no heavy step yet
     if spec.evaluation.enabled and target.evaluates:  # a bad evaluation text is refused here, before heavy work
         steps.run("eval-data", evaluation_data, spec, fetched, ctx, lora)

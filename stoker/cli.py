@@ -29,7 +29,7 @@ def _run(args) -> int:
     from .spec.load import load_spec
 
     spec = load_spec(args.spec)
-    manifest, _ = run_flow(spec)
+    manifest, _ = run_flow(spec, force=args.force)
     print_summary(manifest)
     return 0
 
@@ -73,6 +73,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(fn=_plan)
     s = sub.add_parser("run", help="run build_and_deploy for a spec")
     s.add_argument("spec", type=Path)
+    s.add_argument("--force", action="store_true",
+                   help="deploy even a build `stoker rollback` rolled back (this spec at the same model commit)")
     s.set_defaults(fn=_run)
     s = sub.add_parser("demo", help="the CPU reference demo on embedded defaults (local Hub mirror, S3, Docker)")
     s.set_defaults(fn=_demo)

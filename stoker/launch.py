@@ -9,9 +9,10 @@ from __future__ import annotations
 import json
 
 
-def run_flow(spec, before=None) -> tuple[dict, str | None]:
+def run_flow(spec, before=None, force: bool = False) -> tuple[dict, str | None]:
     """Run build_and_deploy on whatever Prefect API is configured (ephemeral when none); returns the manifest and
-    the flow run's id. ``before(flow)`` runs once the flow is imported, before it starts."""
+    the flow run's id. ``before(flow)`` runs once the flow is imported, before it starts; ``force``: the flow's
+    (deploy even a build `stoker rollback` rolled back)."""
     from .stack.prefect_ephemeral import prepare_temporary_api, stop_ephemeral_api
 
     prepare_temporary_api()  # before the flow's import starts anything of Prefect's
@@ -22,7 +23,7 @@ def run_flow(spec, before=None) -> tuple[dict, str | None]:
     try:
         if before is not None:
             before(build_and_deploy)
-        state = build_and_deploy(spec, home=str(RunContext.new().home), return_state=True)
+        state = build_and_deploy(spec, home=str(RunContext.new().home), force=force, return_state=True)
         return state.result(), state.state_details.flow_run_id and str(state.state_details.flow_run_id)
     finally:
         stop_ephemeral_api()  # before our summary, so 'manifest: <path>' really is the last line

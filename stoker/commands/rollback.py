@@ -1,13 +1,16 @@
 """`stoker rollback NAME [--to RUN_ID] [--spec SPEC]`: serve again, at the same address, what an earlier run deployed.
 
-Without --to: the newest build whose repository differs from what serves now, among the runs that completed,
-passed their gates and switched traffic to their build. A backend that still runs that digest (warm, e.g. during a
+Without --to: the newest build older than what serves now, among the runs that completed, passed their gates and
+switched traffic to their build, that no earlier rollback rolled back from. A backend that still runs that digest (warm, e.g. during a
 watch window) takes traffic at once; otherwise the run's build is staged on the free slot, proven, and switched to,
 like any promotion.
 Runs come from S3 (`<prefix>/runs/*/manifest.json`: every host's runs) merged with $STOKER_HOME/runs; the bucket is
 the one this host's runs of NAME name, or --spec's. A target that mounts its repository from a folder (GPU) gets
 the package step's folder when it still holds the build, else a verified copy of the run's upload
 (stoker/serving/mounted_repository.py).
+Each rollback, once decided, is recorded like a run (stoker/record/rollbacks.py: $STOKER_HOME/runs/<id>/ first, then
+S3 beside the run manifests, then a Prefect event): the build it left is marked bad, so a later rollback never
+returns to it and a pipeline run of it is refused unless forced.
 """
 
 from __future__ import annotations
@@ -15,7 +18,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ..errors import StokerError
+from ..errors import StokerError, one_line
+from ..record import rollbacks
 
 
 class RollbackError(StokerError):
@@ -65,19 +69,37 @@ def returnable_runs(manifests: list[dict], name: str) -> list[dict]:
     return sorted((m for m in manifests if returnable(m, name)), key=lambda m: m["run_id"])
 
 
-def choose(runs: list[dict], run_id: str | None, live_digest: str | None) -> dict:
-    """The manifest to return to: RUN_ID's, or the newest whose digest is not the live one. Pure."""
+def choose(runs: list[dict], run_id: str | None, live_digest: str | None, bad: dict[str, dict] | None = None,
+           anchor: str | None = None) -> dict:
+    """The manifest to return to: RUN_ID's, or the newest run older than the newest one of what serves (``anchor``,
+    by default the live digest) whose build neither serves nor was rolled back (``bad``: digest → the rollback
+    record that marked it, stoker.record.rollbacks.bad_builds). Pure."""
+    bad = bad or {}
     if run_id:
         for m in runs:
             if m["run_id"] == run_id:
-                if m["steps"]["upload"]["digest"] == live_digest:
+                digest = m["steps"]["upload"]["digest"]
+                if digest == live_digest:
                     raise RollbackError(f"run {run_id} deployed digest {live_digest[:12]}, which already serves")
+                if digest in bad:
+                    raise RollbackError(f"run {run_id}'s build {digest[:12]} {_marked(bad[digest])}: rollback does "
+                                        "not return to it (a run of its spec with force deploys it again)")
                 return m
         raise RollbackError(f"run {run_id} did not deploy this deployment (or its manifest is neither here nor in S3)")
-    for m in reversed(runs):
-        if m["steps"]["upload"]["digest"] != live_digest:
+    # A rollback goes back: never forward past what serves to a build an earlier rollback skipped.
+    anchor = anchor or live_digest
+    serving = [i for i, m in enumerate(runs) if m["steps"]["upload"]["digest"] == anchor]
+    older = runs[:serving[-1]] if serving else runs
+    for m in reversed(older):
+        if m["steps"]["upload"]["digest"] not in (live_digest, anchor) and m["steps"]["upload"]["digest"] not in bad:
             return m
-    raise RollbackError("nothing to roll back to: no earlier run deployed anything else")
+    skipped = {m["steps"]["upload"]["digest"] for m in runs} & set(bad)  # why a newer build is no way back either
+    raise RollbackError("nothing older to roll back to: no earlier run deployed anything else"
+                        + "".join(f"; build {d[:12]} {_marked(bad[d])}" for d in sorted(skipped)))
+
+
+def _marked(record: dict) -> str:
+    return f"was rolled back at {record['at']} by {record['run_id']}"
 
 
 def history(name: str, home: Path, given=None) -> tuple[list[dict], list[dict], str]:
@@ -108,12 +130,14 @@ def history(name: str, home: Path, given=None) -> tuple[list[dict], list[dict], 
     return every, returnable_runs(every, name), where
 
 
-def rollback_to(name: str, run_id: str | None, log=print, spec_path: str | None = None) -> dict:
+def rollback_to(name: str, run_id: str | None, log=print, spec_path: str | None = None,
+                reason: str = "stoker rollback") -> dict:
+    """Serve run ``run_id``'s build again (default: choose()); recorded (stoker/record/rollbacks.py) once it is
+    decided, whether it then completes or fails."""
     from ..containers import engine as docker_engine
     from ..deploy import rollout
-    from ..gpu import decision
     from ..run import stoker_home
-    from ..serving import mounted_repository, promote, topology
+    from ..serving import promote
     from ..spec.load import load_spec, parse_spec
 
     home = stoker_home()
@@ -137,12 +161,55 @@ def rollback_to(name: str, run_id: str | None, log=print, spec_path: str | None 
         from ..storage import s3
 
         live_digest = rollout.read_live(s3.client(spec.storage), spec.storage, name).get("digest")
+    bad = rollbacks.bad_builds(every)
     try:
-        chosen = choose(runs, run_id, live_digest)
+        chosen = choose(runs, run_id, live_digest, bad, anchor=None if live_digest else rollbacks.current(every))
     except RollbackError as err:
         if run_id:
             raise
         raise RollbackError(f"{err} (runs read from {where})") from None
+    try:
+        done = _return_to(chosen, spec, client, target, backends, view, routed, home, log)
+    except BaseException as exc:
+        _record(name, spec, every, live_digest, chosen, reason, target, home, log,
+                "failed" if isinstance(exc, Exception) else "cancelled", one_line(exc) or type(exc).__name__)
+        raise
+    _record(name, spec, every, live_digest, chosen, reason, target, home, log, "completed")
+    return done
+
+
+def _record(name, spec, every, live_digest, chosen, reason, target, home, log, status, error=None) -> None:
+    """The rollback's record: on disk first (nothing after it can lose it), then in S3 beside the run manifests,
+    then a Prefect event; S3 or the event failing is one warning line, the local record stands."""
+    from ..record.manifest import write_local
+    from ..run import RunContext
+    from ..storage import s3
+
+    record_id = rollbacks.new_id()
+    source = next((m for m in reversed(every) if not rollbacks.is_rollback(m)
+                   and ((m.get("steps") or {}).get("upload") or {}).get("digest") == live_digest), None) \
+        if live_digest else None
+    rec = rollbacks.build_record(record_id, name, chosen["spec"], source, live_digest, chosen, reason, status, error,
+                                 target.endpoint)
+    path = write_local(RunContext(run_id=record_id, home=home), rec)
+    where = [str(path)]
+    try:
+        where.append(s3.put_json(s3.client(spec.storage), spec.storage,
+                                 s3.run_manifest_key(spec.storage, record_id), rec))
+    except Exception as err:  # noqa: BLE001 - the local record stands; S3 may be what failed the rollback
+        log(f"warning: rollback record not stored in S3: {one_line(err)}")
+    rollbacks.emit(rec, name, log)
+    log(f"rollback {name}: {status}, recorded as {record_id} ({', '.join(where)})")
+
+
+def _return_to(chosen, spec, client, target, backends, view, routed, home, log) -> dict:
+    """Stage (or take warm) the chosen run's build and switch traffic to it."""
+    from ..deploy import rollout
+    from ..gpu import decision
+    from ..serving import mounted_repository, promote, topology
+    from ..spec.load import parse_spec
+
+    name = spec.deploy.name
     up = chosen["steps"]["upload"]
     warm = next((b for b in backends if b is not routed and b.digest == up["digest"] and b.ready and view.running),
                 None)
@@ -191,7 +258,7 @@ def _handler(args) -> int:
     held = (exclusive(deploy_lock(args.name), print, f"a run is deploying {args.name!r}")
             if os.environ.get("PREFECT_API_URL") else contextlib.nullcontext())
     with held:
-        done = rollback_to(args.name, args.to or args.run_id, spec_path=args.spec)
+        done = rollback_to(args.name, args.to or args.run_id, spec_path=args.spec, reason=args.reason)
     print(f"serving run {done['run_id']} (digest {done['digest'][:12]}) at {done['endpoint']['http']} "
           f"via {done['live']['container']}")
     return 0
@@ -202,6 +269,7 @@ def register(sub) -> None:
     p.add_argument("name", help="deploy.name of the spec")
     p.add_argument("run_id", nargs="?", default=None, help=argparse.SUPPRESS)  # the older positional form
     p.add_argument("--to", default=None, metavar="RUN_ID", help="default: the newest run serving something else")
+    p.add_argument("--reason", default="stoker rollback", help="why, in the rollback's record (default: %(default)s)")
     p.add_argument("--spec", default=None, metavar="SPEC",
                    help="a spec of the deployment: its runs are read from its storage too (needed when this host "
                         "holds none of them; otherwise the storage its local runs name is read)")

@@ -2,7 +2,8 @@
 tasks/s3.py store_manifest), merged with the ones this host keeps under `$STOKER_HOME/runs`.
 
 S3 holds the runs of every host that shares the bucket (fleet workers have homes of their own) and outlives a
-wiped home; the local copy is the same record, written first. Reads only.
+wiped home; the local copy is the same record, written first. Rollback records (stoker/record/rollbacks.py,
+``kind: rollback``) sit among them and are read alike. Reads only.
 """
 
 from __future__ import annotations
@@ -50,6 +51,12 @@ def remote_manifests(client, storage: Storage, skip: set[str] = frozenset()) -> 
         S3Unreachable: the endpoint refused or stalled through botocore's retries.
         S3Error: credentials, permission, no such bucket.
     """
+    return read_remote(client, storage, list_manifests(client, storage, skip))
+
+
+def list_manifests(client, storage: Storage, skip: set[str] = frozenset()) -> dict[str, str]:
+    """run id → key of every run manifest under the storage's runs prefix (one listing, nothing read), but those
+    of run ids in `skip`. Raises as remote_manifests."""
     root = runs_root(storage)
     try:
         keys = [o["Key"] for page in client.get_paginator("list_objects_v2").paginate(Bucket=storage.bucket,
@@ -57,6 +64,12 @@ def remote_manifests(client, storage: Storage, skip: set[str] = frozenset()) -> 
                 for o in page.get("Contents", [])]
     except (BotoCoreError, ClientError) as err:
         raise s3.failure(err, f"listing the run manifests at {where(storage)}", storage) from None
+    return manifest_keys(keys, root, set(skip))
+
+
+def read_remote(client, storage: Storage, wanted: dict[str, str]) -> list[dict]:
+    """The readable manifests of `wanted` (run id → key, as list_manifests gives), in its order; a damaged or
+    vanished one, or one whose run id is not its folder's, is left out. Raises as remote_manifests."""
 
     def read(key: str) -> dict | None:
         try:
@@ -65,7 +78,6 @@ def remote_manifests(client, storage: Storage, skip: set[str] = frozenset()) -> 
             return None
         return m if isinstance(m, dict) and isinstance(m.get("run_id"), str) else None
 
-    wanted = manifest_keys(keys, root, set(skip))
     with ThreadPoolExecutor(max_workers=_AT_ONCE) as pool:
         found = list(pool.map(read, wanted.values()))
     return [m for run_id, m in zip(wanted, found) if m is not None and m["run_id"] == run_id]

@@ -176,3 +176,28 @@ def test_failed_gate_never_serves_the_candidate_and_rollback_cli(two_runs, aws):
     assert _serving_digest(name) == _upload(m_b)[1]
     r = stoker(["status", name], env=two_runs["env"], timeout=60)
     assert r.returncode == 0 and "proxy running" in r.stdout and _upload(m_b)[1][:12] in r.stdout, r.stdout
+
+    # The rollback is recorded (issue 49 item 6): on disk, then in S3 beside the run manifests, from A's build to B's.
+    home = two_runs["home"]
+    [path] = (home / "runs").glob("*-rollback-*/manifest.json")
+    rec = json.loads(path.read_text())
+    assert (rec["kind"], rec["status"]) == ("rollback", "completed") and rec["reason"] == "stoker rollback"
+    assert (rec["from"]["digest"], rec["from"]["run_id"], rec["from"]["sha"]) == (
+        _upload(m_a)[1], m_a["run_id"], m_a["model"]["sha"])
+    assert rec["to"] == {"digest": _upload(m_b)[1], "run_id": m_b["run_id"]}
+    storage = _spec(a, "replace").storage
+    assert s3.get_json(s3.client(storage), storage, s3.run_manifest_key(storage, rec["run_id"])) == rec
+    # It sticks: a second rollback does not flip back to A, the build rolled back from (one line, B still serves) ...
+    r = stoker(["rollback", name], env=two_runs["env"], timeout=120)
+    assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1, r.stdout[-2000:] + r.stderr[-2000:]
+    assert "nothing older to roll back to" in r.stderr and f"was rolled back at {rec['at']}" in r.stderr, r.stderr
+    # ... and a re-trigger of A's spec is refused right after its fetch, before any heavy step, in one line.
+    again = home.parent / "a-again.yaml"
+    again.write_text(yaml.safe_dump(a))
+    r = stoker(["run", str(again)], env=two_runs["env"], timeout=600)
+    last = (r.stderr.strip().splitlines() or [""])[-1]
+    assert r.returncode == 1 and last.startswith("stoker: error: "), r.stdout[-2000:] + r.stderr[-2000:]
+    assert f"was rolled back at {rec['at']} by {rec['run_id']}: pass force" in last, last
+    refused = json.loads(sorted((home / "runs").glob("*/manifest.json"))[-1].read_text())
+    assert refused["status"] == "failed" and set(refused["steps"]) == {"preflight", "fetch"}, refused["steps"]
+    assert _serving_digest(name) == _upload(m_b)[1]

@@ -72,7 +72,7 @@ def test_the_previous_good_build_is_chosen_from_manifests_listed_in_s3_with_no_l
     chosen = choose(returnable_runs(every, NAME), None, live_digest="b")
     assert chosen["run_id"] == "20250101T000001-a"
     # Only the live build passed its gates and switched: nothing to go back to.
-    with pytest.raises(RollbackError, match="nothing to roll back to"):
+    with pytest.raises(RollbackError, match="nothing older to roll back to"):
         choose(returnable_runs([objects["20250101T000002-b"], objects["20250101T000003-c"]], NAME), None, "b")
 
 
