@@ -88,13 +88,18 @@ def check(spec) -> None:
 
 def backend_admission(spec, repository, gpus: tuple[int, ...]):
     """The admission a stand-in backend passes before it starts (stoker/gpu/standin_ledger.py): its footprint on
-    ``gpus`` from the model's facts and the repository it serves, refused where they lack the room; None when the
-    model's facts are unknown (nothing to size it by)."""
-    from .planning import model_facts
+    ``gpus`` from the model the repository serves (the config.json of the stand-in's artifact, where the engine or
+    the LLM API's checkpoint goes) and the KV settings it carries, refused where they lack the room; None when the
+    repository holds no model config (nothing to size it by; never a Hub read at start)."""
+    from pathlib import Path
 
-    facts = model_facts(spec)
-    if facts is None or not gpus:
+    from . import facts as facts_mod
+
+    slot = Path(repository) / "tensorrt_llm" / "1"
+    folder = next((slot / d for d in ("engine", "checkpoint") if (slot / d / "config.json").is_file()), None)
+    if folder is None or not gpus:
         return None
+    facts = facts_mod.from_folder(folder)
 
     def admit(client) -> dict[str, str]:
         from ..containers import engine
