@@ -206,8 +206,12 @@ def write_llmapi_repo(root: Path, tag: str, mode: str = "ok", arg: float = 0.0, 
 
     model = root / llmapi.MODEL_NAME
     (model / "1").mkdir(parents=True)
-    cfg = llmapi.config(None)
-    cfg.model_transaction_policy.decoupled = True  # upstream's comes from model.yaml's triton_config
+    from stoker.spec.load import parse_spec
+
+    # The config stoker renders for a pytorch spec (decoupled, as its model.yaml's triton_config says too).
+    cfg = llmapi.config(parse_spec({"model": {"repo_id": "a/b"}, "storage": {"bucket": "unused"}, "target": "pytorch",
+                                    "gpus": {"type": "h100-80gb", "count": 1}}))
+    assert cfg.model_transaction_policy.decoupled
     cfg.instance_group[0].count = instances
     (model / "config.pbtxt").write_text(text_format.MessageToString(cfg))
     (model / "1" / "model.py").write_text(LLMAPI_MODEL.format(tag=tag, mode=mode, arg=arg, interval=interval_s))

@@ -121,8 +121,12 @@ def served(tmp_path_factory):
     repo = root / "repo"
     version = repo / llmapi.MODEL_NAME / "1"
     version.mkdir(parents=True)
-    cfg = llmapi.config(None)  # the inputs and outputs stoker renders for the llmapi layout
-    cfg.model_transaction_policy.decoupled = True  # upstream's comes from model.yaml's triton_config
+    from stoker.spec.load import parse_spec
+
+    # The inputs and outputs stoker renders for the llmapi layout, decoupled (as model.yaml's triton_config says).
+    cfg = llmapi.config(parse_spec({"model": {"repo_id": "a/b"}, "storage": {"bucket": "unused"}, "target": "pytorch",
+                                    "gpus": {"type": "h100-80gb", "count": 1}}))
+    assert cfg.model_transaction_policy.decoupled
     (repo / llmapi.MODEL_NAME / "config.pbtxt").write_text(text_format.MessageToString(cfg))
     (version / "model.py").write_text(MODEL_PY)
     (version / "script.json").write_text(json.dumps({"words": WORDS, "interval_s": 0.01,
