@@ -62,7 +62,11 @@ def list_manifests(client, storage: Storage, skip: set[str] = frozenset()) -> di
         keys = [o["Key"] for page in client.get_paginator("list_objects_v2").paginate(Bucket=storage.bucket,
                                                                                        Prefix=root)
                 for o in page.get("Contents", [])]
-    except (BotoCoreError, ClientError) as err:
+    except ClientError as err:
+        if err.response.get("Error", {}).get("Code") == "NoSuchBucket":
+            return {}  # a bucket not made yet (create_bucket: the first run's upload makes it) holds no runs
+        raise s3.failure(err, f"listing the run manifests at {where(storage)}", storage) from None
+    except BotoCoreError as err:
         raise s3.failure(err, f"listing the run manifests at {where(storage)}", storage) from None
     return manifest_keys(keys, root, set(skip))
 
