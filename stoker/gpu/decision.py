@@ -14,7 +14,7 @@ from dataclasses import fields
 from pathlib import Path
 
 from . import facts as facts_mod
-from .placement import place_baseline, place_build
+from .placement import baseline_gpus, place_baseline, place_build
 from .rollout import Rollout, plan_rollout
 
 
@@ -96,11 +96,7 @@ def settle(spec, earlier: dict, held: tuple[int, ...]) -> dict:
     sets = sets_of(earlier) or ((),)
     candidate = next((s for s in sets if sorted(s) != sorted(held)), sets[0])
     baseline = dict(earlier.get("baseline") or {})
-    if baseline.get("gpus") is not None or "free GPUs" in str(baseline.get("why", "")):
-        world = spec.parallel.world_size * spec.deploy.replicas
-        free = [i for i in spec.gpus.ids if i not in held]
-        baseline = ({"gpus": free[:world], "need_bytes": baseline.get("need_bytes")} if len(free) >= world else
-                    {"gpus": None, "why": f"it needs {world} free GPUs nothing serves from and the spec lists "
-                                          f"{list(spec.gpus.ids)}, {list(held)} serving"})
+    if baseline.get("fits", baseline.get("gpus") is not None):  # refused for memory: stays refused
+        baseline = baseline_gpus(spec, held, baseline.get("need_bytes"))
     return {**earlier, "held": list(held), "candidate": list(candidate), "baseline": baseline,
             "settled": "under the deploy lock"}

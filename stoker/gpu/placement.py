@@ -95,14 +95,21 @@ def place_baseline(spec, facts: ModelFacts, planned: Rollout, held: tuple[int, .
     bf16 = spec.model_copy(update={"quantization": spec.quantization.model_copy(update={"format": "none",
                                                                                        "kv_cache_dtype": "none"})})
     need = backend_of(bf16, facts).min_bytes
-    free = [i for i in spec.gpus.ids if i not in held]
     if need > planned.gpu_bytes:
-        return {"gpus": None, "why": f"a bf16 backend needs ~{_gib(need)} per GPU on {world} GPU(s), the "
-                                     f"{planned.gpu} has {_gib(planned.gpu_bytes)}"}
+        # ``fits: False``: no choice of GPUs changes this; decision.settle keeps the refusal as it is.
+        return {"gpus": None, "fits": False, "why": f"a bf16 backend needs ~{_gib(need)} per GPU on {world} GPU(s), "
+                                                    f"the {planned.gpu} has {_gib(planned.gpu_bytes)}"}
+    return baseline_gpus(spec, held, need)
+
+
+def baseline_gpus(spec, held: tuple[int, ...], need: int | None) -> dict:
+    """The baseline's GPUs among those nothing serves from (``held`` serve), once it is known to fit one GPU."""
+    world = spec.parallel.world_size * spec.deploy.replicas
+    free = [i for i in spec.gpus.ids if i not in held]
     if len(free) < world:
-        return {"gpus": None, "why": f"it needs {world} free GPUs nothing serves from and the spec lists "
-                                     f"{list(spec.gpus.ids)}, {list(held)} serving"}
-    return {"gpus": free[:world], "need_bytes": need}
+        return {"gpus": None, "fits": True, "why": f"it needs {world} free GPUs nothing serves from and the spec "
+                                                   f"lists {list(spec.gpus.ids)}, {list(held)} serving"}
+    return {"gpus": free[:world], "fits": True, "need_bytes": need}
 
 
 def note(placed: dict) -> str:

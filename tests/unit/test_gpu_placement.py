@@ -87,3 +87,13 @@ def test_the_candidate_is_settled_once_from_what_serves_under_the_lock():
     settled = decision.settle(s, early, (0,))
     assert settled["candidate"] == [1] and settled["held"] == [0] and settled["settled"]
     assert settled["build"] == early["build"] and settled["rollout"] == early["rollout"]
+
+
+def test_settle_rechooses_the_baseline_only_where_gpus_were_the_reason():
+    s = spec("h100-80gb", 1, rollout_="shared")
+    early = decision.decide(s, LLAMA, (0,))  # its one GPU serves: no room for the baseline now
+    assert early["baseline"]["gpus"] is None and early["baseline"]["fits"]
+    assert decision.settle(s, early, ())["baseline"]["gpus"] == [0]  # nothing served any more under the lock
+    # A refusal for memory (a bf16 backend larger than one GPU) no placement changes: it stays as it was.
+    too_big = {**early, "baseline": {"gpus": None, "fits": False, "why": "a bf16 backend needs ~90 GiB per GPU"}}
+    assert decision.settle(s, too_big, ())["baseline"] == too_big["baseline"]
