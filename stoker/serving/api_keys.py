@@ -139,3 +139,131 @@ def sync(sock: Path, acl_file: str, keys: KeySet) -> bool:
     version = parse_prepare(haproxy.command(sock, f"prepare acl {acl_file}"))
     haproxy.command(sock, runtime_commands(acl_file, version, keys.digests))
     return True
+
+
+# ---------------------------------------------------------------- day-2: change the source, push at once
+# `stoker keys` (stoker/commands/keys.py) edits the keys where the spec keeps them, then pushes the new digests to
+# the running proxy with sync(): a revoked key is refused within seconds, without a pipeline run or a restart.
+
+GENERATED_BYTES = 32  # token_urlsafe(32): 43 characters, all of them in _KEY
+MIN_DIGEST_PREFIX = 8  # what `stoker keys list` prints is longer; shorter would too often name several keys
+
+
+def generate() -> str:
+    import secrets
+
+    return secrets.token_urlsafe(GENERATED_BYTES)
+
+
+def check_key(key: str) -> None:
+    """One line, never naming the key, when ``key`` is not one the proxy could check."""
+    if not MIN_LENGTH <= len(key) <= MAX_LENGTH or not _KEY.match(key):
+        raise ApiKeysError(f"not a key: {MIN_LENGTH}–{MAX_LENGTH} characters of A-Z a-z 0-9 . _ ~ + / = -")
+
+
+def keys_of(text: str) -> list[str]:
+    """The keys a file or block holds, in order (parse()'s reading, without the checks). Pure."""
+    stripped = text.strip()
+    if stripped.startswith("["):
+        try:
+            return [str(k).strip() for k in json.loads(stripped) if str(k).strip()]
+        except (ValueError, TypeError):
+            return []
+    return [k for line in text.splitlines() if (k := line.strip()) and not k.startswith("#")]
+
+
+def with_key(text: str, key: str) -> str:
+    """``text`` with ``key`` appended, its comments and order kept; a JSON list stays one. Pure."""
+    if text.strip().startswith("["):
+        return json.dumps([*keys_of(text), key])
+    return (text if not text or text.endswith("\n") else text + "\n") + key + "\n"
+
+
+def without(text: str, keys: set[str]) -> str:
+    """``text`` with every line (or JSON entry) holding one of ``keys`` dropped, the rest as it was. Pure."""
+    if text.strip().startswith("["):
+        return json.dumps([k for k in keys_of(text) if k not in keys])
+    return "".join(line for line in text.splitlines(keepends=True) if line.strip() not in keys)
+
+
+def select(keys: list[str], which: str) -> set[str]:
+    """The keys ``which`` names: the whole key, or a prefix of its digest (as `stoker keys list` prints it). One line,
+    never a key, when it names none or several. Pure."""
+    if which in keys:
+        return {which}
+    w = which.lower()
+    if len(w) < MIN_DIGEST_PREFIX or not re.fullmatch(r"[0-9a-f]+", w):
+        raise ApiKeysError(f"no such key; name one by the whole key or by {MIN_DIGEST_PREFIX}+ hex characters of "
+                           "its digest (stoker keys SPEC list)")
+    hits = {k for k in keys if digest(k).startswith(w)}
+    if not hits:
+        raise ApiKeysError(f"no key whose digest starts with {w} (stoker keys SPEC list)")
+    if len({digest(k) for k in hits}) > 1:
+        raise ApiKeysError(f"{len(hits)} keys' digests start with {w}: give more of it")
+    return hits
+
+
+def read_source(keys: ApiKeys) -> str:
+    """The source's text as it is (the file's lines, or the block's value as load() reads it)."""
+    if keys.file is not None:
+        try:
+            return Path(keys.file).read_text()
+        except FileNotFoundError:
+            return ""  # `stoker keys add` may make the file
+        except OSError as err:
+            raise ApiKeysError(f"API keys: cannot read {keys.file}: {err.strerror or err}") from None
+    from prefect.blocks.system import Secret
+
+    try:
+        value = Secret.load(keys.secret_block).get()
+    except ValueError as err:
+        if "Unable to find block document" in str(err):
+            return ""
+        raise ApiKeysError(f"API keys: Prefect Secret block {keys.secret_block!r} could not be read: "
+                           f"{str(err).splitlines()[0]}") from None
+    return json.dumps(value) if isinstance(value, list) else str(value)
+
+
+def write_source(keys: ApiKeys, text: str) -> None:
+    """Replace the source's keys: the file atomically, mode 0600 (a reader sees the old list or the new, never half);
+    the Secret block by one save."""
+    if keys.file is not None:
+        try:
+            write_atomic(Path(keys.file), text)  # mkstemp: 0600
+        except OSError as err:
+            raise ApiKeysError(f"API keys: cannot write {keys.file}: {err.strerror or err}") from None
+        return
+    from prefect.blocks.system import Secret
+
+    value = json.loads(text) if text.strip().startswith("[") else text
+    Secret(value=value).save(keys.secret_block, overwrite=True)
+
+
+def source_name(keys: ApiKeys) -> str:
+    return f"file {keys.file}" if keys.file is not None else f"Prefect Secret block {keys.secret_block!r}"
+
+
+def edit_lock(keys: ApiKeys):
+    """Two `stoker keys` at once on one file must not lose an edit: an exclusive lock beside it (the kernel drops it
+    with its holder). A block's save is one call; no lock."""
+    import contextlib
+    import fcntl
+
+    if keys.file is None:
+        return contextlib.nullcontext()
+
+    @contextlib.contextmanager
+    def held():
+        lock_path = Path(keys.file).with_name(f".{Path(keys.file).name}.lock")
+        with open(lock_path, "w") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            yield
+
+    return held()
+
+
+def accepted(sock: Path, acl_file: str) -> set[str]:
+    """The digests the running proxy accepts now."""
+    from . import haproxy
+
+    return parse_acl_entries(haproxy.command(sock, f"show acl {acl_file}"))
