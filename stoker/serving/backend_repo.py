@@ -53,12 +53,13 @@ def container_env(container) -> dict[str, str]:
 
 
 def s3_client(container, repo: Repository):
-    """A boto3 S3 client with the container's own AWS_* (the keys it was deployed with; never logged)."""
+    """A boto3 S3 client with the container's own keys (its mounted credentials file; never logged)."""
     import boto3
 
+    from ..storage.credentials import container_keys
+
     env = container_env(container)
+    keys = container_keys(container.attrs)
     return boto3.client("s3", endpoint_url=repo.endpoint_url,
                         region_name=env.get("AWS_DEFAULT_REGION") or env.get("AWS_REGION"),
-                        aws_access_key_id=env.get("AWS_ACCESS_KEY_ID"),
-                        aws_secret_access_key=env.get("AWS_SECRET_ACCESS_KEY"),
-                        aws_session_token=env.get("AWS_SESSION_TOKEN"))
+                        **(keys.client_kwargs() if keys else {}))

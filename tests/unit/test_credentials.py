@@ -1,13 +1,17 @@
 """S3 credentials from a Prefect AwsCredentials block, resolved without a Prefect API: the block objects are
-prefect-aws's own, built in memory; the loader is replaced only where the API would answer."""
+prefect-aws's own, built in memory; the loader is replaced only where the API would answer. The backends'
+credentials file: written from keys resolved now, 0600, atomically, and the environment holds only its path."""
 
 from __future__ import annotations
+
+import stat
 
 import pytest
 from prefect_aws import AwsCredentials
 
 from stoker.storage import credentials
-from stoker.storage.credentials import AwsKeys, CredentialsError, aws_keys, client_kwargs, container_env, keys_from_block
+from stoker.storage.credentials import (AwsKeys, CredentialsError, aws_keys, client_kwargs, container_env,
+                                       container_keys, keys_from_block, mounts, refused_line)
 from stoker.spec.schema import Storage
 
 SECRET = "s3cr3t-never-printed"
@@ -21,9 +25,9 @@ def _no_ambient_aws(monkeypatch, tmp_path):
     monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
-    credentials._block_keys.cache_clear()
+    credentials._cache.clear()
     yield
-    credentials._block_keys.cache_clear()
+    credentials._cache.clear()
 
 
 @pytest.fixture
@@ -42,17 +46,79 @@ def blocks(monkeypatch):
     return saved, loads
 
 
-def test_no_block_named_means_boto3s_own_chain(blocks, monkeypatch):
+FILE_ENV = {"AWS_SHARED_CREDENTIALS_FILE": "/run/stoker/aws/credentials", "AWS_CONFIG_FILE": "/run/stoker/aws/config"}
+
+
+def written(folder) -> AwsKeys | None:
+    return AwsKeys.parse_shared_file((folder / "credentials").read_text())
+
+
+def test_no_block_named_means_boto3s_own_chain(blocks, monkeypatch, tmp_path):
     st = Storage(bucket="bkt")
     assert aws_keys(st) is None and client_kwargs(st) == {}
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "env-id")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "env-secret")
-    assert container_env(st) == {"AWS_ACCESS_KEY_ID": "env-id", "AWS_SECRET_ACCESS_KEY": "env-secret",
-                                 "AWS_DEFAULT_REGION": "us-east-1"}
+    folder = tmp_path / "creds"
+    assert container_env(st, folder) == {"AWS_DEFAULT_REGION": "us-east-1", **FILE_ENV}
+    assert written(folder) == AwsKeys("env-id", "env-secret")
     assert blocks[1] == []  # no Prefect call without a block
 
 
-def test_a_named_block_supplies_the_keys_to_clients_and_the_container_over_the_environment(blocks, monkeypatch):
+def test_a_profile_in_the_environment_reaches_the_backend_as_frozen_keys(monkeypatch, tmp_path):
+    """AWS_PROFILE and a shared-credentials file, no AWS_* keys: boto3's chain resolves them here, and the
+    backend gets them in its own file (its AWS_PROFILE would name a profile it has no file for)."""
+    src = tmp_path / "home-creds"
+    src.write_text(f"[dev]\naws_access_key_id = AKIDDEV\naws_secret_access_key = {SECRET}\naws_session_token = t1\n")
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(src))
+    monkeypatch.setenv("AWS_PROFILE", "dev")
+    folder = tmp_path / "creds"
+    env = container_env(Storage(bucket="bkt", region="eu-west-1"), folder)
+    assert env == {"AWS_DEFAULT_REGION": "eu-west-1", **FILE_ENV}
+    assert written(folder) == AwsKeys("AKIDDEV", SECRET, "t1")
+    assert (folder / "config").read_text() == "[default]\nregion = eu-west-1\n"
+    for f in (folder / "credentials", folder / "config"):
+        assert stat.S_IMODE(f.stat().st_mode) == 0o600
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o700
+    # Rotated at the source: the next refresh writes the new keys over the old, and nothing else is left there.
+    src.write_text(f"[dev]\naws_access_key_id = AKIDDEV2\naws_secret_access_key = {SECRET}2\n")
+    container_env(Storage(bucket="bkt", region="eu-west-1"), folder)
+    assert written(folder) == AwsKeys("AKIDDEV2", SECRET + "2")
+    assert sorted(p.name for p in folder.iterdir()) == ["config", "credentials"]
+
+
+def test_no_keys_anywhere_removes_the_file_and_mounts_nothing(tmp_path):
+    folder = tmp_path / "creds"
+    folder.mkdir()
+    (folder / "credentials").write_text("[default]\naws_access_key_id = OLD\naws_secret_access_key = OLD\n")
+    env = container_env(Storage(bucket="bkt"), folder)
+    assert env == {"AWS_DEFAULT_REGION": "us-east-1"} and not (folder / "credentials").exists()
+    assert mounts(env, folder) == {}
+    assert mounts({**env, **FILE_ENV}, folder) == {str(folder): "/run/stoker/aws"}
+
+
+def test_a_backends_keys_are_read_back_from_its_mounted_file(tmp_path):
+    """What `docker inspect` shows of a backend: the file's path in Env, the folder in Mounts."""
+    (tmp_path / "credentials").write_text(AwsKeys("AKIDM", SECRET).shared_file())
+    attrs = {"Config": {"Env": ["PATH=/bin", "AWS_SHARED_CREDENTIALS_FILE=/run/stoker/aws/credentials"]},
+             "Mounts": [{"Source": str(tmp_path), "Destination": "/run/stoker/aws"}]}
+    assert container_keys(attrs) == AwsKeys("AKIDM", SECRET)
+    old = {"Config": {"Env": ["AWS_ACCESS_KEY_ID=AKIDE", f"AWS_SECRET_ACCESS_KEY={SECRET}"]}}
+    assert container_keys(old) == AwsKeys("AKIDE", SECRET)
+    assert container_keys({"Config": {"Env": []}}) is None
+
+
+def test_tritons_refusal_becomes_one_line_without_s3s_message():
+    log = ("E1128 06:10:00.1 server.cc:250] failed to load: Could not get MetaData for bucket with name b due to "
+           "exception: InvalidAccessKeyId, error message: The AWS Access Key Id AKIDLEAK you provided does not exist")
+    line = refused_line("stoker-d-blue", log)
+    assert line == ("stoker-d-blue: S3 refused the backend's credentials (InvalidAccessKeyId); rotate or renew them "
+                    "at their source, then `stoker reconcile` writes them to the backend's credentials file and "
+                    "restarts it")
+    assert "AKIDLEAK" not in line and refused_line("c", "I1128 server started") is None
+
+
+def test_a_named_block_supplies_the_keys_to_clients_and_the_container_over_the_environment(blocks, monkeypatch,
+                                                                                            tmp_path):
     saved, loads = blocks
     saved["s3-prod"] = AwsCredentials(aws_access_key_id="AKIDBLOCK", aws_secret_access_key=SECRET,
                                       aws_session_token="tok")
@@ -61,9 +127,16 @@ def test_a_named_block_supplies_the_keys_to_clients_and_the_container_over_the_e
     st = Storage(bucket="bkt", region="eu-west-1", credentials_block="s3-prod")
     assert client_kwargs(st) == {"aws_access_key_id": "AKIDBLOCK", "aws_secret_access_key": SECRET,
                                  "aws_session_token": "tok"}
-    assert container_env(st) == {"AWS_ACCESS_KEY_ID": "AKIDBLOCK", "AWS_SECRET_ACCESS_KEY": SECRET,
-                                 "AWS_SESSION_TOKEN": "tok", "AWS_DEFAULT_REGION": "eu-west-1"}
-    assert loads == ["s3-prod"]  # read once per process
+    assert loads == ["s3-prod"]
+    assert client_kwargs(st)["aws_access_key_id"] == "AKIDBLOCK" and loads == ["s3-prod"]  # clients: BLOCK_TTL_S
+    env = container_env(st, tmp_path)
+    assert env == {"AWS_DEFAULT_REGION": "eu-west-1", **FILE_ENV} and SECRET not in str(env)
+    assert written(tmp_path) == AwsKeys("AKIDBLOCK", SECRET, "tok")
+    assert loads == ["s3-prod", "s3-prod"]  # a backend's file: the block read again, never a cached copy
+    # The block rotated: the next refresh writes the new keys, whatever this process read before.
+    saved["s3-prod"] = AwsCredentials(aws_access_key_id="AKIDNEW", aws_secret_access_key=SECRET + "2")
+    container_env(st, tmp_path)
+    assert written(tmp_path) == AwsKeys("AKIDNEW", SECRET + "2")
 
 
 def test_a_profile_block_resolves_as_boto3_does(tmp_path, monkeypatch):
@@ -73,7 +146,7 @@ def test_a_profile_block_resolves_as_boto3_does(tmp_path, monkeypatch):
     assert (keys.access_key_id, keys.secret_access_key, keys.session_token) == ("AKIDPROFILE", SECRET, None)
 
 
-def test_missing_or_empty_blocks_fail_in_one_line_naming_block_and_bucket(blocks):
+def test_missing_or_empty_blocks_fail_in_one_line_naming_block_and_bucket(blocks, tmp_path):
     saved, _ = blocks
     with pytest.raises(CredentialsError) as missing:
         aws_keys(Storage(bucket="bkt", credentials_block="nope"))
@@ -81,7 +154,7 @@ def test_missing_or_empty_blocks_fail_in_one_line_naming_block_and_bucket(blocks
                                   "no Prefect AwsCredentials block of that name")
     saved["empty"] = AwsCredentials()  # no keys, and boto3's chain has none here either
     with pytest.raises(CredentialsError) as empty:
-        container_env(Storage(bucket="bkt", credentials_block="empty"))
+        container_env(Storage(bucket="bkt", credentials_block="empty"), tmp_path)
     assert str(empty.value) == ("storage.credentials_block 'empty' (bucket 'bkt'): the block holds no AWS keys, "
                                 "and boto3 found none either")
 
