@@ -115,6 +115,8 @@ def backend_spec(spec: Spec, repository_uri: str, digest: str, env: dict[str, st
         # answer while those in flight finish, so a busy long-lived stream moves without a cut answer
         # (serving.retire.refuse_new). Not with TP×PP > 1: its other ranks load only tensorrt_llm, and these
         # arguments reach every rank.
+    # The credentials folder, read-only: the environment holds only the file's path (credentials.container_env).
+    fields["mounts"] = {**fields.get("mounts", {}), **credentials.mounts(env, credentials.folder_of(d.name))}
         extra += EXPLICIT_ARGS
     return docker_engine.BackendSpec(
         name=d.name, repo_digest=digest, env=env, shm_size=d.shm_size,
@@ -171,7 +173,8 @@ def backend_specs(spec: Spec, repository_uri: str, digest: str, env: dict[str, s
 
 
 def container_env(spec: Spec) -> dict[str, str]:
-    return credentials.container_env(spec.storage)
+    """The backends' environment; refreshes the deployment's credentials file first (stoker/storage/credentials.py)."""
+    return credentials.refresh(spec)
 
 
 # ---------------------------------------------------------------- live repository (S3)
