@@ -106,6 +106,8 @@ def backend_spec(spec: Spec, repository_uri: str, digest: str, env: dict[str, st
     fields = {"interface": target.interface.layout, **target.backend(spec, repository_uri, gpus, standin)}
     extra = list(fields.pop("extra_args", []))
     env = fields.pop("env", env)  # a target that reads no S3 (a mounted repository) is given no credentials
+    # The credentials folder, read-only: the environment holds only the file's path (credentials.container_env).
+    fields["mounts"] = {**fields.get("mounts", {}), **credentials.mounts(env, credentials.folder_of(d.name))}
     if d.rollout == "reload" if reload is None else reload:
         fields["repository_uri"] = s3.triton_uri(spec.storage, f"{live_prefix(spec.storage, d.name)}/model_repository")
         digest = live_digest(spec.storage, d.name)
@@ -115,8 +117,6 @@ def backend_spec(spec: Spec, repository_uri: str, digest: str, env: dict[str, st
         # answer while those in flight finish, so a busy long-lived stream moves without a cut answer
         # (serving.retire.refuse_new). Not with TP×PP > 1: its other ranks load only tensorrt_llm, and these
         # arguments reach every rank.
-    # The credentials folder, read-only: the environment holds only the file's path (credentials.container_env).
-    fields["mounts"] = {**fields.get("mounts", {}), **credentials.mounts(env, credentials.folder_of(d.name))}
         extra += EXPLICIT_ARGS
     return docker_engine.BackendSpec(
         name=d.name, repo_digest=digest, env=env, shm_size=d.shm_size,
