@@ -34,14 +34,8 @@ def _gib(n: int) -> float:
 
 def backend_on(spec, facts, planned, held: dict[int, int], gpus: tuple[int, ...], cap: int | None) -> int:
     """Admit one backend on ``gpus`` as the stand-in's ledger does; returns what it takes per GPU."""
-    b = rollout.backend_of(spec, facts)
-    fraction = spec.runtime.kv_cache_free_gpu_mem_fraction
-
-    def take(free: int) -> int:
-        return b.fixed_bytes + rollout.kv_tokens(free - b.fixed_bytes, fraction, b.kv_bytes_per_token,
-                                                 cap) * b.kv_bytes_per_token
-
-    return ledger.admit("backend", gpus, planned.gpu_bytes, held, b.min_bytes, take)
+    minimum, take = ledger.backend_sizing(spec, facts, None, cap)
+    return ledger.admit("backend", gpus, planned.gpu_bytes, held, minimum, take)
 
 
 def scenario(spec, facts) -> dict:

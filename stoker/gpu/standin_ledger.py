@@ -82,10 +82,16 @@ def kv_settings(repository: Path) -> tuple[float | None, int | None]:
 
 def backend_take(spec, facts, repository: Path):
     """(minimum bytes, take(free) -> bytes) of a backend serving ``repository`` for ``spec`` on one of its GPUs."""
+    fraction, cap = kv_settings(repository)
+    return backend_sizing(spec, facts, fraction, cap)
+
+
+def backend_sizing(spec, facts, fraction: float | None, cap: int | None):
+    """(minimum bytes, take(free) -> bytes) of a backend for ``spec`` whose KV cache is sized with ``fraction``
+    (None: the spec's runtime.kv_cache_free_gpu_mem_fraction) of what is free, at most ``cap`` tokens."""
     from .rollout import backend_of, kv_tokens
 
     backend = backend_of(spec, facts)
-    fraction, cap = kv_settings(repository)
     fraction = spec.runtime.kv_cache_free_gpu_mem_fraction if fraction is None else fraction
 
     def take(free: int) -> int:
