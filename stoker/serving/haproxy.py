@@ -69,6 +69,20 @@ UNAUTHORIZED_OPENAI = ('{"error": {"message": "Incorrect or missing API key: sen
                        '"type": "invalid_request_error", "param": null, "code": "invalid_api_key"}}')
 UNAUTHORIZED_KSERVE = '{"error": "an API key is required: authorization: Bearer KEY"}'
 
+# Health checks: every backend server is checked on its backend's HTTP port (Triton's readiness, whatever section
+# it serves: the gRPC and metrics ports answer no HTTP/1 health route), so a replica that stops or restarts loses
+# its share of traffic until it is ready again. A refused connection fails a check at once: with fastinter a dead
+# replica is DOWN about CHECK_INTER + (CHECK_FALL - 1) * CHECK_FASTINTER after it died; meanwhile `retry-on
+# conn-failure` + `redispatch` send its requests to a sibling. A slow answer (a saturated server) is not a failure
+# before CHECK_TIMEOUT. A server in maint (the other slot) is not checked; `set server ... state ready` brings it
+# back UP at once (the candidate was proven by stage), and the next failed checks take it DOWN again.
+HEALTH_URI = "/v2/health/ready"
+CHECK_INTER, CHECK_FASTINTER, CHECK_FALL, CHECK_RISE, CHECK_TIMEOUT = "2s", "1s", 3, 2, "5s"
+# Access log: one line per request on the proxy's stdout (`docker logs <proxy>`; Docker's json-file driver rotates
+# it, engine.LOG_CONFIG). HAProxy's httplog format: client, frontend, backend/server, timers, status, bytes, request
+# line. It logs no header unless `capture request header` asks for one, and stoker captures none: the
+# authorization header (an API key) never reaches the log.
+
 
 def server_name(slot: str, replica: int = 0) -> str:
     return slot if replica == 0 else f"{slot}_{replica}"
@@ -117,9 +131,14 @@ def render(layout: ProxyLayout, mount: str = MOUNT) -> str:
         f"    stats socket {mount}/{SOCKET_NAME} mode 600 level admin",
         "    stats timeout 30s",
         "    maxconn 4096",
+        "    log stdout format raw local0",
         "",
         "defaults",
         "    mode http",
+        "    log global",
+        "    option httplog",
+        "    option dontlognull",  # a port probe (connect, close) is no request
+        f"    timeout check {CHECK_TIMEOUT}",
         "    timeout connect 2s",
         f"    timeout client {STREAM_TIMEOUT}",
         f"    timeout server {STREAM_TIMEOUT}",
@@ -150,12 +169,17 @@ def render(layout: ProxyLayout, mount: str = MOUNT) -> str:
         lines.append(f"backend {section}")
         if layout.replicas > 1:
             lines.append("    balance leastconn")  # long streams: count open ones, not turns
+        lines += ["    option httpchk", f"    http-check send meth GET uri {HEALTH_URI} ver HTTP/1.1 hdr host localhost",
+                  "    http-check expect status 200",
+                  f"    default-server inter {CHECK_INTER} fastinter {CHECK_FASTINTER} fall {CHECK_FALL} "
+                  f"rise {CHECK_RISE}"]
         for slot in SLOTS:
             given = _replica_ports(layout.slots.get(slot))
             for r in range(layout.replicas):
                 ports = given[r] if r < len(given) else PLACEHOLDER
                 off = "" if slot == layout.live and r < len(given) else " disabled"
-                lines.append(f"    server {server_name(slot, r)} 127.0.0.1:{getattr(ports, attr)}{proto}{off}")
+                lines.append(f"    server {server_name(slot, r)} 127.0.0.1:{getattr(ports, attr)}{proto}"
+                             f"{_check(ports.http, bool(proto))}{off}")
         lines.append("")
     if layout.openai:
         lines.append(f"backend {OPENAI_BACKEND}")
@@ -164,6 +188,12 @@ def render(layout: ProxyLayout, mount: str = MOUNT) -> str:
                          + _quoted(OPENAI_DOWN % status))
         lines += [f"    server {OPENAI_BACKEND} {layout.openai}", ""]
     return "\n".join(lines)
+
+
+def _check(http_port: int, h2: bool) -> str:
+    """A server line's health check: readiness on its backend's HTTP port, spoken in HTTP/1 (check-proto: a gRPC
+    server's check would otherwise speak its h2). Pure."""
+    return f" check port {http_port}{' check-proto h1' if h2 else ''}"
 
 
 def _bind(address: str) -> str:
@@ -271,6 +301,8 @@ def switch_commands(to_slot: str, ports: Ports | list[Ports], drain: str | None,
             server = f"{section}/{server_name(to_slot, r)}"
             if r < len(given):
                 cmds.append(f"set server {server} addr 127.0.0.1 port {getattr(given[r], attr)}")
+                # The check follows the backend: its port is fixed (`port` on the server line) unless set here.
+                cmds.append(f"set server {server} check-port {given[r].http}")
                 cmds.append(f"set server {server} state ready")
             else:
                 cmds.append(f"set server {server} state maint")

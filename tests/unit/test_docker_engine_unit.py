@@ -80,8 +80,8 @@ def test_rendered_config_routes_only_the_live_slot_and_speaks_h2_for_grpc():
     open_ = haproxy.render(haproxy.ProxyLayout(LISTEN, {}, None, address="0.0.0.0"))
     assert "bind :8000\n" in open_ and "bind :8001 proto h2\n" in open_
     assert "bind [::1]:8000\n" in haproxy.render(haproxy.ProxyLayout(LISTEN, {}, None, address="::1"))
-    assert "server blue 127.0.0.1:20001 proto h2\n" in cfg
-    assert "server green 127.0.0.1:1 proto h2 disabled" in cfg
+    assert "server blue 127.0.0.1:20001 proto h2 check port 20000 check-proto h1\n" in cfg
+    assert "server green 127.0.0.1:1 proto h2 check port 1 check-proto h1 disabled" in cfg
     assert cfg.count(" disabled") == 3 and "${" not in cfg
     idle = haproxy.render(haproxy.ProxyLayout(LISTEN, {}, None))
     assert idle.count(" disabled") == 6
@@ -89,9 +89,9 @@ def test_rendered_config_routes_only_the_live_slot_and_speaks_h2_for_grpc():
 
 def test_switch_commands_point_the_slot_then_drain_the_other():
     cmds = haproxy.switch_commands("green", Ports(20003, 20004, 20005), drain="blue").split("; ")
-    assert cmds[:3] == ["set server http/green addr 127.0.0.1 port 20003", "set server http/green state ready",
-                        "set server http/blue state drain"]
-    assert "set server grpc/green addr 127.0.0.1 port 20004" in cmds and len(cmds) == 9
+    assert cmds[:4] == ["set server http/green addr 127.0.0.1 port 20003", "set server http/green check-port 20003",
+                        "set server http/green state ready", "set server http/blue state drain"]
+    assert "set server grpc/green addr 127.0.0.1 port 20004" in cmds and len(cmds) == 12
 
 
 SERVERS_STATE = """1
@@ -390,8 +390,8 @@ def test_replicas_render_one_server_per_replica_balanced_by_least_connections():
     cfg = haproxy.render(layout)
     http = cfg[cfg.index("backend http"):cfg.index("frontend grpc")]
     assert "    balance leastconn" in http
-    assert "    server blue 127.0.0.1:20000\n" in http and "    server blue_1 127.0.0.1:20003\n" in http
-    assert "    server green 127.0.0.1:1 disabled" in http and "    server green_1 127.0.0.1:1 disabled" in http
+    assert "    server blue 127.0.0.1:20000 check port 20000\n" in http and "    server blue_1 127.0.0.1:20003 check" in http
+    assert "    server green 127.0.0.1:1 check port 1 disabled" in http and "server green_1 127.0.0.1:1 check port 1 disabled" in http
     # One backend per slot renders as it always did: no balance line, no sibling servers.
     single = haproxy.render(haproxy.ProxyLayout(LISTEN, {"blue": Ports(20000, 20001, 20002)}, "blue"))
     assert "balance" not in single and "blue_1" not in single
@@ -399,7 +399,7 @@ def test_replicas_render_one_server_per_replica_balanced_by_least_connections():
 
 def test_a_switch_readies_every_new_replica_before_draining_the_old_ones():
     cmds = haproxy.switch_commands("green", [Ports(1, 2, 3), Ports(4, 5, 6)], drain="blue", replicas=2).split("; ")
-    http = [c for c in cmds if " http/" in c]
+    http = [c for c in cmds if " http/" in c and "check-port" not in c]
     assert http == ["set server http/green addr 127.0.0.1 port 1", "set server http/green state ready",
                     "set server http/green_1 addr 127.0.0.1 port 4", "set server http/green_1 state ready",
                     "set server http/blue state drain", "set server http/blue_1 state drain"]
