@@ -45,6 +45,9 @@ LABEL_INTERFACE = "ai.stoker.interface"  # how clients talk to the backend: its 
 LABEL_FRONT = "ai.stoker.front"  # what the proxy asks of clients: open, keys, tls:<digest of its PEM>
 ROLE_BACKEND, ROLE_PROXY, ROLE_OPENAI = "backend", "proxy", "openai"
 LOG_TAIL_LINES = 20
+# The proxy and the OpenAI service log a line per request (their access logs): Docker's json-file driver keeps at
+# most max-file files of max-size each, so a long-lived endpoint's logs never fill the host's disk.
+LOG_CONFIG = {"Type": "json-file", "Config": {"max-size": "20m", "max-file": "5"}}
 STOP_TIMEOUT_S = 10
 _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
 
@@ -237,7 +240,7 @@ def start_proxy(client: docker.DockerClient, deployment: str, image: str, listen
               LABEL_PORTS: listen.label(), LABEL_ADDRESS: address, LABEL_FRONT: front}
     return _run(client, image, ["-db", "-f", f"{mount}/{config}"], name=proxy_name(deployment), labels=labels,
                 entrypoint=["haproxy"], volumes={str(state_dir): {"bind": mount, "mode": "rw"}},
-                restart_policy={"Name": "unless-stopped"})
+                restart_policy={"Name": "unless-stopped"}, log_config=LOG_CONFIG)
 
 
 def start_openai(client: docker.DockerClient, deployment: str, image: str, state_dir: Path, mount: str,
@@ -247,7 +250,7 @@ def start_openai(client: docker.DockerClient, deployment: str, image: str, state
     return _run(client, image, command, name=openai_name(deployment), labels=labels,
                 entrypoint=["/opt/venv/bin/python"], environment=env,
                 volumes={str(state_dir): {"bind": mount, "mode": "rw"}},
-                restart_policy={"Name": "unless-stopped"})
+                restart_policy={"Name": "unless-stopped"}, log_config=LOG_CONFIG)
 
 
 def _run(client: docker.DockerClient, image: str, command: list[str], *, name: str, **kwargs) -> Container:
