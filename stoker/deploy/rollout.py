@@ -10,13 +10,22 @@ proxy, watches the new backend while the old one stays warm, switches back on a 
 then retires the old one (``serving.promote``).
 
 ``reload``: one long-lived backend started with ``--model-control-mode=explicit`` serves a *live*
-repository in S3 (``<prefix>/live/<name>/model_repository``). A new build is published into it as
-the next numeric version of every model, then loaded through Triton's model-control API
-(``POST /v2/repository/models/M/load``): Triton loads the new version next to the serving one and
-retires the old one only after the load succeeded. There is no second backend, so the smoke
-inference and the gates run on the live backend after the load; a failure loads the previous
-version back. ``<prefix>/live/<name>/stoker-live.json`` records which digest each version holds.
-The first reload deploy (no reload backend yet) is staged and promoted like ``replace``.
+repository in S3 (``<prefix>/live/<name>/model_repository``); ``<prefix>/live/<name>/stoker-live.json`` (the
+record) says which version it serves and which digest each version holds. A new build is never loaded before its
+gates: ``stage`` starts it on a short-lived *gating candidate* (the free slot, the digest's own uploaded
+repository, no traffic) and the caller's gates run there; only ``go_live`` publishes it into the live repository
+as the next numeric version (version files first, then every config pinned to that version with
+``version_policy: { specific: ... }``), loads it through Triton's model-control API (``POST
+/v2/repository/models/M/load``: the new version loads next to the serving one, which retires only after the load
+succeeded), runs a smoke inference, and only then rewrites the record; then the gating candidate goes. A failed
+load or smoke puts the recorded configs back and loads them again. Every reload ``stage`` first reconciles the
+live repository with its record: version folders the record does not name (a run killed while publishing) are
+removed, and a backend serving another version (Triton's repository index) loads the recorded one back. The
+pinned configs make a restarted backend load exactly the recorded version, not the newest folder. The first
+reload deploy (no reload backend yet) publishes the version and stages the reload backend itself as the
+candidate, promoted like ``replace``; its record is written after the switch. GPU targets refuse ``reload`` at
+plan (stoker/targets/gpu.py): a GPU backend mounts its engine from the host, and a gating candidate beside the
+live one is what ``gpus.rollout`` decides.
 
 Errors: ``RolloutError`` / ``PromotionFailed`` / ``DeployError`` (one-line cause).
 """
@@ -181,7 +190,7 @@ def container_env(spec: Spec) -> dict[str, str]:
 
 
 def read_live(s3c, storage: Storage, name: str) -> dict:
-    """The live repository's state: {"version": N, "digest": …, "versions": {"N": digest}}; version 0 when empty."""
+    """The live repository's record: {"version": N, "digest": …, "versions": {"N": digest}}; version 0 when empty."""
     key = f"{live_prefix(storage, name)}/{LIVE_STATE}"
     try:
         return json.loads(s3c.get_object(Bucket=storage.bucket, Key=key)["Body"].read())
@@ -198,32 +207,66 @@ def _keys(s3c, bucket: str, prefix: str) -> list[str]:
     return keys
 
 
-def publish_version(s3c, storage: Storage, name: str, digest: str, log: Log) -> dict:
-    """Copy the uploaded repository of ``digest`` into the live one as the next version; returns the new state.
+def pin_version(config: str, version: int) -> str:
+    """A model's config.pbtxt that loads only ``version``: Triton's default policy loads the newest folder, so a
+    restarted backend would serve a half-published version. Replaces a policy pinned before. Pure."""
+    kept = [line for line in config.splitlines() if not line.startswith("version_policy")]
+    return "\n".join(kept).rstrip("\n") + f"\nversion_policy: {{ specific: {{ versions: [{version}] }} }}\n"
 
-    Server-side copies; version files before the configs so Triton never sees a config whose
-    version folder is half there. Publishing the digest that is already live changes nothing.
-    """
-    state = read_live(s3c, storage, name)
-    if state.get("digest") == digest:
-        log(f"reload: digest {digest[:12]} is already live as version {state['version']}")
-        return state
-    src_root = f"{s3.repo_prefix(storage, digest)}/model_repository"
-    dst_root = f"{live_prefix(storage, name)}/model_repository"
+
+def folder_versions(keys: list[str], root: str) -> set[int]:
+    """The version folders present under a live repository's ``root`` (``M/<N>/...``). Pure."""
+    out = set()
+    for k in keys:
+        parts = k.removeprefix(root).lstrip("/").split("/")
+        if len(parts) >= 3 and parts[1].isdigit():
+            out.add(int(parts[1]))
+    return out
+
+
+def _roots(storage: Storage, name: str, digest: str) -> tuple[str, str]:
+    return f"{s3.repo_prefix(storage, digest)}/model_repository", f"{live_prefix(storage, name)}/model_repository"
+
+
+def write_configs(s3c, storage: Storage, name: str, digest: str, version: int) -> int:
+    """Every model's config of ``digest``'s build into the live repository, pinned to ``version``; returns how many.
+    Written after the version files they name (Triton reads a config, then its folder)."""
+    src_root, dst_root = _roots(storage, name, digest)
+    n = 0
+    for k in _keys(s3c, storage.bucket, src_root + "/"):
+        d = version_key(k, src_root, dst_root, version)
+        if d and d.endswith("/config.pbtxt") and d.count("/") == dst_root.count("/") + 2:
+            text = s3c.get_object(Bucket=storage.bucket, Key=k)["Body"].read().decode()
+            s3c.put_object(Bucket=storage.bucket, Key=d, Body=pin_version(text, version).encode())
+            n += 1
+    return n
+
+
+def publish_version(s3c, storage: Storage, name: str, digest: str, version: int, log: Log) -> int:
+    """Copy the uploaded repository of ``digest`` into the live one as ``version`` (server-side copies, version files
+    first, pinned configs last); the record is not touched (record_version, once the version serves)."""
+    src_root, dst_root = _roots(storage, name, digest)
     src = _keys(s3c, storage.bucket, src_root + "/")
     if not src:
         raise RolloutError(f"no uploaded repository at s3://{storage.bucket}/{src_root}/ (digest {digest[:12]})")
-    version = int(state.get("version", 0)) + 1
-    pairs = [(k, version_key(k, src_root, dst_root, version)) for k in src]
-    pairs = [(k, d) for k, d in pairs if d]
-    configs = [(k, d) for k, d in pairs if d.endswith("/config.pbtxt") and d.count("/") == dst_root.count("/") + 2]
-    for k, d in [p for p in pairs if p not in configs] + configs:
+    files = [(k, d) for k in src if (d := version_key(k, src_root, dst_root, version)) and not d.endswith(
+        "/config.pbtxt")]
+    for k, d in files:
         s3c.copy_object(Bucket=storage.bucket, Key=d, CopySource={"Bucket": storage.bucket, "Key": k})
-    new = {"version": version, "digest": digest, "previous": {"version": state.get("version"),
-                                                              "digest": state.get("digest")},
+    configs = write_configs(s3c, storage, name, digest, version)
+    log(f"reload: published digest {digest[:12]} as version {version} ({len(files) + configs} objects; not "
+        "recorded until it serves)")
+    return version
+
+
+def record_version(s3c, storage: Storage, name: str, digest: str, version: int, log: Log) -> dict:
+    """The record names ``version`` (``digest``) as the one serving: written only once it serves."""
+    state = read_live(s3c, storage, name)
+    new = {"version": version, "digest": digest,
+           "previous": {"version": state.get("version"), "digest": state.get("digest")},
            "versions": {**state.get("versions", {}), str(version): digest}}
     s3.put_json(s3c, storage, f"{live_prefix(storage, name)}/{LIVE_STATE}", new)
-    log(f"reload: published digest {digest[:12]} as version {version} ({len(pairs)} objects)")
+    log(f"reload: recorded version {version} (digest {digest[:12]}) as live in {LIVE_STATE}")
     return new
 
 
@@ -231,29 +274,41 @@ def drop_version(s3c, storage: Storage, name: str, version: int) -> None:
     """Delete one version folder of every live model (configs stay)."""
     root = f"{live_prefix(storage, name)}/model_repository/"
     doomed = [k for k in _keys(s3c, storage.bucket, root) if k.removeprefix(root).split("/")[1:2] == [str(version)]]
-    for i in range(0, len(doomed), 1000):
-        s3c.delete_objects(Bucket=storage.bucket, Delete={"Objects": [{"Key": k} for k in doomed[i:i + 1000]]})
+    _delete(s3c, storage.bucket, doomed)
 
 
-def revert_live(s3c, storage: Storage, name: str, log: Log) -> dict:
-    """Make the previous version the newest again: drop the newest, restore the previous configs."""
+def _delete(s3c, bucket: str, keys: list[str]) -> None:
+    for i in range(0, len(keys), 1000):
+        s3c.delete_objects(Bucket=bucket, Delete={"Objects": [{"Key": k} for k in keys[i:i + 1000]]})
+
+
+def reconcile_live(s3c, storage: Storage, name: str, log: Log, client=None,
+                   backend: promote.BackendRef | None = None) -> dict:
+    """Make the live repository (and ``backend``, the reload backend, when given) agree with the record: version
+    folders it does not name (a run killed while publishing, or before recording) are removed, the configs name the
+    recorded version again, and a backend that serves another version (Triton's repository index) loads the
+    recorded one back. Returns the record."""
     state = read_live(s3c, storage, name)
-    prev = (state.get("previous") or {}).get("version")
-    prev_digest = (state.get("previous") or {}).get("digest")
-    if not prev or not prev_digest:
-        raise RolloutError(f"live repository of {name} has no previous version to return to")
-    drop_version(s3c, storage, name, int(state["version"]))
-    src_root = f"{s3.repo_prefix(storage, prev_digest)}/model_repository"
-    dst_root = f"{live_prefix(storage, name)}/model_repository"
-    for k in _keys(s3c, storage.bucket, src_root + "/"):
-        d = version_key(k, src_root, dst_root, prev)
-        if d and d.endswith("/config.pbtxt"):
-            s3c.copy_object(Bucket=storage.bucket, Key=d, CopySource={"Bucket": storage.bucket, "Key": k})
-    versions = {v: dg for v, dg in state.get("versions", {}).items() if int(v) != int(state["version"])}
-    new = {"version": prev, "digest": prev_digest, "previous": None, "versions": versions}
-    s3.put_json(s3c, storage, f"{live_prefix(storage, name)}/{LIVE_STATE}", new)
-    log(f"reload: reverted live repository of {name} to version {prev} (digest {prev_digest[:12]})")
-    return new
+    root = f"{live_prefix(storage, name)}/model_repository/"
+    keys = _keys(s3c, storage.bucket, root)
+    recorded = int(state.get("version") or 0)
+    stray = sorted(folder_versions(keys, root) - {int(v) for v in state.get("versions", {})})
+    serving = ready_versions(client, backend) if backend is not None else {}
+    other = sorted({v for vs in serving.values() for v in vs} - {recorded}) if recorded else []
+    if not stray and not other:
+        return state
+    if state.get("digest"):
+        write_configs(s3c, storage, name, state["digest"], recorded)
+    else:  # nothing was ever recorded: what is there is a first publish cut off, configs and all
+        _delete(s3c, storage.bucket, keys)
+    if other:
+        load_all(client, backend, log)
+    for v in stray:
+        drop_version(s3c, storage, name, v)
+    log(f"reload: the live repository of {name} now matches its record (version {recorded or 'none'}): "
+        + (f"removed half-published version(s) {', '.join(map(str, stray))}" if stray else "")
+        + (f"; {backend.container} served version(s) {other}, loaded version {recorded} back" if other else ""))
+    return state
 
 
 def prune_versions(s3c, storage: Storage, name: str, keep: int = 2) -> list[int]:
@@ -269,6 +324,23 @@ def prune_versions(s3c, storage: Storage, name: str, keep: int = 2) -> list[int]
 
 
 # ---------------------------------------------------------------- Triton model control
+
+
+def ready_versions(client, backend: promote.BackendRef) -> dict[str, set[int]]:
+    """What ``backend`` serves now, from Triton's repository index: model → versions READY ({} if it cannot say)."""
+    try:
+        admin = docker_engine.admin_headers(client.containers.get(backend.container))
+        req = urllib.request.Request(f"{backend.http}/v2/repository/index", data=b"{}", method="POST",
+                                     headers={"Content-Type": "application/json", **admin})
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            rows = json.loads(resp.read() or b"[]")
+    except (OSError, ValueError, docker.errors.NotFound):
+        return {}
+    out: dict[str, set[int]] = {}
+    for r in rows:
+        if r.get("state") == "READY" and str(r.get("version", "")).isdigit():
+            out.setdefault(r["name"], set()).add(int(r["version"]))
+    return out
 
 
 def load_model(http_url: str, model: str, admin: dict[str, str], timeout_s: float = 300) -> None:
@@ -310,9 +382,9 @@ def stage(spec: Spec, repository_uri: str, digest: str, run_id: str, log: Log, s
     ``gpu``: the run's GPU decision (stoker/gpu/decision.py): the candidate's GPU sets and the rollout (reload:
     the live backend stops first) come from it.
 
-    Keys: strategy, reused (the digest already serves), in_place (reload: loaded into the live
-    backend), candidate and previous (BackendRef dicts), endpoint (the stable addresses),
-    version / previous_version (reload).
+    Keys: strategy, reused (the digest already serves), in_place (reload: go_live loads it into the live
+    backend, ``live``), candidate (the backend the gates run on) and previous (BackendRef dicts), endpoint (the
+    stable addresses), version / previous_version (reload: the version it becomes, the one recorded now).
     """
     d = spec.deploy
     client = docker_engine.connect(d.docker_host)
@@ -322,38 +394,49 @@ def stage(spec: Spec, repository_uri: str, digest: str, run_id: str, log: Log, s
     out = {"strategy": d.rollout, "endpoint": target.endpoint, "previous": previous, "reused": False,
            "in_place": False, "digest": digest, "repository_uri": repository_uri, "image": d.image}
     env = container_env(spec)
+    reload_live = d.rollout == "reload" and live is not None and live.digest == live_digest(spec.storage, d.name)
     if d.rollout == "reload":
         s3c = s3.client(spec.storage)
-        before = read_live(s3c, spec.storage, d.name)
-        state = publish_version(s3c, spec.storage, d.name, digest, log)
-        out.update(version=state["version"], previous_version=before.get("version") or None)
-        if live is not None and live.digest == live_digest(spec.storage, d.name):
-            out.update(candidate=previous, in_place=True)
-            if state["version"] == before.get("version"):
-                out["reused"] = True
-                return out
-            ref = promote.BackendRef.of(live)
-            try:
-                out["load_s"] = load_all(client, ref, log)
-                probe.smoke(ref.http)
-            except (RolloutError, probe.ProbeFailed):
-                # Triton keeps the old version when a load fails; make S3 agree, then load it back.
-                revert_live(s3c, spec.storage, d.name, log)
-                load_all(client, ref, log)
-                _follow_in_place(client, target, ref, log)
-                raise
-            _follow_in_place(client, target, ref, log)
+        # From what actually runs: a half-published version goes, and the live backend serves the recorded one.
+        state = reconcile_live(s3c, spec.storage, d.name, log, client,
+                               promote.BackendRef.of(live) if reload_live else None)
+        recorded = int(state.get("version") or 0)
+        out.update(previous_version=recorded or None)
+        if reload_live and state.get("digest") == digest:
+            log(f"reload: digest {digest[:12]} is already live as version {recorded}")
+            out.update(candidate=previous, version=recorded, reused=True)
             return out
+        out["version"] = recorded + 1 if state.get("digest") != digest else recorded
+        if reload_live:
+            # Gated before any traffic: a short-lived candidate serves the digest's own repository on the free
+            # slot; go_live loads it into the live backend only after the caller's gates passed there.
+            out.update(in_place=True, live=previous)
+            reload = False
+        elif state.get("digest") != digest:
+            # The first reload backend serves the live repository: the version is there before it starts, and
+            # recorded only once the switch to it held (go_live).
+            publish_version(s3c, spec.storage, d.name, digest, out["version"], log)
+            out["publish"] = True
+            reload = True
+        else:
+            reload = True
     elif live is not None and live.digest == digest:
         log(f"{live.container} already serves digest {digest[:12]}; reusing it")
         out.update(candidate=previous, reused=True)
         return out
+    else:
+        reload = None
     bspec = backend_specs(spec, repository_uri, digest, env, run_id, candidate_gpus(client, spec, live, gpu),
-                          standin=standin)
+                          reload=reload, standin=standin)
     out.update(image=bspec[0].image, gpus=[i for b in bspec for i in b.labels.get(GPUS_LABEL, "").split(",") if i],
                replicas=len(bspec))
     gpu_rollout = decision.planned(gpu) if gpu else targets.get(spec.target).gpu_rollout(spec)
-    out.update(start_candidate(client, target, spec, bspec, live, gpu_rollout, log))
+    try:
+        out.update(start_candidate(client, target, spec, bspec, live, gpu_rollout, log))
+    except BaseException:
+        if out.get("publish"):  # the live repository goes back to its record
+            reconcile_live(s3.client(spec.storage), spec.storage, d.name, log)
+        raise
     return out
 
 
@@ -394,19 +477,29 @@ def go_live(spec: Spec, staged: dict, log: Log) -> dict:
     """Switch traffic to the staged candidate, watch it, then retire the old backend; returns what happened.
 
     A fault in the watch window switches traffic back to the old backend (still warm) and raises
-    PromotionFailed naming the cause.
+    PromotionFailed naming the cause. Reload: the gated build is published, loaded into the live backend and
+    smoke-tested, then recorded (``load_in_place``).
     """
     d = spec.deploy
     if staged.get("reused"):
         return {"switched": False, "reason": "the digest already serves"}
     if staged.get("in_place"):
-        prune_versions(s3.client(spec.storage), spec.storage, d.name)
-        return {"switched": False, "reason": f"loaded in place as version {staged.get('version')}"}
+        return load_in_place(spec, staged, log)
     client = docker_engine.connect(d.docker_host)
     target = target_for(spec)
     gap = staged.get("gpu_rollout") or {}
     if "stopped_at" not in gap:
-        return promote.go_live(client, target, staged, d.watch_s, d.max_error_rate_pct, d.drain_timeout_s, log)
+        try:
+            done = promote.go_live(client, target, staged, d.watch_s, d.max_error_rate_pct, d.drain_timeout_s, log)
+        except promote.PromotionFailed:
+            if staged.get("publish"):
+                reconcile_live(s3.client(spec.storage), spec.storage, d.name, log)
+            raise
+        if staged.get("publish"):  # the first reload backend serves its version: now the record says so
+            s3c = s3.client(spec.storage)
+            record_version(s3c, spec.storage, d.name, staged["digest"], staged["version"], log)
+            prune_versions(s3c, spec.storage, d.name)
+        return done
     # GPU reload: the old backend is stopped, so there is nothing warm to return to during the watch window.
     old = promote.BackendRef.from_dict(staged["previous"])
     try:
@@ -427,23 +520,56 @@ def go_live(spec: Spec, staged: dict, log: Log) -> dict:
     return done
 
 
+def load_in_place(spec: Spec, staged: dict, log: Log) -> dict:
+    """Reload, after the gates passed on the gating candidate: publish the build as the staged version, load it
+    into the live backend, smoke it there, then record it and remove the gating candidate. A failed load or smoke
+    puts the recorded version back (configs, then a load) and raises PromotionFailed; the record never moved."""
+    d = spec.deploy
+    client = docker_engine.connect(d.docker_host)
+    target = target_for(spec)
+    s3c = s3.client(spec.storage)
+    live = promote.BackendRef.from_dict(staged["live"])
+    gating = promote.BackendRef.from_dict(staged["candidate"])
+    version, digest = int(staged["version"]), staged["digest"]
+    state = read_live(s3c, spec.storage, d.name)
+    if int(state.get("version") or 0) != int(staged.get("previous_version") or 0):
+        promote.discard(client, gating, log)
+        raise promote.PromotionFailed(f"the live repository of {d.name} moved to version {state.get('version')} "
+                                      f"since staging (version {staged.get('previous_version')}); nothing loaded")
+    publish_version(s3c, spec.storage, d.name, digest, version, log)
+    try:
+        took = load_all(client, live, log)
+        smoke = probe.smoke(live.http)
+    except (RolloutError, probe.ProbeFailed) as err:
+        # Triton keeps the old version when a load fails; the repository goes back to the record and is loaded.
+        reconcile_live(s3c, spec.storage, d.name, log, client, live)
+        load_all(client, live, log)
+        _follow_in_place(client, target, live, log)
+        promote.discard(client, gating, log)
+        raise promote.PromotionFailed(f"version {version} did not serve on {live.container} ({err}); version "
+                                      f"{state.get('version')} loaded back and serves") from None
+    record_version(s3c, spec.storage, d.name, digest, version, log)
+    _follow_in_place(client, target, live, log)
+    promote.discard(client, gating, log)  # gated, never served: the live backend serves its build now
+    prune_versions(s3c, spec.storage, d.name)
+    log(f"reload: {live.container} serves version {version} (digest {digest[:12]}); smoke inference streamed "
+        f"{smoke['events']} responses")
+    return {"switched": False, "reason": f"loaded in place as version {version}", "version": version,
+            "load_s": round(took, 2), "live": live.to_dict()}
+
+
 def abandon(spec: Spec, staged: dict, log: Log) -> str:
-    """A staged candidate failed a gate: it never gets traffic (reload: the previous version is loaded back)."""
+    """A staged candidate failed a gate: it never gets traffic, and the live repository's record never moved."""
     d = spec.deploy
     if staged.get("reused"):
         return "nothing to undo (the digest already served)"
-    if staged.get("in_place"):
-        if not d.auto_rollback:
-            return "none (deploy.auto_rollback is false)"
-        s3c = s3.client(spec.storage)
-        state = revert_live(s3c, spec.storage, d.name, log)
-        client = docker_engine.connect(d.docker_host)
-        candidate = promote.BackendRef.from_dict(staged["candidate"])
-        load_all(client, candidate, log)
-        _follow_in_place(client, target_for(spec), candidate, log)
-        return f"reloaded version {state['version']}"
     client = docker_engine.connect(d.docker_host)
     promote.discard(client, promote.BackendRef.from_dict(staged["candidate"]), log)
+    if staged.get("in_place"):
+        return (f"gating candidate removed; {staged['live']['container']} kept serving version "
+                f"{staged.get('previous_version')}")
+    if staged.get("publish"):  # the first reload backend's version was never recorded: it goes
+        reconcile_live(s3.client(spec.storage), spec.storage, d.name, log)
     prev = staged.get("previous")
     if "stopped_at" in (staged.get("gpu_rollout") or {}) and prev:
         stop_first.restart(client, target_for(spec), promote.BackendRef.from_dict(prev), d.ready_timeout_s, log)

@@ -5,6 +5,7 @@ reports it, and the proxy's config file kept in step with them. What promote.py'
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -159,7 +160,10 @@ class BackendRef:
 # ---------------------------------------------------------------- observe
 
 
-def observe_backends(client: docker.DockerClient, name: str) -> list[topology.Backend]:
+def observe_backends(client: docker.DockerClient, name: str,
+                     served: frozenset[str] = frozenset()) -> list[topology.Backend]:
+    """The deployment's backends as Docker labels them; ``served``: the container ids the proxy has switched to
+    (served_ids), which alone plan_repair may fall back to."""
     out = []
     for c in engine.containers(client, name, role=engine.ROLE_BACKEND):
         try:
@@ -173,8 +177,32 @@ def observe_backends(client: docker.DockerClient, name: str) -> list[topology.Ba
             ready=running and probe.is_ready(f"http://127.0.0.1:{ports.http}", timeout_s=5.0, attempts=2),
             created=engine.created_key(c),
             run_id=c.labels.get(engine.LABEL_RUN, ""), legacy=engine.LABEL_ROLE not in c.labels,
-            replica=int(c.labels.get(engine.LABEL_REPLICA, "0") or 0)))
+            replica=int(c.labels.get(engine.LABEL_REPLICA, "0") or 0), served=c.id in served))
     return out
+
+
+# ---------------------------------------------------------------- the backends that have served
+
+SERVED_FILE = "served.json"  # in the proxy's state folder: container ids the proxy switched to, newest last
+SERVED_KEEP = 64  # a few rollouts back (every replica); a container id is never reused
+
+
+def served_ids(state_dir: Path) -> frozenset[str]:
+    """The container ids the proxy of this state folder has switched to ({} when none is recorded)."""
+    try:
+        return frozenset(json.loads((Path(state_dir) / SERVED_FILE).read_text()))
+    except (OSError, ValueError, TypeError):
+        return frozenset()
+
+
+def mark_served(state_dir: Path, ids: list[str]) -> None:
+    """Record that the proxy now routes to ``ids``: having passed their gates, they may serve again after a crash."""
+    path = Path(state_dir) / SERVED_FILE
+    try:
+        known = [i for i in json.loads(path.read_text()) if i not in ids]
+    except (OSError, ValueError, TypeError):
+        known = []
+    write_atomic(path, json.dumps((known + list(ids))[-SERVED_KEEP:]))
 
 
 def proxy_container(client: docker.DockerClient, name: str):

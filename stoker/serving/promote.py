@@ -25,6 +25,7 @@ from . import api_keys, haproxy, openai_service, probe, topology, triton_log
 from .retire import retire
 from .deployment import (BackendRef, Log, PromotionFailed, Target, keys_file, observe_backends, observe_proxy,
                          proxy_container, runtime_for, sync_config, write_config)
+from .deployment import mark_served, served_ids  # h1: which backends have served (plan_repair)
 from ..containers import port_lease
 from ..containers.ports import Ports, address_missing, choose_backend_ports, is_port_free, port_owner
 
@@ -39,7 +40,7 @@ START_ATTEMPTS = 3
 
 def reconcile(client: docker.DockerClient, target: Target, log: Log) -> topology.Backend | None:
     """Repair the deployment to one consistent state; returns the live backend (None: nothing serves)."""
-    backends = observe_backends(client, target.name)
+    backends = observe_backends(client, target.name, served_ids(target.state_dir))  # h1: served before
     view, proxy_c = observe_proxy(client, target)
     repair = topology.plan_repair(backends, view, target.listen, openai=bool(target.openai_image),
                                   address=target.address, front=target.front)
@@ -263,6 +264,7 @@ def switch(client: docker.DockerClient, target: Target, to: BackendRef, old: Bac
     # The file first: a crash between the two leaves a file that routes to the proven candidate, and reconcile
     # makes file and runtime agree again (sync_config). Runtime first could leave a file routing to a backend
     # that reconcile later removes: the next proxy restart would route to a dead port.
+    mark_served(target.state_dir, [client.containers.get(m.container).id for m in to.members()])  # h1: gated, may serve again
     slots = {to.slot: to.all_ports, **({old.slot: old.all_ports} if old else {})}
     write_config(target, slots, to.slot)
     rt.switch(to.slot, to.all_ports, drain=old.slot if old else None)

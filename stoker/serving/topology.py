@@ -27,6 +27,9 @@ class Backend:
     legacy: bool = False
     replica: int = 0  # deploy.replicas: 0 is the one the proxy's slot server names; 1.. its siblings
     members: tuple[Backend, ...] = ()  # the live backend's siblings (replicas 1..N-1), set by plan_repair
+    # The proxy switched to this container once (deployment.SERVED_FILE): it passed its gates. A candidate left by a
+    # killed run never did, so it is never made live in place of a routed backend that died.
+    served: bool = False
 
 
 @dataclass(frozen=True)
@@ -49,6 +52,7 @@ class Repair:
     remove: tuple[Backend, ...]
     proxy: str  # ok | start | create | recreate
     reroute: bool  # the proxy must be pointed at ``live`` (or away from a dead backend)
+    why: str = ""  # why nothing serves although a backend runs (the endpoint answers 503)
 
     def actions(self) -> list[str]:
         """Human-readable list of what the repair changes (empty: already consistent)."""
@@ -58,6 +62,8 @@ class Repair:
             out.append(f"{self.proxy} the proxy")
         if self.reroute:
             out.append(f"route the proxy to {self.live.container}" if self.live else "route the proxy to nothing")
+        if self.why:
+            out.append(self.why)
         return out
 
 
@@ -71,14 +77,19 @@ def plan_repair(backends: list[Backend], proxy: ProxyView, listen: Ports, openai
 
     The live backend is the one the proxy routes to while its container runs, even if a health
     probe just timed out (a saturated server answers slowly; removing it would take the endpoint
-    down); else the newest running, ready backend (a proxy that died, or a switch that was cut
-    off). Every other backend goes. A proxy whose /v1/ route is not the one wanted (``openai``)
+    down); else the newest running, ready backend that has served before (``served``: a proxy that
+    died, or a routed backend that died). A backend that never served is a candidate that may not
+    have passed its gates: it never becomes live here, and with nothing else the endpoint answers
+    503 (``why`` says so). Every other backend goes. A proxy whose /v1/ route is not the one wanted (``openai``)
     is recreated: HAProxy reads its routes only at start.
     """
     routed = next((b for b in backends if b.replica == 0 and b.running and not b.legacy and proxy.running
                    and b.slot == proxy.live and proxy.http_ports.get(b.slot) == b.ports.http), None)
     serving = [b for b in backends if b.replica == 0 and b.running and b.ready and not b.legacy]
-    live = routed or max(serving, key=lambda b: b.created, default=None)
+    live = routed or max((b for b in serving if b.served), key=lambda b: b.created, default=None)
+    ungated = [b.container for b in serving if not b.served] if live is None else []
+    why = (f"nothing that served before runs, and {', '.join(ungated)} never served (never known to have passed "
+           "its gates): nothing serves, the endpoint answers 503" if ungated else "")
     # deploy.replicas: the live backend's running siblings (same slot, build and run) stay with it.
     members = tuple(sorted((b for b in backends if live is not None and b is not live and b.replica > 0 and b.running
                             and b.slot == live.slot and b.digest == live.digest and b.run_id == live.run_id),
@@ -101,7 +112,7 @@ def plan_repair(backends: list[Backend], proxy: ProxyView, listen: Ports, openai
     else:
         action = "ok"
     reroute = action != "ok" or (live is not None and routed is None) or (live is None and proxy.live is not None)
-    return Repair(live=live, remove=remove, proxy=action, reroute=reroute)
+    return Repair(live=live, remove=remove, proxy=action, reroute=reroute, why=why)
 
 
 def next_slot(live: Backend | None) -> str:

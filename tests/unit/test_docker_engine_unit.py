@@ -124,9 +124,9 @@ def test_stat_csv_sessions_per_server():
 # ------------------------------------------------------------------ reconcile decisions
 
 
-def B(name, slot, port, *, running=True, ready=True, created=1, legacy=False, digest="d") -> Backend:
+def B(name, slot, port, *, running=True, ready=True, created=1, legacy=False, digest="d", served=True) -> Backend:
     return Backend(name, slot, Ports(port, port + 1, port + 2), digest, running, ready, ("t", created),
-                   legacy=legacy)
+                   legacy=legacy, served=served)
 
 
 def test_ending_a_slots_streams_covers_every_section():
