@@ -21,6 +21,7 @@ moto S3, Docker, the CPU Triton image, the HAProxy proxy; the commands are the i
 
 from __future__ import annotations
 
+import hashlib
 import json
 import multiprocessing as mp
 import os
@@ -219,6 +220,7 @@ def main() -> int:
     run = Run(state)
     s3_port = int(run.data["storage"]["endpoint_url"].rsplit(":", 1)[1])
     spec_file = state / "day2.json"  # JSON is YAML: what a user's spec file would hold
+    spec_file.write_text(json.dumps(run.spec_for().model_dump(mode="json", exclude_none=True)))
     old_key = Path(run.data["deploy"]["api_keys"]["file"]).read_text().splitlines()[0]
     t_start = time.time()
     sizes: dict = {}
@@ -243,10 +245,9 @@ def main() -> int:
         run.phase("reload in place (E)", lambda: day(run, "E", "reload"))
 
         def revoke_step() -> dict:
-            spec_file.write_text(json.dumps(run.spec_for("reload").model_dump(mode="json", exclude_none=True)))
             before = status_with_key(endpoint, old_key)
             t0 = time.monotonic()
-            res = stoker("keys", "revoke", str(spec_file), old_key[:12])
+            res = stoker("keys", str(spec_file), "revoke", hashlib.sha256(old_key.encode()).hexdigest()[:12])
             while status_with_key(endpoint, old_key) != 401 and time.monotonic() - t0 < 30:
                 time.sleep(0.05)
             took = round(time.monotonic() - t0, 2)
@@ -265,8 +266,8 @@ def main() -> int:
         while run.runs < DEPLOYS_FOR_GROWTH:
             run.phase(f"replace -> G{run.runs}", lambda: day(run, f"G{run.runs}"))
         sizes["after_20_deploys"] = {**state_size(run), "deploys": run.runs, "growth_deploys_from": n}
-        run.phase("stoker prune --dry-run", lambda: stoker("prune", "--dry-run"))
-        run.phase("stoker prune", lambda: stoker("prune"))
+        run.phase("stoker prune --dry-run", lambda: stoker("prune", "--dry-run", "--spec", str(spec_file)))
+        run.phase("stoker prune", lambda: stoker("prune", "--spec", str(spec_file)))
         sizes["after_prune"] = state_size(run)
         time.sleep(3)
         stop.set()
