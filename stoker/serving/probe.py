@@ -18,6 +18,7 @@ from ..protocol import ENSEMBLE, Interface
 from ..triton.config import ENSEMBLE_NAME
 from ..triton.metrics import in_flight
 from ..triton.metrics import parse as parse_metrics
+from . import traffic
 
 
 class ProbeFailed(StokerError):
@@ -184,6 +185,12 @@ def request_counts(metrics_url: str, model: str = ENSEMBLE_NAME, timeout_s: floa
     with urllib.request.urlopen(metrics_url, timeout=timeout_s) as resp:
         row = parse_metrics(resp.read().decode("utf-8", "replace")).get(model, {})
     return row.get("success", 0.0), row.get("failure", 0.0)
+
+
+def route_tallies(metrics_url: str, timeout_s: float = 2.0) -> dict[str, traffic.Tally]:
+    """Every model's requests since the server started, failures split by whose fault (serving.traffic)."""
+    with urllib.request.urlopen(metrics_url, timeout=timeout_s) as resp:
+        return traffic.triton_tallies(resp.read().decode("utf-8", "replace"))
 
 
 def requests_in_flight(metrics_url: str, timeout_s: float = 2.0) -> int | None:

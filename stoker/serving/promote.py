@@ -13,19 +13,24 @@ routing from ``haproxy``, containers from ``docker_engine``.
 
 from __future__ import annotations
 
+import dataclasses
+import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import docker
 import docker.errors
+import requests
 
 from ..containers import engine
 from ..protocol import by_layout
-from . import api_keys, haproxy, openai_service, probe, topology, triton_log
+from . import api_keys, haproxy, openai_service, probe, topology, traffic, triton_log
 from .retire import retire
-from .deployment import (BackendRef, Log, PromotionFailed, Target, keys_file, observe_backends, observe_proxy,
-                         proxy_container, runtime_for, sync_config, write_config)
+from .deployment import (TLS_NAME, BackendRef, Log, PromotionFailed, Target, keys_file, observe_backends,
+                         observe_proxy, proxy_container, runtime_for, sync_config, write_config)
 from .deployment import mark_served, served_ids  # h1: which backends have served (plan_repair)
+from ..atomic import write_atomic
 from ..containers import port_lease
 from ..containers.ports import Ports, address_missing, choose_backend_ports, is_port_free, port_owner
 
@@ -41,6 +46,7 @@ START_ATTEMPTS = 3
 def reconcile(client: docker.DockerClient, target: Target, log: Log) -> topology.Backend | None:
     """Repair the deployment to one consistent state; returns the live backend (None: nothing serves)."""
     backends = observe_backends(client, target.name, served_ids(target.state_dir))  # h1: served before
+    remove_stale_proxies(client, target, log)
     view, proxy_c = observe_proxy(client, target)
     repair = topology.plan_repair(backends, view, target.listen, openai=bool(target.openai_image),
                                   address=target.address, front=target.front)
@@ -52,7 +58,9 @@ def reconcile(client: docker.DockerClient, target: Target, log: Log) -> topology
             engine.stop_and_remove(by_name[b.container], log)
     live = repair.live
     slots = {live.slot: [live.ports, *(m.ports for m in live.members)]} if live else {}
-    if repair.proxy in ("create", "recreate", "start"):
+    if repair.proxy == "recreate" and proxy_c is not None and proxy_c.status == "running":
+        handover(client, target, proxy_c, slots, live.slot if live else None, log)
+    elif repair.proxy in ("create", "recreate", "start"):
         if proxy_c is not None and repair.proxy == "recreate":
             engine.stop_and_remove(proxy_c, log)
             proxy_c = None
@@ -135,6 +143,170 @@ def start_proxy(client: docker.DockerClient, target: Target, log: Log):
         f"http={target.listen.http} grpc={target.listen.grpc} metrics={target.listen.metrics}")
     return engine.start_proxy(client, target.name, target.proxy_image, target.listen, target.state_dir,
                               haproxy.MOUNT, haproxy.CONFIG_NAME, address=target.address, front=target.front)
+
+
+# ---------------------------------------------------------------- proxy handover (a recreate)
+
+# The old proxy finishes its requests this long once the new one serves (HAProxy's soft stop), then goes.
+PROXY_DRAIN_S = 10.0
+CHECK_TIMEOUT_S = 60.0
+HANDOVER = ".handover"  # suffix of the second name the old proxy's unix sockets keep during a handover
+
+
+class ProxyRefused(engine.DeployError):
+    """A new proxy did not start (its configuration refused, or a bind failed); the running one still serves."""
+
+
+def first_error(text: str) -> str:
+    """HAProxy's first ALERT line without its prefix (else its last line): the cause, in one line. Pure."""
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    for ln in lines:
+        if "[ALERT]" in ln:
+            return ln.split(" : ", 1)[1].strip() if " : " in ln else ln
+    return lines[-1] if lines else "no output"
+
+
+def check_config(client: docker.DockerClient, image: str, folder) -> None:
+    """``haproxy -c`` in a one-off container of the proxy image, ``folder`` mounted where the proxy's state folder
+    is: the configuration parses and the certificate and key list it names load. It binds nothing (a bind failure
+    shows only when the proxy starts: handover). ProxyRefused names HAProxy's first error."""
+    try:
+        client.containers.run(image, ["-c", "-f", f"{haproxy.MOUNT}/{haproxy.CONFIG_NAME}"], entrypoint=["haproxy"],
+                              volumes={str(folder): {"bind": haproxy.MOUNT, "mode": "ro"}}, network_mode="host",
+                              remove=True, stdout=True, stderr=True)
+    except docker.errors.ContainerError as err:
+        raise ProxyRefused(f"HAProxy refuses the new configuration: "
+                           f"{first_error((err.stderr or b'').decode('utf-8', 'replace'))}") from None
+
+
+def handover(client: docker.DockerClient, target: Target, old, slots: dict, live_slot: str | None, log: Log) -> None:
+    """Replace the running proxy ``old`` by one with a new front (certificate, keys, address, ports, routes) with no
+    moment in which nothing answers: the new configuration is validated, the new proxy starts beside the old one and
+    must answer before the old one goes; if it does not, the old one keeps serving, as it was, and ProxyRefused says
+    why in one line.
+
+    Sharing the ports: HAProxy binds its listeners with SO_REUSEPORT on Linux unless `noreuseport` (global) or -dR
+    says otherwise (HAProxy's configuration manual, "noreuseport"), which stoker never sets; both containers use the
+    host's network and run HAProxy as the same user, which SO_REUSEPORT asks of sockets sharing a port. So two
+    proxies on one port is always possible here, and no stop-then-start fallback is needed (tests/integration/
+    test_endpoint_boundary.py starts one beside another). The unix sockets (runtime API, the OpenAI service's gRPC
+    path) cannot be shared: the new proxy takes their names over as it starts, even when it then fails; the old
+    proxy's sockets keep a second name meanwhile and get their own back on a failure.
+    """
+    import shutil
+    import tempfile
+
+    name = engine.proxy_name(target.name)
+    live = live_slot
+    trial = Path(tempfile.mkdtemp(prefix=".proxy-check-", dir=target.state_dir))
+    try:
+        write_config(dataclasses.replace(target, state_dir=trial), slots, live)
+        check_config(client, target.proxy_image, trial)
+    except ProxyRefused as err:
+        raise ProxyRefused(f"proxy {name} was not replaced: {err}; the running proxy keeps serving") from None
+    finally:
+        shutil.rmtree(trial, ignore_errors=True)
+    log(f"reconcile {target.name}: the new proxy configuration is valid (haproxy -c); starting it beside {name}")
+    saved = {n: _read(target.state_dir / n) for n in (haproxy.CONFIG_NAME, TLS_NAME, api_keys.DIGESTS_NAME)}
+    sockets = _second_names(target.state_dir)
+    old_ino = _inode(target.state_dir / haproxy.SOCKET_NAME)
+    old.rename(f"{name}-old-{old.short_id}")  # the new one takes the name: proxy_container finds the newest
+    new = None
+    try:
+        write_config(target, slots, live)
+        new = start_proxy(client, target, log)
+        _wait_new_proxy(target, new, old_ino)
+    except BaseException as err:
+        for c in [new] if new is not None else []:
+            c.remove(force=True)
+        for own, second in sockets.items():
+            os.replace(second, own)  # the old proxy's runtime API (and gRPC path) under their names again
+        for n, data in saved.items():
+            if data is None:
+                (target.state_dir / n).unlink(missing_ok=True)
+            else:
+                write_atomic(target.state_dir / n, data)
+        old.rename(name)
+        if not isinstance(err, Exception):
+            raise
+        cause = first_error(str(err)) if isinstance(err, ProxyRefused) else engine.one_line(err)
+        raise ProxyRefused(f"proxy {name} was not replaced: {cause}; the running proxy keeps serving") from None
+    for second in sockets.values():
+        second.unlink(missing_ok=True)
+    log(f"reconcile {target.name}: the new proxy serves; the old one finishes its requests and goes")
+    _retire_proxy(old, log)
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text()
+    except FileNotFoundError:
+        return None
+
+
+def _inode(path: Path) -> int | None:
+    try:
+        return path.stat().st_ino
+    except OSError:
+        return None
+
+
+def _second_names(state_dir: Path) -> dict[Path, Path]:
+    """A hard link to each unix socket the running proxy listens on, under the state folder: {own name: second}."""
+    out = {}
+    for own in (state_dir / haproxy.SOCKET_NAME, state_dir / openai_service.FOLDER / openai_service.GRPC_SOCKET):
+        if own.is_socket():
+            second = own.with_name(own.name + HANDOVER)
+            second.unlink(missing_ok=True)
+            os.link(own, second)
+            out[own] = second
+    return out
+
+
+def _wait_new_proxy(target: Target, new, old_ino: int | None, timeout_s: float = PROXY_START_TIMEOUT_S) -> None:
+    """Until ``new`` answers on the runtime API's name (no longer the old proxy's socket): it has bound every
+    listener, as HAProxy binds them all before it serves. ProxyRefused with HAProxy's first error if it exits."""
+    sock = target.state_dir / haproxy.SOCKET_NAME
+    deadline = time.monotonic() + timeout_s
+    while True:
+        reason = engine.exit_reason(new)
+        if reason:
+            raise ProxyRefused(first_error(engine.log_tail(new, 10)) or reason)
+        if _inode(sock) not in (None, old_ino):
+            try:
+                haproxy.Runtime(target.state_dir).servers()
+                return
+            except haproxy.ProxyApiError:
+                pass
+        if time.monotonic() > deadline:
+            raise ProxyRefused(f"the new proxy did not answer within {timeout_s:g} s")
+        time.sleep(0.1)
+
+
+def _retire_proxy(old, log: Log) -> None:
+    """HAProxy's soft stop (SIGUSR1): the old proxy stops listening, finishes its requests, then exits; removed
+    after PROXY_DRAIN_S at the latest. Docker must not restart it meanwhile."""
+    try:
+        old.update(restart_policy={"Name": "no"})
+        old.kill(signal="SIGUSR1")
+        old.wait(timeout=PROXY_DRAIN_S)
+    except (docker.errors.DockerException, requests.exceptions.RequestException):
+        pass  # gone already, or still draining: removed below
+    engine.stop_and_remove(old, log)
+
+
+def remove_stale_proxies(client: docker.DockerClient, target: Target, log: Log) -> None:
+    """A handover cut off (a killed process) can leave two proxies: the newest running one stays."""
+    found = engine.containers(client, target.name, role=engine.ROLE_PROXY)
+    if len(found) < 2:
+        return
+    keep = next((c for c in found if c.status == "running"), found[0])
+    for c in found:
+        if c is not keep:
+            log(f"reconcile {target.name}: remove {c.name} (a proxy left by a handover that was cut off)")
+            engine.stop_and_remove(c, log)
+    if keep.name != engine.proxy_name(target.name):
+        keep.rename(engine.proxy_name(target.name))
 
 
 def wait_proxy(client: docker.DockerClient, target: Target, timeout_s: float = PROXY_START_TIMEOUT_S) -> None:
@@ -283,13 +455,36 @@ class WatchResult:
     healthy: bool
     cause: str | None
     seconds: float
-    requests: float
-    failures: float
+    requests: float  # on the busiest route (one request may count on several: serving.traffic)
+    failures: float  # build-fault failures on the route with the most of them
+    routes: dict[str, traffic.Tally] = field(default_factory=dict)
+
+
+def _window_tallies(members: list[BackendRef], proxy: haproxy.Runtime | None) -> dict[str, traffic.Tally]:
+    """Every route's cumulative counters now: each Triton model summed over replicas, and /v1 at the proxy."""
+    routes: dict[str, traffic.Tally] = {}
+    for m in members:
+        for model, t in probe.route_tallies(m.metrics).items():
+            routes[model] = routes.get(model, traffic.Tally()) + t
+    if proxy is not None:
+        v1 = traffic.proxy_tally(haproxy.command(proxy.sock, "show stat"), haproxy.OPENAI_BACKEND,
+                                 haproxy.OPENAI_BACKEND)
+        if v1 is not None:
+            routes[traffic.OPENAI_ROUTE] = v1
+    return routes
+
+
+def _since(now: dict[str, traffic.Tally], base: dict[str, traffic.Tally]) -> dict[str, traffic.Tally]:
+    return {route: t - base.get(route, traffic.Tally()) for route, t in now.items()}
 
 
 def watch(client: docker.DockerClient, live: BackendRef, window_s: float, max_error_rate_pct: float,
-          log: Log, interval_s: float = 0.5, unready_after_s: float = 15.0) -> WatchResult:
-    """Watch the new backend (every replica) for ``window_s``: alive, ready, error rate within the threshold.
+          log: Log, interval_s: float = 0.5, unready_after_s: float = 15.0,
+          min_failures: int = traffic.MIN_FAILURES, proxy: haproxy.Runtime | None = None) -> WatchResult:
+    """Watch the new backend (every replica) for ``window_s``: alive, ready, and every route's failures within the
+    rule (serving.traffic.judge: at least ``min_failures`` build-fault failures and a rate over
+    ``max_error_rate_pct`` on one route switch back; a client's bad input never does). ``proxy``: the proxy's
+    runtime API, to count /v1 (the OpenAI service) too.
 
     Readiness is judged over time (probe.Readiness): a backend that misses probes for ``unready_after_s`` is
     switched away from; a slow answer on a busy host is not.
@@ -301,59 +496,93 @@ def watch(client: docker.DockerClient, live: BackendRef, window_s: float, max_er
     except docker.errors.NotFound as err:
         return WatchResult(False, f"{live.container} was removed ({err.explanation or err})", 0.0, 0, 0)
 
-    # The requests of the model clients address (the ensemble, or the LLM API's one model): stoker.protocol.
-    model = by_layout(containers[0].labels.get(engine.LABEL_INTERFACE, "ensemble")).model
-
-    def counts() -> tuple[float, float]:
-        pairs = [probe.request_counts(m.metrics, model) for m in members]
-        return sum(p[0] for p in pairs), sum(p[1] for p in pairs)
-
     try:
-        base_ok, base_bad = counts()
-    except OSError:
-        base_ok = base_bad = 0.0
-    ok = bad = 0.0
+        base = _window_tallies(members, proxy)
+    except (OSError, haproxy.ProxyApiError):
+        base = {}
+    routes: dict[str, traffic.Tally] = {}
+
+    def result(healthy: bool, cause: str | None) -> WatchResult:
+        busiest = max((t.requests for t in routes.values()), default=0.0)
+        worst = max((t.build_faults for t in routes.values()), default=0.0)
+        return WatchResult(healthy, cause, time.monotonic() - t0, busiest, worst, routes)
+
     readiness = [probe.Readiness(span_s=unready_after_s) for _ in members]
     while True:
         for m, c, ready in zip(members, containers, readiness):
             reason = engine.exit_reason(c)
             if reason:
-                return WatchResult(False, f"{m.container} died during the watch window ({reason})",
-                                   time.monotonic() - t0, ok, bad)
+                return result(False, f"{m.container} died during the watch window ({reason})")
             if ready.observe(probe.is_ready(m.http, timeout_s=5.0), time.monotonic()):
-                return WatchResult(False, f"{m.container} stopped answering ready during the watch window "
-                                   f"({ready.describe(time.monotonic())})", time.monotonic() - t0, ok, bad)
+                return result(False, f"{m.container} stopped answering ready during the watch window "
+                              f"({ready.describe(time.monotonic())})")
         try:
-            now_ok, now_bad = counts()
-            ok, bad = now_ok - base_ok, now_bad - base_bad
-        except OSError:
-            pass
-        total = ok + bad
-        if bad > 0 and total > 0 and 100.0 * bad / total > max_error_rate_pct:
-            return WatchResult(False, f"{live.container} failed {bad:g} of {total:g} requests "
-                               f"({100.0 * bad / total:.1f} % > {max_error_rate_pct:g} %) during the watch window",
-                               time.monotonic() - t0, ok, bad)
+            routes = _since(_window_tallies(members, proxy), base)
+        except (OSError, haproxy.ProxyApiError):
+            pass  # a missed scrape; the counters are cumulative, the next one catches up
+        broken = traffic.judge(routes, max_error_rate_pct, min_failures)
+        if broken:
+            return result(False, f"{live.container}: {broken} during the watch window")
         # A streak of failed probes open at the window's end is settled first: recovered, or a verdict.
         if time.monotonic() - t0 >= window_s and not any(r.failing for r in readiness):
             served = live.container + (f" and {len(members) - 1} more replica(s)" if len(members) > 1 else "")
-            log(f"watch window {window_s:g} s passed: {served} served {total:g} requests, {bad:g} failed")
-            return WatchResult(True, None, time.monotonic() - t0, ok, bad)
+            log(f"watch window {window_s:g} s passed: {served} served {traffic.describe(routes)}")
+            return result(True, None)
         time.sleep(interval_s)
+
+
+def backend_alive(client: docker.DockerClient, ref: BackendRef, attempts: int = 3) -> str | None:
+    """None when every replica of ``ref`` runs and answers ready; else why not, in a few words."""
+    for m in ref.members():
+        try:
+            reason = engine.exit_reason(client.containers.get(m.container))
+        except docker.errors.NotFound:
+            reason = "container was removed"
+        if reason:
+            return f"{m.container}: {reason}"
+        if not probe.is_ready(m.http, timeout_s=3.0, attempts=attempts):
+            return f"{m.container} does not answer ready"
+    return None
 
 
 def switch_back(client: docker.DockerClient, target: Target, failed: BackendRef, old: BackendRef | None,
                 drain_timeout_s: float, log: Log) -> str:
-    """Undo a switch: traffic back on ``old`` (still warm), then the failed backend goes."""
+    """Undo a switch: traffic back on ``old`` (still warm), then the failed backend goes.
+
+    Never onto a dead backend: ``old`` must run and answer ready first. If it does not, the failed backend keeps
+    serving while it is alive (a build that fails some requests beats an endpoint that answers none); if both are
+    gone, the endpoint answers 503. The returned line says which happened.
+    """
     if old is None:
         discard(client, failed, log)
-        view, _ = observe_proxy(client, target)
-        write_config(target, {}, None)
-        if view.running:
-            runtime_for(target, proxy_container(client, target.name)).maint(failed.slot)
+        _unroute(client, target, failed)
         return "nothing served before: the endpoint now answers 503"
-    switch(client, target, old, failed, log)
-    retire(client, target, failed, min(drain_timeout_s, 10.0), log, live=old)
-    return f"traffic is back on {old.container} (digest {old.digest[:12]})"
+    old_dead = backend_alive(client, old)
+    if old_dead is None:
+        switch(client, target, old, failed, log)
+        retire(client, target, failed, min(drain_timeout_s, 10.0), log, live=old)
+        return f"traffic is back on {old.container} (digest {old.digest[:12]})"
+    new_dead = backend_alive(client, failed, attempts=1)
+    if new_dead is None:
+        line = (f"not switched back: the old backend is dead ({old_dead}); {failed.container} (digest "
+                f"{failed.digest[:12]}) keeps serving")
+        log(line)
+        return line
+    _unroute(client, target, failed, old)
+    line = (f"not switched back: the old backend is dead ({old_dead}) and so is the new one ({new_dead}); "
+            "the endpoint now answers 503")
+    log(line)
+    return line
+
+
+def _unroute(client: docker.DockerClient, target: Target, *refs: BackendRef) -> None:
+    """No backend takes traffic: the file routes nowhere and the running proxy's servers of ``refs`` go to maint."""
+    view, _ = observe_proxy(client, target)
+    write_config(target, {}, None)
+    if view.running:
+        rt = runtime_for(target, proxy_container(client, target.name))
+        for ref in refs:
+            rt.maint(ref.slot)
 
 
 # ---------------------------------------------------------------- the whole promotion
@@ -373,7 +602,7 @@ def prepare(client: docker.DockerClient, target: Target, spec: engine.BackendSpe
 
 
 def go_live(client: docker.DockerClient, target: Target, staged: dict, watch_s: float, max_error_rate_pct: float,
-            drain_timeout_s: float, log: Log) -> dict:
+            drain_timeout_s: float, log: Log, min_failures: int = traffic.MIN_FAILURES) -> dict:
     """Switch to the staged candidate, watch it, retire the old backend; on a fault switch back and raise."""
     cand = BackendRef.from_dict(staged["candidate"])
     old = BackendRef.from_dict(staged.get("previous"))
@@ -383,7 +612,8 @@ def go_live(client: docker.DockerClient, target: Target, staged: dict, watch_s: 
         log(f"first backend of {target.name}: no watch window (nothing to return to)")
         return {"switched": True, "switch_s": round(switch_s, 4), "watch_s": 0.0, "watch_requests": 0,
                 "watch_failures": 0, "live": cand.to_dict()}
-    watched = watch(client, cand, watch_s, max_error_rate_pct, log)
+    proxy = runtime_for(target, proxy_container(client, target.name)) if target.openai_image else None
+    watched = watch(client, cand, watch_s, max_error_rate_pct, log, min_failures=min_failures, proxy=proxy)
     out = {"switched": True, "switch_s": round(switch_s, 4), "watch_s": round(watched.seconds, 2),
            "watch_requests": watched.requests, "watch_failures": watched.failures, "live": cand.to_dict()}
     if not watched.healthy:
