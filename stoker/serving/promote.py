@@ -170,6 +170,7 @@ def check_config(client: docker.DockerClient, image: str, folder) -> None:
     """``haproxy -c`` in a one-off container of the proxy image, ``folder`` mounted where the proxy's state folder
     is: the configuration parses and the certificate and key list it names load. It binds nothing (a bind failure
     shows only when the proxy starts: handover). ProxyRefused names HAProxy's first error."""
+    engine.require_image(client, image)
     try:
         client.containers.run(image, ["-c", "-f", f"{haproxy.MOUNT}/{haproxy.CONFIG_NAME}"], entrypoint=["haproxy"],
                               volumes={str(folder): {"bind": haproxy.MOUNT, "mode": "ro"}}, network_mode="host",
@@ -229,7 +230,7 @@ def handover(client: docker.DockerClient, target: Target, old, slots: dict, live
         old.rename(name)
         if not isinstance(err, Exception):
             raise
-        cause = first_error(str(err)) if isinstance(err, ProxyRefused) else engine.one_line(err)
+        cause = str(err) if isinstance(err, ProxyRefused) else engine.one_line(err)
         raise ProxyRefused(f"proxy {name} was not replaced: {cause}; the running proxy keeps serving") from None
     for second in sockets.values():
         second.unlink(missing_ok=True)

@@ -69,3 +69,57 @@ def test_a_second_ensure_does_not_rebuild(built):
     assert any(line == f"image {DEFAULT_PROXY_IMAGE} is up to date (recipe " + line.rsplit("recipe ", 1)[1]
                for line in logs), logs
     assert not any("docker build" in line for line in logs), logs
+
+
+# ------------------------------------------------------------------ what the proxy handover relies on (issue 49)
+
+
+def test_a_config_haproxy_refuses_is_named_in_one_line_before_any_proxy_starts(built, tmp_path):
+    from stoker.serving import promote
+
+    (tmp_path / "haproxy.cfg").write_text(CONFIG.replace("    bind 127.0.0.1:1", "    bind 127.0.0.1:1 no-such-option"))
+    with pytest.raises(promote.ProxyRefused) as exc:
+        promote.check_config(docker.from_env(), DEFAULT_PROXY_IMAGE, tmp_path)
+    message = str(exc.value)
+    assert "\n" not in message and "no-such-option" in message and "[ALERT]" not in message, message
+    (tmp_path / "haproxy.cfg").write_text(CONFIG)
+    promote.check_config(docker.from_env(), DEFAULT_PROXY_IMAGE, tmp_path)  # valid: no error
+
+
+def test_the_rendered_config_with_checks_logs_keys_and_replicas_is_valid(built, tmp_path):
+    from stoker.containers.ports import Ports
+    from stoker.serving import haproxy, promote
+
+    layout = haproxy.ProxyLayout(Ports(18500, 18501, 18502), {"blue": [Ports(20000, 20001, 20002),
+                                                                      Ports(20003, 20004, 20005)]}, "blue",
+                                 keys="/stoker/keys", replicas=2, openai="/stoker/openai/api.sock",
+                                 openai_grpc="/stoker/openai/grpc.sock")
+    (tmp_path / "haproxy.cfg").write_text(haproxy.render(layout))
+    (tmp_path / "keys").write_text("")
+    promote.check_config(docker.from_env(), DEFAULT_PROXY_IMAGE, tmp_path)
+
+
+def test_two_proxies_share_a_port_unless_noreuseport(built, tmp_path):
+    """HAProxy 2.6 binds with SO_REUSEPORT by default on Linux (`noreuseport` turns it off): the handover starts the
+    new proxy on the old one's ports before the old one goes."""
+    import time
+
+    client = docker.from_env()
+    port = 18510
+    config = CONFIG.replace("master-worker", "stats timeout 5s").replace("127.0.0.1:1", f"127.0.0.1:{port}")
+    (tmp_path / "haproxy.cfg").write_text(config)
+    (tmp_path / "noreuse.cfg").write_text(config.replace("global\n", "global\n    noreuseport\n"))
+    started = []
+    try:
+        for name in ("haproxy.cfg", "haproxy.cfg", "noreuse.cfg"):
+            started.append(client.containers.run(DEFAULT_PROXY_IMAGE, ["-db", "-f", f"/stoker/{name}"],
+                                                 entrypoint="haproxy", detach=True, network_mode="host",
+                                                 volumes={str(tmp_path): {"bind": "/stoker", "mode": "ro"}}))
+            time.sleep(1.0)
+        for c in started:
+            c.reload()
+        assert [c.status for c in started[:2]] == ["running", "running"]
+        assert started[2].status == "exited" and "cannot bind socket" in started[2].logs().decode()
+    finally:
+        for c in started:
+            c.remove(force=True)
