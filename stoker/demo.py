@@ -67,10 +67,10 @@ def start_stack(log=print) -> tuple[str, str]:
     ensure_tiny_model(repos_dir(state), log)
     hub = ensure_mirror(state, HUB_PORT)
     log(f"demo: Hub mirror (olah) at {hub}")
-    s3_url = ensure_s3(state, S3_PORT)
+    s3_url = ensure_s3(state, S3_PORT, data_dir=state / "s3-data")  # kept on disk: a reboot loses no build or run
     # The demo's S3 is local: use its throwaway credentials, never the caller's real AWS keys.
     os.environ.update({k: v for k, v in s3_env(s3_url).items() if k != "AWS_ENDPOINT_URL"})
-    log(f"demo: S3 (moto) at {s3_url}")
+    log(f"demo: S3 (moto, objects kept in {state / 's3-data'}) at {s3_url}")
     if ensure_daemon(None, state):
         log("demo: started dockerd")
     spec_image = yaml.safe_load(DEMO_SPEC.read_text()).get("deploy", {}).get("image")

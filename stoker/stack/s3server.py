@@ -1,4 +1,9 @@
-"""A local S3 endpoint: moto's standalone server, a real HTTP S3 API (no MinIO is installable here)."""
+"""A local S3 endpoint: moto's standalone server, a real HTTP S3 API (no MinIO is installable here).
+
+In memory by default (the tests: one per process, thrown away). With ``data_dir`` (the demo and `make stack`) it is
+moto behind stoker/stack/s3_persistent.py, which keeps every acknowledged object on disk: a reboot or a restart of
+the service loses no repository, manifest or baseline.
+"""
 
 from __future__ import annotations
 
@@ -38,8 +43,9 @@ def _answers_http(url: str) -> bool:
         return False
 
 
-def ensure_s3(state_dir: Path, port: int | None = None, timeout_s: float = 60) -> str:
-    """Start moto_server on 127.0.0.1:port (a free port if None), or reuse ours; returns its URL.
+def ensure_s3(state_dir: Path, port: int | None = None, timeout_s: float = 60, data_dir: Path | None = None) -> str:
+    """Start moto_server on 127.0.0.1:port (a free port if None), or reuse ours; returns its URL. ``data_dir``: keep
+    the objects there and load them back at start (stoker.stack.s3_persistent) instead of in memory only.
 
     Raises:
         ServiceError: ours already runs on a different port, or it failed to start
@@ -49,9 +55,12 @@ def ensure_s3(state_dir: Path, port: int | None = None, timeout_s: float = 60) -
     if running is not None:
         return running.url
     url = f"http://127.0.0.1:{port}"
+    argv = ([sys.executable, "-m", "stoker.stack.s3_persistent", "--host", "127.0.0.1", "--port", str(port),
+             "--data", str(Path(data_dir).resolve())] if data_dir is not None
+            else [str(moto_server_bin()), "-H", "127.0.0.1", "-p", str(port)])
     start_service(
         SERVICE_NAME,
-        [str(moto_server_bin()), "-H", "127.0.0.1", "-p", str(port)],
+        argv,
         port,
         state_dir,
         ready=lambda: _answers_http(url + "/"),
