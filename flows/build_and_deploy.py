@@ -29,6 +29,7 @@ from tasks.evaluate import evaluation_data
 from tasks.gate import promote_run
 from tasks.hub import fetch_adapters, fetch_weights
 from tasks.preflight import preflight_checks, refuse_rolled_back
+from tasks.ordering import refuse_older_run
 from tasks.rollout import emit_failure, read_rollback
 from tasks.routing import mark_routed, route_heavy_steps
 from tasks.s3 import store_manifest, upload_repository
@@ -118,6 +119,7 @@ def run_steps(spec: Spec, ctx: RunContext, steps: Steps, force: bool = False) ->
     # One run at a time serves a deployment, whoever started it (schedule, webhook, UI): two at once would each
     # reconcile away the other's staged candidate. Heavy steps above overlap freely; the second waits here.
     with exclusive(deploy_lock(spec.deploy.name), print, f"another run is deploying {spec.deploy.name!r}"):
+        refuse_older_run(spec, ctx, force)  # a run started before the serving build's run never replaces it
         ctx.gpu = target.settle_gpus(steps, spec, ctx)  # the candidate's GPUs, chosen once, from what serves now
         target.record_baseline(steps, spec, ctx)  # GPU targets: a missing bf16 baseline, recorded first
         benchmarked = target.deploy(steps, spec, ctx, built, packaged, uploaded)  # evaluated before promoted

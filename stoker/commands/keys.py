@@ -20,6 +20,13 @@ from ..errors import StokerError
 SHOWN = 12  # digest characters printed: enough to tell keys apart and to name one to revoke
 
 
+def keys_file() -> str:
+    """The digests' file as the proxy sees it (stoker.serving.deployment.keys_file)."""
+    from ..serving import api_keys, haproxy
+
+    return f"{haproxy.MOUNT}/{api_keys.DIGESTS_NAME}"
+
+
 class KeysError(StokerError):
     """No keys in the spec, no proxy to push to, or a change that would lock every client out."""
 
@@ -28,10 +35,12 @@ def _proxy(spec):
     """The running proxy's admin socket and state folder; one line when there is none that checks keys."""
     from ..containers import engine
     from ..run import stoker_home
-    from ..serving import haproxy, promote
+    from ..serving import haproxy
 
     name = spec.deploy.name
-    c = promote.proxy_container(engine.connect(spec.deploy.docker_host), name)
+    # engine and haproxy alone, not stoker.serving.promote: a revoke's seconds are mostly this process's start.
+    found = engine.containers(engine.connect(spec.deploy.docker_host), name, role=engine.ROLE_PROXY)
+    c = found[0] if found else None
     if c is None or c.status != "running":
         raise KeysError(f"no running proxy for deployment {name}: nothing changed (stoker reconcile starts it; "
                         "stoker status shows what runs)")
@@ -45,7 +54,6 @@ def _proxy(spec):
 def _push(spec, text: str, sock, state_dir) -> tuple[int, bool]:
     """The source's digests to the proxy's state folder, then to the running proxy; (count, whether it changed)."""
     from ..serving import api_keys
-    from ..serving.deployment import keys_file
 
     keyset = api_keys.parse(text, api_keys.source_name(spec.deploy.api_keys))
     api_keys.publish(state_dir, keyset)
@@ -54,7 +62,6 @@ def _push(spec, text: str, sock, state_dir) -> tuple[int, bool]:
 
 def list_keys(spec) -> list[str]:
     from ..serving import api_keys
-    from ..serving.deployment import keys_file
 
     source = spec.deploy.api_keys
     digests = sorted({api_keys.digest(k) for k in api_keys.keys_of(api_keys.read_source(source))})
