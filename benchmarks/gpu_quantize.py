@@ -276,7 +276,7 @@ def device(out_dir: Path, tokenizer: Path, budget_s: float, steps: set[int] | No
 # ---------------------------------------------------------------------------------------------- report (here)
 
 NOT_MEASURED = [
-    "Two H100s: both device calls asked for kind nvidia-h100-x2 and were served two H200s (the tool may substitute). "
+    "Two H100s: three device calls (two sessions) asked for kind nvidia-h100-x2 and were served two H200s each (the tool may substitute; the third run, 2026-11-28 05:5x UTC, reproduced every peak here to the MiB and was not committed). "
     "One H100 (kind nvidia-h100-x1) is measured in sections.h100_one_gpu: the same peaks to the MiB as here.",
     "NVFP4 inference: Hopper (sm_90) has no FP4 kernels; nvfp4 ran quantize + export only (the checkpoint serves on "
     "Blackwell).",
