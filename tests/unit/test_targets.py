@@ -126,6 +126,8 @@ def calls(monkeypatch) -> list[str]:
     monkeypatch.setattr(flow_module, "exclusive", no_lock)
     # The rollback-records check reads S3 (tests/unit/test_rollback_records.py covers its rule)
     monkeypatch.setattr(flow_module, "refuse_rolled_back", lambda spec, fetched, ctx, force=False: None)
+    # The run-order check reads what runs on Docker (tests/unit/test_api_keys_day2.py covers its rule)
+    monkeypatch.setattr(flow_module, "refuse_older_run", lambda spec, ctx, force=False: None)
     return seen
 
 
