@@ -21,7 +21,7 @@ import threading
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _REFERENCE = os.path.join(_HERE, "stoker_reference_model.py")
-with open(_REFERENCE) as _fh:
+with open(_REFERENCE, encoding="utf-8") as _fh:  # the locale of a stub may be ASCII
     exec(compile(_fh.read(), _REFERENCE, "exec"))  # noqa: S102 - the reference model, in this namespace (above)
 
 _RANK = int(os.environ.get("OMPI_COMM_WORLD_RANK", "0"))

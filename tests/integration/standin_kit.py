@@ -28,3 +28,37 @@ def gpu_spec_data(local_stack, target: str, prefix: str, **deploy) -> dict:
     return data
 
 
+
+
+# Run inside a stand-in backend (python3 -c): ranks() maps OMPI_COMM_WORLD_RANK to the pid of each tritonserver
+# process the stand-in's mpirun started (the image has no ps or kill).
+RANK_PIDS = """
+import os
+def ranks():
+    out = {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            env = open(f"/proc/{pid}/environ", "rb").read().split(b"\\0")
+            argv0 = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\\0")[0]
+        except OSError:
+            continue
+        rank = [e[len(b"OMPI_COMM_WORLD_RANK="):] for e in env if e.startswith(b"OMPI_COMM_WORLD_RANK=")]
+        if rank and argv0.endswith(b"tritonserver"):
+            out[int(rank[0])] = int(pid)
+    return out
+"""
+
+
+def rank_pids(container) -> dict[int, int]:
+    """{MPI rank: pid in the container} of the tritonserver processes running in ``container`` now."""
+    import json
+
+    import docker
+
+    try:
+        r = container.exec_run(["python3", "-c", f"{RANK_PIDS}\nimport json\nprint(json.dumps(ranks()))"])
+    except docker.errors.APIError:  # restarting: between the exit and the next start nothing runs in it
+        return {}
+    if r.exit_code != 0:
+        return {}
+    return {int(k): v for k, v in json.loads(r.output.decode()).items()}

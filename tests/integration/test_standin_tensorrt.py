@@ -9,18 +9,25 @@ stoker around the engine, never the engine.
 
 from __future__ import annotations
 
+import copy
 import shutil
 import socket
+import time
 from pathlib import Path
 
 import boto3
 import openai
 import pytest
+import requests
 import yaml
-from operate_helpers import manifest_of, stoker, stoker_env
-from standin_kit import gpu_spec_data
+from operate_helpers import free_base_port, manifest_of, stoker, stoker_env
+from standin_kit import RANK_PIDS, gpu_spec_data, rank_pids
 
+from stoker import targets
 from stoker.containers import engine
+from stoker.containers.ports import Ports
+from stoker.serving import probe
+from stoker.spec.load import parse_spec
 
 pytestmark = [pytest.mark.docker, pytest.mark.s3, pytest.mark.hub, pytest.mark.prefect, pytest.mark.slow]
 
@@ -69,6 +76,8 @@ def test_a_tensorrt_spec_runs_end_to_end_on_the_standin_and_a_rebuild_switches_g
     assert done.choices[0].message.content and done.choices[0].finish_reason in ("length", "stop")
     with pytest.raises(openai.BadRequestError, match="at most 24 tokens"):  # build.max_input_len, not the context
         api.completions.create(model=spec_data["deploy"]["name"], prompt="word " * 40, max_tokens=4)
+
+    _tensor_parallel_2_runs_a_process_per_rank(client, spec_data, packaged)
 
     # The GPU memory ledger (STAND-IN): the backend holds its engine and a KV cache sized from what was free.
     from stoker.gpu.standin_ledger import LABEL_BYTES
@@ -148,6 +157,57 @@ def test_a_tensorrt_spec_runs_end_to_end_on_the_standin_and_a_rebuild_switches_g
     assert backend3.exec_run(["cat", "/models/tensorrt_llm/config.pbtxt"]).output == original
     shown = stoker(["status", name], env, timeout=120)
     assert shown.returncode == 0 and "GPUs 0 STAND-IN (not TensorRT-LLM)" in shown.stdout, shown.stdout
+
+
+def _tensor_parallel_2_runs_a_process_per_rank(client, spec_data: dict, repository: Path) -> None:
+    """tensor_parallel 2 on the stand-in (issue 48): the backend the GPU target renders (image, mounts, the product's
+    serve_command: mpirun, one tritonserver per rank) over the first run's repository; ranks are processes, as under
+    Open MPI. Rank 0 serves; rank 1 waits in the worker loop, never binding a port; a dead rank ends the job non-zero
+    and the promoted backend's restart policy brings both ranks back. The ledger's admission is left out: GPU 0 is
+    the live backend's, and this checks the processes, not the memory (the ledger's own tests do that)."""
+    data = copy.deepcopy(spec_data)
+    data["parallel"] = {"tensor": 2}
+    spec = parse_spec(data)
+    fields = targets.get("tensorrt").backend(spec, str(repository), (0, 1), standin_ran=True)
+    fields.pop("admit")
+    name = f"{spec.deploy.name}-tp2"
+    backend = engine.BackendSpec(name=name, repo_digest="tp2", **fields)
+    base = free_base_port()
+    ports = Ports(http=base, grpc=base + 1, metrics=base + 2)
+    url = f"http://127.0.0.1:{ports.http}"
+    c = engine.start_backend(client, backend, "blue", ports)
+    try:
+        assert [c.attrs["Path"], *c.attrs["Args"][:3]] == ["mpirun", "--allow-run-as-root", "-n", "1"]
+        probe.wait_ready(f"{url}/v2/health/ready", 150, exit_reason=lambda: engine.exit_reason(c))
+        ranks = rank_pids(c)
+        assert sorted(ranks) == [0, 1], ranks  # two tritonserver processes, OMPI_COMM_WORLD_RANK 0 and 1
+        servers = [p[-1] for p in c.top()["Processes"] if p[-1].startswith("tritonserver ")]
+        assert len(servers) == 2 and sum("--load-model=tensorrt_llm" in cmd for cmd in servers) == 1, servers
+        answer = requests.post(f"{url}/v2/models/ensemble/generate", json={"text_input": "Hello", "max_tokens": 4},
+                               timeout=60)
+        assert answer.status_code == 200 and answer.json()["text_output"], answer.text
+        logs = c.logs().decode()
+        assert "STAND-IN rank 1 of 2: in the worker loop" in logs and logs.count("Started HTTPService") == 1
+
+        engine.keep_running(c)  # as promotion does: Docker restarts the backend when its command exits non-zero
+        killed = c.exec_run(["python3", "-c", f"{RANK_PIDS}\nimport os\nos.kill(ranks()[1], 9)"])
+        assert killed.exit_code == 0, killed.output
+        with pytest.raises(probe.ProbeFailed, match="was ready, then"):  # the settle window's watch sees it
+            probe.hold_ready(f"{url}/v2/health/ready", 60, exit_reason=lambda: engine.exit_reason(c))
+        deadline = time.monotonic() + 60
+        while int(c.attrs.get("RestartCount") or 0) < 1 and time.monotonic() < deadline:
+            time.sleep(0.5)
+            c.reload()
+        assert c.attrs["State"]["ExitCode"] == 137 and int(c.attrs["RestartCount"]) >= 1, c.attrs["State"]
+        assert engine.exit_reason(c) is not None
+        assert "rank 1 (pid " in c.logs().decode() and "exited with status 137; terminating the job" in \
+            c.logs().decode()
+        deadline = time.monotonic() + 30  # both ranks start again (readiness is the first wait's, not redone)
+        while time.monotonic() < deadline and sorted(rank_pids(c)) != [0, 1]:
+            time.sleep(0.5)
+        assert sorted(rank_pids(c)) == [0, 1]
+    finally:
+        engine.remove_deployment(client, name, lambda _m: None)
 
 
 def _one_line_error(r, expected: str) -> None:
