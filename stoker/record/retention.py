@@ -111,13 +111,15 @@ def plan(manifests: list[dict], items: list[Item], protected: dict[str, str], ke
     known = {m["run_id"] for m in manifests}
     digests = {d: f"named by kept run {rid}" for m in manifests if (rid := m["run_id"]) in runs and (d := _digest(m))}
     digests |= {d[:DIGEST_CHARS]: why for d, why in protected.items()}
+    recorded = {d for m in manifests if (d := _digest(m))}  # a build some run recorded: no run in flight is making it
     out = Plan()
     for it in sorted(items, key=lambda i: (i.kind, i.ident, i.where)):
         label = f"{it.where} {it.kind} {it.ident}"
         if it.kind == "run":
             why = runs.get(it.ident) or (None if it.ident in known else _young(it, now, grace_s, "no manifest yet"))
         elif it.kind == "repo":
-            why = digests.get(it.ident) or _young(it, now, grace_s, "named by no run yet")
+            why = digests.get(it.ident) or (None if it.ident in recorded else _young(it, now, grace_s,
+                                                                                      "named by no run yet"))
         else:
             raise ValueError(f"plan() takes runs and repositories, not {it.kind}")
         if why:

@@ -44,7 +44,8 @@ def _removed(plan, kind: str) -> set[str]:
 
 def test_twelve_builds_keep_the_live_one_two_rollback_targets_and_the_two_newest_runs():
     runs = [_run(i) for i in range(1, 13)]
-    items = [_run_item(m) for m in runs] + [_repo_item(_digest(i)) for i in range(1, 13)]
+    # Written a minute ago: the grace period spares only what no run recorded, not the old runs' builds.
+    items = [_run_item(m, newest=NOW - 60) for m in runs] + [_repo_item(_digest(i), NOW - 60) for i in range(1, 13)]
     plan = retention.plan(runs, items, {}, keep=2, now=NOW)
     kept_ids = {runs[i]["run_id"] for i in (9, 10, 11)}  # run 12 serves; 11 and 10 are the two rollback targets
     assert _removed(plan, "run") == {m["run_id"] for m in runs} - kept_ids
