@@ -10,9 +10,10 @@ age is the `Date` header of our read minus the lease's `LastModified`, so skewed
 matter (`expires_at` in the body is for people reading it). A stale lease is taken over with `If-Match` on its
 ETag: of several waiters taking over at once, one wins.
 
-Servers: AWS S3 honours If-None-Match/If-Match on PutObject (and If-Match on DeleteObject). moto 5.2.5 answers
-412 PreconditionFailed for both, but checks and writes without a lock; every acquisition therefore reads the
-lease back and keeps it only when the body names us. A server that refuses `If-Match` on put (501
+Servers: tested on moto 5.2.5 only; untested on AWS S3, MinIO and Ceph (their documentation says they honour
+If-None-Match/If-Match on PutObject). moto answers 412 PreconditionFailed for both, but checks and writes without a
+lock; every acquisition therefore reads the lease back and keeps it only when the body names us. s3rver 3.7.1 ignores
+both headers, and two holders then both believe they hold the lease (docs/cache-and-fleet.md): not a server for this. A server that refuses `If-Match` on put (501
 NotImplemented) gets a best-effort take-over: delete, then the conditional create.
 """
 
