@@ -367,6 +367,17 @@ def parse_stat_sessions(text: str) -> dict[tuple[str, str], int]:
     return out
 
 
+def parse_stat_status(text: str) -> dict[tuple[str, str], str]:
+    """``show stat`` CSV → {(backend, server): status} (UP, DOWN, MAINT, DRAIN, "UP 1/2" while a check turns). Pure."""
+    lines = text.splitlines()
+    if not lines or not lines[0].startswith("# "):
+        return {}
+    cols = lines[0][2:].split(",")
+    i_px, i_sv, i_st = cols.index("pxname"), cols.index("svname"), cols.index("status")
+    return {(f[i_px], f[i_sv]): f[i_st] for f in (ln.split(",") for ln in lines[1:])
+            if len(f) > i_st and slot_of(f[i_sv]) in SLOTS}
+
+
 def live_slot(states: dict[str, dict[str, ServerState]]) -> str | None:
     """The slot ready in every section (the one the proxy routes to), if exactly one is."""
     ready = [s for s in SLOTS if all(states.get(sec, {}).get(s, ServerState(s, 0, False, False)).ready
@@ -388,6 +399,10 @@ class Runtime:
         """Requests/streams the proxy has open to ``slot``'s backends (every replica), over all sections."""
         stats = parse_stat_sessions(command(self.sock, "show stat"))
         return sum(n for (_, srv), n in stats.items() if slot_of(srv) == slot)
+
+    def status(self) -> dict[tuple[str, str], str]:
+        """Each server's status as its health checks and admin state make it (``show stat``)."""
+        return parse_stat_status(command(self.sock, "show stat"))
 
     def switch(self, to_slot: str, ports: Ports | list[Ports], drain: str | None) -> None:
         command(self.sock, switch_commands(to_slot, ports, drain, self.replicas))

@@ -215,6 +215,7 @@ def handover(client: docker.DockerClient, target: Target, old, slots: dict, live
     new = None
     try:
         write_config(target, slots, live)
+        started = time.monotonic()
         new = start_proxy(client, target, log)
         _wait_new_proxy(target, new, old_ino)
     except BaseException as err:
@@ -234,8 +235,10 @@ def handover(client: docker.DockerClient, target: Target, old, slots: dict, live
         raise ProxyRefused(f"proxy {name} was not replaced: {cause}; the running proxy keeps serving") from None
     for second in sockets.values():
         second.unlink(missing_ok=True)
-    log(f"reconcile {target.name}: the new proxy serves; the old one finishes its requests and goes")
+    t0 = time.monotonic()
     _retire_proxy(old, log)
+    log(f"reconcile {target.name}: the new proxy serves (started and proven in {t0 - started:.1f} s); the old one "
+        f"finished its requests and went in {time.monotonic() - t0:.1f} s")
 
 
 def _read(path: Path) -> str | None:

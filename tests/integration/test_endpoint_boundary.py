@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import socket
 import subprocess
+import time
 import urllib.error
 import urllib.request
 import uuid
@@ -18,7 +19,7 @@ from stoker.containers import engine
 from stoker.serving import promote
 from stoker.containers.ports import Ports
 
-from promotion_kit import Lines, backends, deploy, generate, serving_tag, restart_proxy
+from promotion_kit import Lines, Load, backends, deploy, generate, serving_tag, restart_proxy
 from promotion_kit import build, client, images, s3, target  # noqa: F401 -- fixtures the tests request
 
 pytestmark = [pytest.mark.docker, pytest.mark.s3]
@@ -114,12 +115,34 @@ def test_backends_listen_on_loopback_and_the_endpoint_where_the_spec_says(client
         assert _answers("127.0.0.1", port) and not _answers(outside, port), port
     assert _answers("127.0.0.1", target.listen.http) and not _answers(outside, target.listen.http)
 
-    # deploy.listen 0.0.0.0 (allowed by the spec in as many words): the proxy is recreated on every interface; the
-    # backend it routes to still answers on loopback only.
+    # A recreate whose new proxy cannot start (an address this host lacks: preflight refuses it, reconcile is called
+    # directly here to reach what preflight cannot see): the running proxy serves throughout and stays, one line
+    # names HAProxy's error.
+    old_proxy = client.containers.get(engine.proxy_name(target.name)).id
+    with Load(target.endpoint) as load:
+        time.sleep(1.0)
+        with pytest.raises(promote.ProxyRefused) as refused:
+            promote.reconcile(client, dataclasses.replace(target, address="192.0.2.1"), Lines())
+        time.sleep(1.0)
+    assert "\n" not in str(refused.value) and "192.0.2.1" in str(refused.value), refused.value
+    assert "cannot bind socket" in str(refused.value) and "keeps serving" in str(refused.value), refused.value
+    assert load.failures == [] and load.ok["http"] > 0 and load.ok["grpc"] > 0, (load.failures[:3], load.ok)
+    assert [c.id for c in engine.containers(client, target.name, role=engine.ROLE_PROXY)] == [old_proxy]
+    log = Lines()
+    assert promote.reconcile(client, target, log) and not log, log  # its runtime API and files are its own again
+
+    # deploy.listen 0.0.0.0 (allowed by the spec in as many words): the proxy is recreated on every interface, the
+    # new one beside the old one before the old one goes; the backend it routes to still answers on loopback only.
     opened = dataclasses.replace(target, address="0.0.0.0")
     log = Lines()
-    live = promote.reconcile(client, opened, log)
-    assert any("recreate" in line for line in log), log
+    with Load(target.endpoint) as load:
+        time.sleep(1.0)
+        live = promote.reconcile(client, opened, log)
+        time.sleep(1.0)
+    assert any("recreate" in line for line in log) and any("the new proxy serves" in line for line in log), log
+    assert load.failures == [] and load.ok["http"] > 0 and load.ok["grpc"] > 0, (load.failures[:3], load.ok)
+    proxies = engine.containers(client, target.name, role=engine.ROLE_PROXY)
+    assert [c.name for c in proxies] == [engine.proxy_name(target.name)] and proxies[0].id != old_proxy
     assert _answers(outside, opened.listen.http) and not _answers(outside, live.ports.http)
     assert serving_tag(opened) == "a"
 
@@ -202,6 +225,11 @@ def test_api_keys_guard_every_route_but_health_and_rotate_without_a_restart(clie
         assert not any(key in line for line in log)
         assert key not in json.dumps(proxy.attrs)
         assert not [p for p in target.state_dir.rglob("*") if p.is_file() and key.encode() in p.read_bytes()]
+
+    # The proxy's access log (docker logs): a line per request, status and path, never the key.
+    access = proxy.logs().decode()
+    assert " 401 " in access and " 200 " in access and "/v2/models/ensemble/generate" in access, access[-2000:]
+    assert key_a not in access and key_b not in access and "earer" not in access
 
     # Keys off again: the proxy is recreated open (HAProxy reads its checks at start).
     promote.reconcile(client, target, log)

@@ -84,3 +84,26 @@ def test_replicas_share_the_address_and_a_replace_keeps_n_ready_and_drops_nothin
     again = Lines()
     live = promote.reconcile(client, t, again)
     assert live.slot == "green" and len(live.members) == N - 1 and not any("remove" in ln for ln in again), again
+
+    # A replica that dies loses its share of traffic: the proxy's health check (Triton's readiness) marks it DOWN
+    # within a few seconds; meanwhile a request that finds it refusing is retried on its sibling. Only a request
+    # already on it when it died can fail: at most one per client of the load (2), and none once it is DOWN.
+    victim = after[1]
+    rt = promote.runtime_for(t, promote.proxy_container(client, t.name))
+    server = haproxy.server_name("green", 1)
+    with Load(t.endpoint) as load:
+        time.sleep(1.0)
+        victim.kill()
+        killed = time.monotonic()
+        # Each section checks on its own: every one of them has it DOWN.
+        while not all(rt.status().get((section, server), "").startswith("DOWN") for section in ("http", "grpc",
+                                                                                                  "metrics")):
+            assert time.monotonic() - killed < 20, rt.status()
+            time.sleep(0.1)
+        down_s = time.monotonic() - killed
+        at_down, ok_at_down = len(load.failures), dict(load.ok)
+        time.sleep(3.0)
+    print(f"replica killed: DOWN after {down_s:.1f} s, {at_down} failed request(s) before, "
+          f"{len(load.failures) - at_down} after; answered {load.ok}")
+    assert down_s < 10 and at_down <= 2 and len(load.failures) == at_down, (down_s, load.failures[:5])
+    assert load.ok["http"] > ok_at_down["http"] and load.ok["grpc"] > ok_at_down["grpc"]
