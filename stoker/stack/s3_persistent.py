@@ -27,6 +27,7 @@ import hashlib
 import json
 import shutil
 import threading
+from collections import Counter
 from pathlib import Path
 
 import os
@@ -91,6 +92,8 @@ class DiskMirror:
         self.lock = threading.Lock()
         # bucket → key → (etag, last_modified ISO) as last written: a sync writes only what differs
         self.seen: dict[str, dict[str, tuple[str, str]]] = {}
+        self.blob_of: dict[tuple[str, str], str] = {}  # (bucket, key) → the blob its record names
+        self.refs: Counter[str] = Counter()  # blob → how many key records name it (a copy shares its source's)
 
     def _bucket_dir(self, name: str) -> Path:
         return self.root / "buckets" / name
@@ -101,7 +104,6 @@ class DiskMirror:
         from moto.core import DEFAULT_ACCOUNT_ID
 
         count = 0
-        named: set[str] = set()
         for bdir in sorted((self.root / "buckets").glob("*")) if (self.root / "buckets").is_dir() else []:
             try:
                 info = json.loads((bdir / "bucket.json").read_text())
@@ -125,10 +127,11 @@ class DiskMirror:
                 fk.set_metadata(dict(rec.get("metadata") or {}), replace=True)
                 fk.last_modified = datetime.datetime.fromisoformat(rec["last_modified"])
                 seen[rec["key"]] = (fk.etag, fk.last_modified.isoformat())
-                named.add(rec["blob"])
+                self.blob_of[(info["name"], rec["key"])] = rec["blob"]
+                self.refs[rec["blob"]] += 1
                 count += 1
         for blob in (self.root / "blobs").glob("*") if (self.root / "blobs").is_dir() else []:
-            if blob.name not in named:
+            if not self.refs[blob.name]:
                 blob.unlink(missing_ok=True)  # bytes of an object deleted, or of a record that never landed
         return count
 
@@ -137,7 +140,7 @@ class DiskMirror:
         with self.lock:
             buckets = _buckets()
             for name in list(self.seen):
-                if name not in buckets:
+                if name not in buckets:  # S3 deletes only empty buckets: its keys were forgotten already
                     shutil.rmtree(self._bucket_dir(name), ignore_errors=True)
                     del self.seen[name]
             for name, bucket in buckets.items():
@@ -148,47 +151,36 @@ class DiskMirror:
                 seen = self.seen[name]
                 now = _keys(bucket)
                 for key in [k for k in seen if k not in now]:
-                    self._forget(bdir, key)
+                    (bdir / "keys" / f"{_name_of(key)}.json").unlink(missing_ok=True)
+                    self._unref(self.blob_of.pop((name, key), None))
                     del seen[key]
                 for key, fk in now.items():
                     stamp = (fk.etag, fk.last_modified.isoformat())
                     if seen.get(key) != stamp:
-                        self._write(bdir, key, fk, stamp)
+                        self._write(name, key, fk, stamp)
                         seen[key] = stamp
 
-    def _write(self, bdir: Path, key: str, fk, stamp: tuple[str, str]) -> None:
+    def _write(self, bucket: str, key: str, fk, stamp: tuple[str, str]) -> None:
         value = fk.value
         blob = hashlib.sha256(value).hexdigest()
         path = self.root / "blobs" / blob
-        if not path.exists():
+        if not self.refs[blob] or not path.exists():
             write_atomic(path, value)
-        rec_path = bdir / "keys" / f"{_name_of(key)}.json"
-        old = _blob_of(rec_path)
-        write_atomic(rec_path, json.dumps({"key": key, "blob": blob, "etag": stamp[0], "last_modified": stamp[1],
-                                           "metadata": dict(fk.metadata)}))
-        if old and old != blob:
-            self._drop_blob(old)
+        write_atomic(self._bucket_dir(bucket) / "keys" / f"{_name_of(key)}.json",
+                     json.dumps({"key": key, "blob": blob, "etag": stamp[0], "last_modified": stamp[1],
+                                 "metadata": dict(fk.metadata)}))
+        self.refs[blob] += 1
+        self._unref(self.blob_of.get((bucket, key)))
+        self.blob_of[(bucket, key)] = blob
 
-    def _forget(self, bdir: Path, key: str) -> None:
-        rec_path = bdir / "keys" / f"{_name_of(key)}.json"
-        old = _blob_of(rec_path)
-        rec_path.unlink(missing_ok=True)
-        if old:
-            self._drop_blob(old)
-
-    def _drop_blob(self, blob: str) -> None:
-        """Remove a blob no key record names any more (one scan of the records: deletes are rare here)."""
-        for rec in (self.root / "buckets").glob("*/keys/*.json"):
-            if _blob_of(rec) == blob:
-                return
-        (self.root / "blobs" / blob).unlink(missing_ok=True)
-
-
-def _blob_of(rec_path: Path) -> str | None:
-    try:
-        return json.loads(rec_path.read_text()).get("blob")
-    except (OSError, ValueError):
-        return None
+    def _unref(self, blob: str | None) -> None:
+        """One key record fewer names ``blob``: its bytes go with the last one."""
+        if blob is None:
+            return
+        self.refs[blob] -= 1
+        if self.refs[blob] <= 0:
+            del self.refs[blob]
+            (self.root / "blobs" / blob).unlink(missing_ok=True)
 
 
 def app(mirror: DiskMirror):
