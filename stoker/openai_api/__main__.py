@@ -15,6 +15,7 @@ from pathlib import Path
 
 import uvicorn
 
+from .access_log import AccessLog
 from .app import DEFAULT_MAX_BODY_BYTES, Settings, create_app
 from .http11 import H11HeadersWithFirstChunk
 from .served_model import LiveModel
@@ -42,6 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     live = LiveModel(folder=args.assets) if args.assets else LiveModel(state=args.state)
     app = create_app(Settings(args.model, args.grpc, args.max_body_bytes, args.interface), live)
+    app = AccessLog(app)  # one line per request: method, path, status, ms (access_log.py; uvicorn's is off)
     where = {"uds": args.uds} if args.uds else {"host": args.host, "port": args.port}
     logging.getLogger("stoker_openai").info("serving %s at %s, Triton at %s (%s interface unless live.json says)",
                                             args.model, where, args.grpc, args.interface)

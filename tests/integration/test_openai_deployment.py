@@ -151,6 +151,13 @@ def test_openai_api_on_the_stable_address_follows_a_switch(local_stack, triton_i
         # The key itself is nowhere: not in a container's environment, labels or arguments, nor in a state file.
         assert KEY not in json.dumps(service.attrs) and KEY not in json.dumps(proxy.attrs)
         assert not [p for p in target.state_dir.rglob("*") if p.is_file() and KEY.encode() in p.read_bytes()]
+        # Access logs (docker logs, rotated by Docker): a line per request from the proxy and from the service
+        # (method, path, status, ms), never the key (h3, issue 49 item 7b).
+        served, proxied = service.logs().decode(), proxy.logs().decode()
+        assert "POST /v1/chat/completions 200 " in served and "POST /v1/completions 200 " in served, served[-1500:]
+        assert '"POST /v1/chat/completions HTTP/1.1"' in proxied, proxied[-1500:]
+        assert KEY not in served and KEY not in proxied
+        assert service.attrs["HostConfig"]["LogConfig"] == proxy.attrs["HostConfig"]["LogConfig"] == engine.LOG_CONFIG
 
         # Blue/green: the switch moves the service onto the new build's tokenizer, no restart.
         digest_b = deploy(repo_b)
