@@ -125,3 +125,16 @@ def test_state_size_counts_every_folder_of_the_home(tmp_path):
     assert size["home_bytes"] == 15 and size["home_files"] == 2
     assert size["home_by_folder"] == {"cache": {"bytes": 5, "files": 1}, "runs": {"bytes": 10, "files": 1}}
     assert size["s3"] == []
+
+
+def test_bad_arguments_fail_in_one_line_before_anything_is_asked(monkeypatch, tmp_path):
+    from argparse import Namespace
+
+    from stoker.commands import prune
+
+    monkeypatch.setenv("STOKER_HOME", str(tmp_path))
+    monkeypatch.setattr(prune, "gather", lambda *a, **k: pytest.fail("observed before the arguments were checked"))
+    for keep, grace, cause in ((-1, None, "--keep -1: must be 0 or more"), (5, "soon", "--grace 'soon': expected")):
+        with pytest.raises(prune.PruneError) as err:
+            prune.prune_cmd(Namespace(keep=keep, grace=grace, spec=None, dry_run=True, verbose=False))
+        assert str(err.value).startswith(cause) and "\n" not in str(err.value)
