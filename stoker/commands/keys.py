@@ -31,8 +31,9 @@ class KeysError(StokerError):
     """No keys in the spec, no proxy to push to, or a change that would lock every client out."""
 
 
-def _proxy(spec):
-    """The running proxy's admin socket and state folder; one line when there is none that checks keys."""
+def _proxy(spec, then: str = ": nothing changed"):
+    """The running proxy's admin socket and state folder; one line (ending in ``then``) when there is none that
+    checks keys."""
     from ..containers import engine
     from ..run import stoker_home
     from ..serving import haproxy
@@ -42,11 +43,11 @@ def _proxy(spec):
     found = engine.containers(engine.connect(spec.deploy.docker_host), name, role=engine.ROLE_PROXY)
     c = found[0] if found else None
     if c is None or c.status != "running":
-        raise KeysError(f"no running proxy for deployment {name}: nothing changed (stoker reconcile starts it; "
-                        "stoker status shows what runs)")
+        raise KeysError(f"no running proxy for deployment {name}{then} (`stoker reconcile SPEC` starts it; "
+                        "`stoker status` shows what runs)")
     if "keys" not in c.labels.get(engine.LABEL_FRONT, "open").split(","):
-        raise KeysError(f"the proxy of {name} asks no API key (it was deployed without deploy.api_keys): nothing "
-                        "changed; `stoker reconcile SPEC` applies the spec's keys")
+        raise KeysError(f"the proxy of {name} asks no API key (it was deployed without deploy.api_keys){then}; "
+                        "`stoker reconcile SPEC` applies the spec's keys")
     state_dir = engine.state_mount(c, haproxy.MOUNT) or stoker_home() / "proxy" / name
     return haproxy.Runtime(state_dir).sock, state_dir
 
@@ -67,7 +68,7 @@ def list_keys(spec) -> list[str]:
     digests = sorted({api_keys.digest(k) for k in api_keys.keys_of(api_keys.read_source(source))})
     lines = [f"{len(digests)} key(s) in {api_keys.source_name(source)}:", *(f"  {d[:SHOWN]}" for d in digests)]
     try:
-        sock, _ = _proxy(spec)
+        sock, _ = _proxy(spec, then="")
         proxy = api_keys.accepted(sock, keys_file())
     except StokerError as err:
         return [*lines, f"proxy: {err}"]
@@ -81,6 +82,10 @@ def add(spec, key: str | None) -> list[str]:
 
     source = spec.deploy.api_keys
     generated = key is None
+    if key == "-":  # from stdin: not in the shell's history or the process list
+        import sys
+
+        key = sys.stdin.readline().strip()
     key = api_keys.generate() if generated else key
     api_keys.check_key(key)
     sock, state_dir = _proxy(spec)  # before the source changes: no proxy, no change
@@ -145,6 +150,6 @@ def register(sub) -> None:
                                                       "deploy.name (the spec of its newest run on this host)")
     p.add_argument("action", choices=("list", "add", "revoke"))
     p.add_argument("key", nargs="?", default=None, metavar="KEY",
-                   help="add: the key (default: a generated one, printed once); revoke: the key or a digest prefix "
+                   help="add: the key, or - to read it from stdin (default: a generated one, printed once); revoke: the key or a digest prefix "
                         "(8+ hex characters, as list prints it)")
     p.set_defaults(fn=_handler)

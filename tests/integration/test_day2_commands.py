@@ -33,10 +33,10 @@ STOKER = str(Path(sys.executable).with_name("stoker"))
 NEWER, OLDER, NEWEST = "20261128T060000-aaaaaa", "20261128T055900-bbbbbb", "20261128T060100-cccccc"
 
 
-def _stoker(home: Path, *args: str) -> subprocess.CompletedProcess:
+def _stoker(home: Path, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
     env = {**os.environ, "STOKER_HOME": str(home)}
     env.pop("PREFECT_API_URL", None)  # no run of this deployment to wait for: no deploy lock to take
-    return subprocess.run([STOKER, *args], capture_output=True, text=True, timeout=120, env=env)
+    return subprocess.run([STOKER, *args], capture_output=True, text=True, timeout=120, env=env, input=stdin)
 
 
 def _code(http: str, key: str) -> int:
@@ -85,12 +85,19 @@ def test_keys_change_at_once_reconcile_repairs_and_an_older_run_is_refused(clien
     assert key_c in keys_file.read_text() and keys_file.stat().st_mode & 0o777 == 0o600
     assert generate(http, headers={"Authorization": f"Bearer {key_c}"}).startswith("a")
 
+    key_d = f"key-d-{uuid.uuid4().hex}"
+    given = _stoker(home, "keys", str(spec_file), "add", "-", stdin=f"{key_d}\n")  # not in argv nor the output
+    assert given.returncode == 0 and "accepts 4 key(s)" in given.stdout, given.stdout + given.stderr
+    outputs.append(given.stdout + given.stderr)
+    assert _code(http, key_d) == 200
+
     t0 = time.monotonic()
     revoked = _stoker(home, "keys", str(spec_file), "revoke", api_keys.digest(key_a)[:12])
     while _code(http, key_a) != 401 and time.monotonic() - t0 < 10:
         time.sleep(0.1)
     seconds = time.monotonic() - t0
-    print(f"revoked key refused {seconds:.2f} s after `stoker keys revoke` started", flush=True)
+    print(f"revoked key refused {seconds:.2f} s after `stoker keys revoke` started; it said: {revoked.stdout.strip()}",
+          flush=True)
     outputs.append(revoked.stdout + revoked.stderr)
     assert revoked.returncode == 0, revoked.stderr
     assert _code(http, key_a) == 401 and seconds <= 5, seconds
@@ -105,6 +112,7 @@ def test_keys_change_at_once_reconcile_repairs_and_an_older_run_is_refused(clien
     # Bad input: one line each, nothing changed.
     unknown = _stoker(home, "keys", str(spec_file), "revoke", "deadbeefdeadbeef")
     assert _stoker(home, "keys", str(spec_file), "revoke", key_c).returncode == 0
+    assert _stoker(home, "keys", str(spec_file), "revoke", api_keys.digest(key_d)[:8]).returncode == 0
     last = _stoker(home, "keys", str(spec_file), "revoke", key_b)
     for bad, says in ((unknown, "no key whose digest starts with deadbeefdeadbeef"), (last, "the last key")):
         outputs.append(bad.stdout + bad.stderr)
@@ -123,7 +131,7 @@ def test_keys_change_at_once_reconcile_repairs_and_an_older_run_is_refused(clien
     outputs += [fine.stdout + fine.stderr, no_proxy.stdout + no_proxy.stderr, repaired.stdout + repaired.stderr]
     assert repaired.returncode == 0 and "repaired" in repaired.stdout, repaired.stdout + repaired.stderr
     assert _code(http, key_b) == 200 and _code(http, key_a) == 401
-    for key in (key_a, key_b, key_c):
+    for key in (key_a, key_b, key_c, key_d):
         assert not any(key in out for out in outputs), key[:6]
 
     # Runs in order: a run started before NEWER (whose build serves) is refused at deploy unless forced.
