@@ -87,6 +87,18 @@ def test_objects_survive_a_restart_and_a_kill_and_deletions_stay_deleted(state_d
     assert not [b for b in (data / "blobs").iterdir() if b.stat().st_size == len(big)]
 
 
+def test_the_persistent_server_keeps_the_conditional_writes_the_lease_needs(state_dir: Path, tmp_path: Path):
+    """The disk layer changes no answer: tests/integration/s3_conditional_probe.py passes every check on it (it is
+    the probe that found s3rver ignoring them)."""
+    import s3_conditional_probe
+
+    url = s3server.ensure_s3(state_dir, data_dir=tmp_path / "s3-data")
+    s3 = _client(url)
+    s3.create_bucket(Bucket="probe")
+    results = s3_conditional_probe.probe(s3, url, "probe")
+    assert len(results) == 5 and all(results.values()), results
+
+
 def test_without_a_data_folder_the_server_stays_in_memory(state_dir: Path):
     url = s3server.ensure_s3(state_dir)
     s3 = _client(url)
