@@ -49,7 +49,7 @@ def _starts_service(argv) -> str | None:
         return "prefect server"
     if "uvicorn" in args and any(a.startswith("prefect.server") for a in args):
         return "Prefect's temporary API"  # what a flow, or any Prefect client, starts when no API is configured
-    if "olah.server" in args or "moto.server" in args:
+    if "olah.server" in args or "moto.server" in args or "stoker.stack.s3_persistent" in args:  # moto kept on disk
         return "a Hub mirror" if "olah.server" in args else "moto"
     return None
 
