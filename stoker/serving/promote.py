@@ -471,8 +471,11 @@ def _window_tallies(members: list[BackendRef], proxy: haproxy.Runtime | None) ->
         for model, t in probe.route_tallies(m.metrics).items():
             routes[model] = routes.get(model, traffic.Tally()) + t
     if proxy is not None:
-        v1 = traffic.proxy_tally(haproxy.command(proxy.sock, "show stat"), haproxy.OPENAI_BACKEND,
-                                 haproxy.OPENAI_BACKEND)
+        stat = haproxy.command(proxy.sock, "show stat")
+        http = [traffic.proxy_tally(stat, "http", haproxy.server_name(members[0].slot, r)) for r in range(len(members))]
+        if any(t is not None for t in http):
+            routes[traffic.HTTP_ROUTE] = sum((t for t in http if t is not None), traffic.Tally())
+        v1 = traffic.proxy_tally(stat, haproxy.OPENAI_BACKEND, haproxy.OPENAI_BACKEND)
         if v1 is not None:
             routes[traffic.OPENAI_ROUTE] = v1
     return routes
@@ -488,7 +491,7 @@ def watch(client: docker.DockerClient, live: BackendRef, window_s: float, max_er
     """Watch the new backend (every replica) for ``window_s``: alive, ready, and every route's failures within the
     rule (serving.traffic.judge: at least ``min_failures`` build-fault failures and a rate over
     ``max_error_rate_pct`` on one route switch back; a client's bad input never does). ``proxy``: the proxy's
-    runtime API, to count /v1 (the OpenAI service) too.
+    runtime API, to count what it relayed over HTTP and /v1 (the OpenAI service) too.
 
     Readiness is judged over time (probe.Readiness): a backend that misses probes for ``unready_after_s`` is
     switched away from; a slow answer on a busy host is not.
@@ -616,7 +619,7 @@ def go_live(client: docker.DockerClient, target: Target, staged: dict, watch_s: 
         log(f"first backend of {target.name}: no watch window (nothing to return to)")
         return {"switched": True, "switch_s": round(switch_s, 4), "watch_s": 0.0, "watch_requests": 0,
                 "watch_failures": 0, "live": cand.to_dict()}
-    proxy = runtime_for(target, proxy_container(client, target.name)) if target.openai_image else None
+    proxy = runtime_for(target, proxy_container(client, target.name))
     watched = watch(client, cand, watch_s, max_error_rate_pct, log, min_failures=min_failures, proxy=proxy)
     out = {"switched": True, "switch_s": round(switch_s, 4), "watch_s": round(watched.seconds, 2),
            "watch_requests": watched.requests, "watch_failures": watched.failures, "live": cand.to_dict()}

@@ -1,9 +1,16 @@
 """What reached a backend during the watch window, route by route, and whether the build is at fault. Pure.
 
 A route is one way clients reach the new build: each Triton model they can call (the ensemble, ``tensorrt_llm``
-directly, the pre/postprocessing models) and ``/v1`` (the OpenAI service, which calls ``tensorrt_llm`` itself).
-Each route is judged on its own: an ensemble request also counts on the models it composes, and a ``/v1``
-request also counts on ``tensorrt_llm``, so a sum over routes would count one request twice.
+directly, the pre/postprocessing models), the HTTP answers the proxy relayed from the new backend (``HTTP``), and
+``/v1`` (the OpenAI service, which calls ``tensorrt_llm`` itself). Each route is judged on its own: an ensemble
+request also counts on the models it composes, an HTTP request also on its model, a ``/v1`` request also on
+``tensorrt_llm``, so a sum over routes would count one request two or three times.
+
+Why both Triton's counters and the proxy's: Triton's do not see every failure. A python-backend model that answers
+a request with an error response (``InferenceResponse(error=...)``, what the reference models do) is counted a
+success; the client gets HTTP 500 (measured on tritonserver 2.51: three such answers, failure counters 0). The
+proxy sees that 500. It cannot see a gRPC failure (gRPC answers HTTP 200 with the status in trailers) nor an
+error event inside a 200 SSE stream; Triton's counters see those the backend reports as failures.
 
 Which failures are the build's fault:
 
@@ -32,6 +39,7 @@ _LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 # Triton's failure reasons (see the module docstring) that count against the build.
 BUILD_FAULT_REASONS = frozenset({"BACKEND", "OTHER", "REJECTED"})
 OPENAI_ROUTE = "/v1"
+HTTP_ROUTE = "HTTP"  # /v2 inference over HTTP, as the proxy relayed it to the new backend's servers
 # A single failure in a near-idle window is 1 of 1 = 100 %: evidence of nothing. A route fails the window only
 # once it has at least this many build-fault failures and their rate is over the threshold (deploy.max_error_rate_pct).
 MIN_FAILURES = 3

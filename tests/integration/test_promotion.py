@@ -14,21 +14,28 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
+import urllib.error
+import urllib.request
+import uuid
 
 import pytest
 
 from stoker.containers import engine
-from stoker.serving import promote
+from stoker.deploy.rollout import EXPLICIT_ARGS
+from stoker.serving import haproxy, promote, traffic
 from stoker.containers import port_lease
 from stoker.containers.ports import Ports, choose_backend_ports, is_port_free
 
 from promotion_kit import ROOT, SECRET, Lines, Load, assert_one_live, backends, deploy, serving_tag, restart_proxy
 from promotion_kit import build, client, images, s3, target  # noqa: F401 -- fixtures the tests request
+from serving_models import publish, write_repo
 
 pytestmark = [pytest.mark.docker, pytest.mark.s3]
 
@@ -277,3 +284,123 @@ def test_a_switch_cut_midway_leaves_file_and_runtime_agreeing_after_reconcile(cl
     quiet = Lines()
     promote.reconcile(client, target, quiet)
     assert not any("disagreed" in line for line in quiet), quiet
+
+
+# ------------------------------------------------------------------ the watch window: every route, judged by kind and rate
+
+# A `tensorrt_llm` clients call directly (TensorRT-LLM's layout beside the ensemble): it answers IN back, and a
+# negative IN with a model error, so a test chooses which direct calls fail as a broken build's would.
+FAILING_TRT = """\
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        out = []
+        for r in requests:
+            x = pb_utils.get_input_tensor_by_name(r, "IN").as_numpy()
+            if int(x.reshape(-1)[0]) < 0:
+                out.append(pb_utils.InferenceResponse(error=pb_utils.TritonError("tensorrt_llm failing on purpose")))
+            else:
+                out.append(pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("OUT", x)]))
+        return out
+"""
+
+
+def _trt_build(build, tag: str) -> engine.BackendSpec:
+    """A reference build with the whole layout whose `tensorrt_llm` fails the calls a test asks it to fail."""
+    c, bucket, endpoint, env = build.s3
+    root = write_repo(build.tmp / f"{tag}-{uuid.uuid4().hex[:6]}", tag, full_layout=True)
+    (root / "tensorrt_llm" / "1" / "model.py").write_text(FAILING_TRT)
+    uri, digest = publish(c, bucket, endpoint, root)
+    return engine.BackendSpec(name=build.name, image=build.image, repository_uri=uri, repo_digest=digest,
+                              env={**env, "AWS_DEFAULT_REGION": "us-east-1"}, ready_timeout_s=60,
+                              run_id=f"run-{tag}", extra_args=list(EXPLICIT_ARGS))
+
+
+def _trt_call(target, value, datatype: str = "INT32", name: str = "IN") -> int:
+    """One direct `tensorrt_llm` inference through the stable endpoint; its HTTP status."""
+    body = json.dumps({"inputs": [{"name": name, "shape": [1], "datatype": datatype, "data": [value]}]}).encode()
+    req = urllib.request.Request(f"{target.endpoint['http']}/v2/models/tensorrt_llm/infer", data=body,
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return r.status
+    except urllib.error.HTTPError as err:
+        return err.code
+
+
+def _during_the_window(target, tag: str, calls) -> tuple[object, list]:
+    """Once the endpoint serves ``tag``, make ``calls`` (a list of (value, datatype, name)); their statuses."""
+    statuses: list = []
+
+    def run() -> None:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                if serving_tag(target) == tag:
+                    break
+            except (OSError, AssertionError):
+                pass
+            time.sleep(0.1)
+        time.sleep(1.0)  # the switch is done; the watch takes its baseline right after it
+        statuses.extend(_trt_call(target, *call) for call in calls)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, statuses
+
+
+def test_the_watch_sees_direct_tensorrt_llm_calls_and_judges_failures_by_kind_and_rate(client, target, build):
+    """Issue 49 item 3: every route counted, a client's bad input and one failure in a quiet window forgiven,
+    failures over the rate switched back from, and a dead old backend never switched back to."""
+    deploy(client, target, _trt_build(build, "A"))
+    # One failure in a quiet window, beside clients' bad input (answered 400): no rollback.
+    lines = Lines()
+    staged = promote.prepare(client, target, _trt_build(build, "B"), 0.5, lines)
+    bad_input = [(1, "FP32", "IN"), (1, "INT32", "NOPE"), (1, "INT32", "IN")] * 2
+    thread, statuses = _during_the_window(target, "B", [(-1, "INT32", "IN"), *bad_input])
+    done = promote.go_live(client, target, staged, 4.0, 1.0, 10.0, lines)
+    thread.join(timeout=30)
+    assert sorted(statuses) == [200, 200, 400, 400, 400, 400, 500], statuses
+    assert done["switched"] and "retire_s" in done, lines
+    # Every route that reached the new build is counted: the model called directly, and the proxy's HTTP answers
+    # (the failing call among them, and the four 400s as the clients' errors, not the build's).
+    assert any("watch window 4 s passed" in ln and "tensorrt_llm 3 (" in ln and "(1 failed, 4 client error(s))"
+               in ln for ln in lines), lines
+    assert_one_live(client, target, "B")
+    # The proxy's per-server answers by status class, as the watch reads /v1's (traffic.proxy_tally), from a
+    # real HAProxy: the live slot's server answered the calls above.
+    view, _ = promote.observe_proxy(client, target)
+    stat = haproxy.command(promote.runtime_for(target, promote.proxy_container(client, target.name)).sock, "show stat")
+    seen = traffic.proxy_tally(stat, "http", haproxy.server_name(view.live))
+    assert seen is not None and seen.requests >= 7 and seen.client_faults >= 4 and seen.build_faults >= 1, stat
+
+    # Failures over the rate with the minimum met, on direct calls only (the ensemble stays healthy): rollback.
+    lines = Lines()
+    staged = promote.prepare(client, target, _trt_build(build, "C"), 0.5, lines)
+    thread, statuses = _during_the_window(target, "C", [(-1, "INT32", "IN")] * 4 + [(2, "INT32", "IN")])
+    with pytest.raises(promote.PromotionFailed) as err:
+        promote.go_live(client, target, staged, 20.0, 1.0, 10.0, lines)
+    thread.join(timeout=30)
+    msg = str(err.value)
+    assert "\n" not in msg and re.search(r"HTTP failed [34] of \d+ requests", msg) and "traffic is back on" in msg, msg
+    assert_one_live(client, target, "B")
+
+    # The old backend (B) dies in the window of a new one (D) that fails its direct calls: never switched back to.
+    lines = Lines()
+    staged = promote.prepare(client, target, _trt_build(build, "D"), 0.5, lines)
+    old = client.containers.get(staged["previous"]["container"])
+    thread, statuses = _during_the_window(target, "D", [(-1, "INT32", "IN")] * 4)
+    killer = threading.Timer(0.5, old.kill)
+    killer.start()
+    with pytest.raises(promote.PromotionFailed) as err:
+        promote.go_live(client, target, staged, 20.0, 1.0, 10.0, lines)
+    thread.join(timeout=30)
+    killer.join()
+    msg = str(err.value)
+    assert "\n" not in msg and re.search(r"HTTP failed [34] of \d+ requests", msg), msg
+    assert "not switched back: the old backend is dead" in msg and "keeps serving" in msg, msg
+    assert serving_tag(target) == "D"  # the endpoint still answers, from the new build
+    view, _ = promote.observe_proxy(client, target)
+    assert view.running and view.live == staged["candidate"]["slot"]
