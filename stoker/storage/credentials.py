@@ -257,20 +257,23 @@ def container_keys(attrs: dict) -> AwsKeys | None:
         return None
 
 
-# What tritonserver logs when S3 refuses its credentials (s3.h: "Unable to create S3 filesystem client. Check
-# account credentials. Exception: '<code>' …", or a HEAD/list failing "due to exception: <code>").
-_TRITON_REFUSED = re.compile(r"(?:Exception: '|due to exception: )([A-Za-z]+)")
+# What tritonserver logs when S3 refuses its credentials (s3.h): at start "Unable to create S3 filesystem client.
+# Check account credentials. Exception: '<code>' Message: '<text>'", at a later load "… due to exception: <code>,
+# error message: <text>". A refused HEAD has no body, so its code is empty and its message "No response body."
+_TRITON_S3_ERROR = re.compile(r"(?:Exception: '|due to exception: )([A-Za-z]*)'?,? (?:error message|Message): "
+                              r"'?(No response body\.)?")
 _REFUSED_NAMES = frozenset({"InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "InvalidToken",
                             "ExpiredToken", "TokenRefreshRequired", "InvalidClientTokenId", "Forbidden"})
 
 
 def refused_line(container: str, log_text: str) -> str | None:
-    """One line saying that S3 refused ``container``'s credentials and what to do, when its Triton log says so;
-    None otherwise. Only the error's name is quoted: S3's message may hold the key id."""
-    codes = [m for m in _TRITON_REFUSED.findall(log_text) if m in _REFUSED_NAMES]
-    if not codes:
+    """One line saying that ``container``'s Triton could not read S3 with its credentials, and what to do, when its
+    log says so; None otherwise. Only the error's name is quoted: S3's message may hold the key id."""
+    reasons = [code or "a refused HEAD, which carries no error code" for code, bodiless
+               in _TRITON_S3_ERROR.findall(log_text) if code in _REFUSED_NAMES or (not code and bodiless)]
+    if not reasons:
         return None
-    return (f"{container}: S3 refused the backend's credentials ({codes[-1]}); rotate or renew them at their "
+    return (f"{container}: S3 refused the backend's credentials ({reasons[-1]}); rotate or renew them at their "
             "source, then `stoker reconcile` writes them to the backend's credentials file and restarts it")
 
 

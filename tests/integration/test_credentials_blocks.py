@@ -27,7 +27,8 @@ WRONG_SECRET = f"wrong-{uuid.uuid4().hex}"
 
 @pytest.fixture(scope="module")
 def s3_auth(tmp_path_factory):
-    """moto_server enforcing signatures; returns (url, access key id, secret) of a user allowed s3:*."""
+    """moto_server enforcing signatures; returns (url, access key id, secret) of a user allowed s3:* (and iam:*, to
+    make the users whose keys a test revokes)."""
     import boto3
 
     from stoker.stack.s3server import moto_server_bin
@@ -46,7 +47,7 @@ def s3_auth(tmp_path_factory):
     iam.create_user(UserName="stoker")
     key = iam.create_access_key(UserName="stoker")["AccessKey"]
     iam.put_user_policy(UserName="stoker", PolicyName="s3", PolicyDocument=json.dumps({
-        "Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "s3:*", "Resource": "*"}]}))
+        "Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": ["s3:*", "iam:*"], "Resource": "*"}]}))
     keys = (key["AccessKeyId"], key["SecretAccessKey"])
     s3 = boto3.client("s3", endpoint_url=url, region_name="us-east-1", aws_access_key_id=keys[0],
                       aws_secret_access_key=keys[1])
@@ -65,7 +66,7 @@ def _env(api, tmp_path) -> dict[str, str]:
 
 
 SCRIPT = r"""
-import json, sys
+import json, pathlib, sys
 import boto3
 from stoker.storage import credentials
 from stoker.storage import s3
@@ -89,13 +90,18 @@ def outcome(fn):
         return f"{type(err).__name__}: {err}"
 
 log = []
+folder = pathlib.Path(ckpt).parent / "backend-credentials"
+
+def written():
+    return credentials.AwsKeys.parse_shared_file((folder / "credentials").read_text())
+
 good = spec(f"good-{suffix}")
 client = boto3.client("s3", endpoint_url=url, region_name="us-east-1", **credentials.client_kwargs(good.storage))
 out = {
     "good_check": outcome(lambda: credentials.check(good.storage)),
     "good_bucket": outcome(lambda: s3.ensure_bucket(client, good.storage, create=False)),
-    "good_container_env": sorted(credentials.container_env(good.storage)),
-    "good_container_key": credentials.container_env(good.storage)["AWS_ACCESS_KEY_ID"] == key_id,
+    "good_container_env": sorted(credentials.container_env(good.storage, folder)),
+    "good_container_key": written().access_key_id == key_id,
     "good_storage_check": outcome(lambda: check_storage(good)),
 }
 for name in ("missing", "bad-key", "bad-secret"):
@@ -103,14 +109,14 @@ for name in ("missing", "bad-key", "bad-secret"):
 out["log"] = log
 from stoker.stack.s3server import TEST_CREDENTIALS, save_local_block  # what `make stack` saves
 save_local_block(url)
-local = credentials.container_env(spec("stoker-local-s3").storage)
-out["local_block"] = local["AWS_ACCESS_KEY_ID"] == TEST_CREDENTIALS["AWS_ACCESS_KEY_ID"]
+credentials.container_env(spec("stoker-local-s3").storage, folder)
+out["local_block"] = written().access_key_id == TEST_CREDENTIALS["AWS_ACCESS_KEY_ID"]
 print("RESULT " + json.dumps(out))
 """
 
 
 @pytest.fixture(scope="module")
-def results(prefect_api, s3_auth, tmp_path_factory):
+def results(prefect_api, s3_auth, tmp_path_factory):  # noqa: F811
     api, _state = prefect_api
     url, key_id, secret = s3_auth
     tmp = tmp_path_factory.mktemp("creds")
@@ -132,7 +138,8 @@ def test_a_saved_block_opens_the_bucket_and_reaches_the_container(results):
     out, _text, _suffix, (_url, _key_id, _secret, *_rest) = results
     assert out["good_check"] == "ok"
     assert out["good_bucket"] == "ok"
-    assert out["good_container_env"] == ["AWS_ACCESS_KEY_ID", "AWS_DEFAULT_REGION", "AWS_SECRET_ACCESS_KEY"]
+    # The container's environment names the credentials file only; the block's keys are in that file.
+    assert out["good_container_env"] == ["AWS_CONFIG_FILE", "AWS_DEFAULT_REGION", "AWS_SHARED_CREDENTIALS_FILE"]
     assert out["good_container_key"] is True
     assert out["local_block"] is True  # make stack's block for the local S3 server loads
 
@@ -166,3 +173,169 @@ def test_stoker_run_stops_at_preflight_naming_the_block(results):
         f"stoker: error: storage.credentials_block 'bad-secret-{suffix}': bucket '{BUCKET}' at {url} refused its "
         "keys (403)")
     assert WRONG_SECRET not in r.stdout + r.stderr and secret not in r.stdout + r.stderr
+
+
+# ---------------------------------------------------------------- credentials that last: a real backend restarts
+
+ECHO_CONFIG = """name: "echo"
+backend: "python"
+max_batch_size: 0
+input [ { name: "IN" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+instance_group [ { kind: KIND_CPU count: 1 } ]
+"""
+ECHO_MODEL = """import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("OUT", pb_utils.get_input_tensor_by_name(r, "IN")
+                                                                 .as_numpy())]) for r in requests]
+"""
+
+RESTART_SCRIPT = r"""
+import json, os, stat, sys, time, urllib.request
+import boto3, docker
+from stoker.containers import engine
+from stoker.containers.ports import Ports
+from stoker.deploy import rollout
+from stoker.spec.load import parse_spec
+from stoker.stack.services import free_port
+from stoker.storage import credentials
+
+url, admin_key, admin_secret, ckpt, suffix, profile_file, models = sys.argv[1:]
+admin = {"endpoint_url": url, "region_name": "us-east-1", "aws_access_key_id": admin_key,
+         "aws_secret_access_key": admin_secret}
+iam = boto3.client("iam", **admin)
+s3c = boto3.client("s3", **admin)
+user = f"rotating-{suffix}"  # a user of its own: the module's other tests keep using the admin's keys
+iam.create_user(UserName=user)
+iam.put_user_policy(UserName=user, PolicyName="s3", PolicyDocument=json.dumps({
+    "Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "s3:*", "Resource": "*"}]}))
+first = iam.create_access_key(UserName=user)["AccessKey"]
+key_a, secret_a = first["AccessKeyId"], first["SecretAccessKey"]
+prefix = f"restart-{suffix}/model_repository"
+for rel in ("echo/config.pbtxt", "echo/1/model.py"):
+    s3c.put_object(Bucket="creds-it", Key=f"{prefix}/{rel}", Body=open(f"{models}/{rel}", "rb").read())
+block = f"rotating-{suffix}"
+credentials.save_block(block, key_a, secret_a, endpoint_url=url)
+client = docker.from_env()
+out, started = {}, []
+
+def spec(name, block):
+    storage = {"bucket": "creds-it", "endpoint_url": url} | ({"credentials_block": block} if block else {})
+    return parse_spec({"model": {"local_path": ckpt}, "storage": storage, "deploy": {"name": name}}, "it")
+
+def start(sp):
+    env = rollout.container_env(sp)  # refreshes the deployment's credentials file
+    uri = f"s3://{url.split('://', 1)[1]}/creds-it/{prefix}"
+    b = rollout.backend_spec(sp, uri, "d" * 64, env, run_id="it", reload=False)
+    ports = Ports(free_port(), free_port(), free_port())
+    c = engine.start_backend(client, b, "blue", ports)
+    started.append(c)
+    return c, f"http://127.0.0.1:{ports.http}"
+
+def ready(c, http, timeout_s=90):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"{http}/v2/models/echo/ready", timeout=2) as r:
+                if r.status == 200:
+                    return "ready"
+        except OSError:
+            pass
+        c.reload()
+        if c.status == "exited":
+            return f"exited {c.attrs['State']['ExitCode']}"
+        time.sleep(0.5)
+    return "timeout"
+
+try:
+    sp = spec(f"cred{suffix}", block)
+    c, http = start(sp)
+    out["first"] = ready(c, http)
+    folder = credentials.folder_of(sp.deploy.name)
+    out["file_mode"] = oct(stat.S_IMODE((folder / "credentials").stat().st_mode))
+    c.reload()
+    out["env"] = sorted(e.split("=", 1)[0] for e in c.attrs["Config"]["Env"] if e.startswith("AWS_"))
+    out["mounts"] = [(m["Source"] == str(folder), m["Destination"], m["RW"]) for m in c.attrs["Mounts"]]
+    inspect = json.dumps(c.attrs)
+    out["secret_in_inspect"] = secret_a in inspect
+    # Revoke A at the source (moto then refuses it), rotate the block to B, but do not refresh: the restart,
+    # as after a reboot, presents A and fails.
+    iam.delete_access_key(UserName=user, AccessKeyId=key_a)
+    new = iam.create_access_key(UserName=user)["AccessKey"]
+    key_b, secret_b = new["AccessKeyId"], new["SecretAccessKey"]
+    credentials.save_block(block, key_b, secret_b, endpoint_url=url)
+    c.restart(timeout=10)
+    out["stale"] = ready(c, http, timeout_s=60)
+    logs = c.logs().decode(errors="replace")
+    out["stale_line"] = credentials.refused_line(c.name, logs)
+    # The refresh stoker does at every deploy and reconcile, then the same restart: the models load again.
+    credentials.refresh(sp)
+    c.restart(timeout=10)
+    out["refreshed"] = ready(c, http)
+    out["file_is_b"] = credentials.AwsKeys.parse_shared_file((folder / "credentials").read_text()).access_key_id == key_b
+    # No block, no AWS_* variables: a profile in a shared-credentials file; boto3's chain resolves it here.
+    with open(profile_file, "w") as f:
+        f.write(f"[ci-profile]\naws_access_key_id = {key_b}\naws_secret_access_key = {secret_b}\n")
+    os.environ.update(AWS_SHARED_CREDENTIALS_FILE=profile_file, AWS_PROFILE="ci-profile")
+    c2, http2 = start(spec(f"prof{suffix}", None))
+    out["profile"] = ready(c2, http2)
+    c2.reload()
+    out["profile_secret_in_inspect"] = secret_b in json.dumps(c2.attrs)
+    out["logs_hold_secret"] = any(s in (x.logs().decode(errors="replace")) for x in (c, c2) for s in (secret_a, secret_b))
+    out["secrets"] = [secret_a, secret_b]  # for the test to look for in this process's output
+finally:
+    for c in started:
+        c.remove(force=True)
+print("RESULT " + json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def restarts(prefect_api, s3_auth, tmp_path_factory):  # noqa: F811
+    """A real Triton backend (the CPU image) reading a one-model repository from the signature-checking S3."""
+    api, _state = prefect_api
+    url, key_id, secret = s3_auth
+    tmp = tmp_path_factory.mktemp("restart")
+    ckpt = tmp / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "config.json").write_text("{}")
+    env = _env(api, tmp) | {"STOKER_HOME": str(tmp / "home")}
+    (tmp / "models" / "echo" / "1").mkdir(parents=True)
+    (tmp / "models" / "echo" / "config.pbtxt").write_text(ECHO_CONFIG)
+    (tmp / "models" / "echo" / "1" / "model.py").write_text(ECHO_MODEL)
+    r = subprocess.run([sys.executable, "-c", RESTART_SCRIPT, url, key_id, secret, str(ckpt), uuid.uuid4().hex[:6],
+                        str(tmp / "profile-credentials"), str(tmp / "models")],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    out = json.loads(r.stdout.split("RESULT ", 1)[1])
+    return out, (r.stdout.split("RESULT ", 1)[0] + r.stderr), out.pop("secrets")
+
+
+@pytest.mark.docker
+def test_a_backend_restarted_after_rotation_and_refresh_loads_its_models(restarts):
+    out, text, secrets = restarts
+    assert out["first"] == "ready"
+    assert out["env"] == ["AWS_CONFIG_FILE", "AWS_DEFAULT_REGION", "AWS_SHARED_CREDENTIALS_FILE"]
+    assert out["mounts"] == [[True, "/run/stoker/aws", False]]  # the folder, read-only
+    assert out["file_mode"] == "0o600"
+    assert out["refreshed"] == "ready" and out["file_is_b"] is True
+    assert out["secret_in_inspect"] is False and out["logs_hold_secret"] is False
+    assert not any(s in text for s in secrets)
+
+
+@pytest.mark.docker
+def test_without_refresh_the_restart_fails_and_says_so_in_one_line(restarts):
+    out = restarts[0]
+    assert out["stale"].startswith("exited"), out["stale"]
+    assert out["stale_line"] is not None and out["stale_line"].endswith(
+        "S3 refused the backend's credentials (a refused HEAD, which carries no error code); rotate or renew them at their source, then "
+        "`stoker reconcile` writes them to the backend's credentials file and restarts it"), out["stale_line"]
+
+
+@pytest.mark.docker
+def test_a_profile_without_aws_variables_still_reaches_the_backend(restarts):
+    out = restarts[0]
+    assert out["profile"] == "ready" and out["profile_secret_in_inspect"] is False

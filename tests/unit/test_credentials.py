@@ -115,6 +115,13 @@ def test_tritons_refusal_becomes_one_line_without_s3s_message():
                     "at their source, then `stoker reconcile` writes them to the backend's credentials file and "
                     "restarts it")
     assert "AKIDLEAK" not in line and refused_line("c", "I1128 server started") is None
+    # What tritonserver 2.51 printed in tests/integration/test_credentials_blocks.py after its key was deleted.
+    start = ("error: creating server: Internal - Unable to create S3 filesystem client. Check account credentials. "
+             "Exception: '' Message: 'No response body.'")
+    assert refused_line("b", start).startswith("b: S3 refused the backend's credentials (a refused HEAD, which "
+                                               "carries no error code); ")
+    unreachable = "Exception: '' Message: 'curlCode: 7, Couldn't connect to server'"
+    assert refused_line("b", unreachable) is None  # not the credentials' fault
 
 
 def test_a_named_block_supplies_the_keys_to_clients_and_the_container_over_the_environment(blocks, monkeypatch,
