@@ -147,3 +147,22 @@ def test_keys_change_at_once_reconcile_repairs_and_an_older_run_is_refused(clien
     check(spec, OLDER, True, warned.append)
     assert len(warned) == 1 and warned[0].startswith("force: deploying it although")
     check(spec, NEWEST, False, print)  # a newer run deploys
+
+
+@pytest.mark.prefect
+def test_keys_in_a_prefect_secret_block_are_added_and_revoked_in_place():
+    """The block's side of `stoker keys` (the proxy's side is the same as for a file, above)."""
+    from prefect.blocks.system import Secret
+
+    from stoker.spec.schema import ApiKeys
+
+    key_a, key_b = f"key-a-{uuid.uuid4().hex}", f"key-b-{uuid.uuid4().hex}"
+    for name, first in ((f"keys-{uuid.uuid4().hex[:8]}", key_a), (f"keys-{uuid.uuid4().hex[:8]}", [key_a])):
+        source = ApiKeys(secret_block=name)
+        assert api_keys.read_source(source) == ""  # no block yet: `add` makes it
+        Secret(value=first).save(name)
+        api_keys.write_source(source, api_keys.with_key(api_keys.read_source(source), key_b))
+        assert api_keys.load(source).digests == tuple(sorted(map(api_keys.digest, (key_a, key_b))))
+        assert isinstance(Secret.load(name).get(), type(first))  # a list stays a list, text stays text
+        api_keys.write_source(source, api_keys.without(api_keys.read_source(source), {key_a}))
+        assert api_keys.load(source).digests == (api_keys.digest(key_b),)
