@@ -490,7 +490,8 @@ def go_live(spec: Spec, staged: dict, log: Log) -> dict:
     gap = staged.get("gpu_rollout") or {}
     if "stopped_at" not in gap:
         try:
-            done = promote.go_live(client, target, staged, d.watch_s, d.max_error_rate_pct, d.drain_timeout_s, log)
+            done = promote.go_live(client, target, staged, d.watch_s, d.max_error_rate_pct, d.drain_timeout_s, log,
+                                   min_failures=d.watch_min_failures)
         except promote.PromotionFailed:
             if staged.get("publish"):
                 reconcile_live(s3.client(spec.storage), spec.storage, d.name, log)
@@ -511,7 +512,8 @@ def go_live(spec: Spec, staged: dict, log: Log) -> dict:
     done["gap_s"] = round(time.time() - gap["stopped_at"], 2)
     log(f"GPU rollout reload: the endpoint answered 503 for {done['gap_s']:.1f} s (expected "
         f"~{gap.get('expected_gap_s') or 0:.0f} s)")
-    watched = promote.watch(client, promote.BackendRef.from_dict(done["live"]), d.watch_s, d.max_error_rate_pct, log)
+    watched = promote.watch(client, promote.BackendRef.from_dict(done["live"]), d.watch_s, d.max_error_rate_pct, log,
+                            min_failures=d.watch_min_failures)
     if not watched.healthy:
         promote.discard(client, promote.BackendRef.from_dict(done["live"]), log)
         stop_first.restart(client, target, old, d.ready_timeout_s, log)

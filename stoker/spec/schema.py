@@ -210,6 +210,9 @@ class Deploy(_Section):
                            "while the new one is watched; a fault switches traffic back")
     max_error_rate_pct: float = Field(1.0, ge=0, le=100, description="failed requests on the new backend during the "
                                       "watch window, in percent, that switch traffic back")
+    watch_min_failures: int = Field(3, ge=1, le=10000, description="the watch window switches back only once one "
+                                    "route has at least this many failures that are the build's fault (and a rate "
+                                    "over max_error_rate_pct): one failure in a quiet window is not a verdict")
     drain_timeout_s: float = Field(60.0, ge=0, le=3600, description="how long a retired backend may finish the "
                                    "requests it holds")
     rollout: Literal["replace", "reload"] = Field(
