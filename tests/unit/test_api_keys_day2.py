@@ -98,3 +98,21 @@ def test_an_older_run_never_replaces_the_build_of_a_newer_one_unless_forced(run_
     if refused:
         assert line == (f"run {run_id} started before run {serving}, whose build ffffffffffff serves dep: an older run "
                         "does not replace a newer one; pass force (stoker run --force) to deploy it anyway")
+
+
+def test_a_deployment_name_stands_for_the_spec_of_its_newest_run_here(tmp_path, monkeypatch):
+    from stoker.commands.reconcile import spec_of
+
+    monkeypatch.setenv("STOKER_HOME", str(tmp_path))
+    for run_id, keys_file in (("20261128T050000-aaaaaa", "/old/keys"), ("20261128T060000-bbbbbb", "/new/keys"),
+                              ("20261128T070000-cccccc", None)):
+        deploy = {"name": "dep" if keys_file else "other", **({"api_keys": {"file": keys_file}} if keys_file else {})}
+        (tmp_path / "runs" / run_id).mkdir(parents=True)
+        (tmp_path / "runs" / run_id / "manifest.json").write_text(json.dumps(
+            {"run_id": run_id, "spec": {"model": {"repo_id": "org/model"}, "storage": {"bucket": "bkt"},
+                                        "deploy": deploy}}))
+    assert str(spec_of("dep").deploy.api_keys.file) == "/new/keys"
+    spec_file = tmp_path / "s.yaml"
+    spec_file.write_text(yaml.safe_dump({"model": {"repo_id": "org/model"}, "storage": {"bucket": "bkt"},
+                                         "deploy": {"name": "dep"}}))
+    assert spec_of(str(spec_file)).deploy.api_keys is None  # a file is the spec itself
