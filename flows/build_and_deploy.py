@@ -119,7 +119,7 @@ def run_steps(spec: Spec, ctx: RunContext, steps: Steps, force: bool = False) ->
     # One run at a time serves a deployment, whoever started it (schedule, webhook, UI): two at once would each
     # reconcile away the other's staged candidate. Heavy steps above overlap freely; the second waits here.
     with exclusive(deploy_lock(spec.deploy.name), print, f"another run is deploying {spec.deploy.name!r}"):
-        refuse_older_run(spec, ctx, force)  # a run started before the serving build's run never replaces it
+        refuse_older_run(spec, ctx, force, uploaded.digest)  # older than what serves: refused (record/ordering.py)
         ctx.gpu = target.settle_gpus(steps, spec, ctx)  # the candidate's GPUs, chosen once, from what serves now
         target.record_baseline(steps, spec, ctx)  # GPU targets: a missing bf16 baseline, recorded first
         benchmarked = target.deploy(steps, spec, ctx, built, packaged, uploaded)  # evaluated before promoted

@@ -31,19 +31,21 @@ def serving(spec: Spec) -> tuple[str | None, str | None]:
     return (live.run_id or None, live.digest) if live else (None, None)
 
 
-def check(spec: Spec, run_id: str, force: bool, warn) -> None:
-    """Raise OlderRun (one line) when the serving build's run started after ``run_id``; forced: one warning."""
+def check(spec: Spec, run_id: str, force: bool, warn, digest: str | None = None) -> None:
+    """Raise OlderRun (one line) when the serving build's run started after ``run_id`` (whose build is ``digest``);
+    forced: one warning."""
     from stoker.record import ordering
 
-    serving_run, digest = serving(spec)
-    line = ordering.refusal(spec.deploy.name, run_id, serving_run, digest, force)
+    serving_run, live_digest = serving(spec)
+    line = ordering.refusal(spec.deploy.name, run_id, serving_run, live_digest, force, digest)
     if line:
         raise OlderRun(line)
-    if force and (was := ordering.refusal(spec.deploy.name, run_id, serving_run, digest)):
+    if force and (was := ordering.refusal(spec.deploy.name, run_id, serving_run, live_digest, digest=digest)):
         warn(f"force: deploying it although {was.split('; pass force')[0]}")
 
 
 @task(name="run-order-check", cache_policy=NO_CACHE, persist_result=False)
-def refuse_older_run(spec: Spec, ctx: RunContext, force: bool = False) -> None:
-    """Refuse a run older than the one whose build serves (unless ``force``), before anything is staged."""
-    check(spec, ctx.run_id, force, get_run_logger().warning)
+def refuse_older_run(spec: Spec, ctx: RunContext, force: bool = False, digest: str | None = None) -> None:
+    """Refuse a run older than the one whose build serves (unless ``force``, or ``digest``, the run's build, is
+    what serves), before anything is staged."""
+    check(spec, ctx.run_id, force, get_run_logger().warning, digest)

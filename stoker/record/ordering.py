@@ -25,10 +25,10 @@ def started(run_id: str | None) -> str | None:
 
 
 def refusal(name: str, run_id: str, serving_run: str | None, serving_digest: str | None,
-            force: bool = False) -> str | None:
-    """The one line refusing run ``run_id`` of deployment ``name`` because the build serving now came from a run
-    that started after it; None when it may deploy."""
-    if force or not serving_run or serving_run == run_id:
+            force: bool = False, digest: str | None = None) -> str | None:
+    """The one line refusing run ``run_id`` (of build ``digest``) of deployment ``name`` because the build serving
+    now came from a run that started after it; None when it may deploy. The same build serving replaces nothing."""
+    if force or not serving_run or serving_run == run_id or (digest and digest == serving_digest):
         return None
     mine, theirs = started(run_id), started(serving_run)
     if mine is None or theirs is None or mine >= theirs:

@@ -64,7 +64,8 @@ def test_keys_change_at_once_reconcile_repairs_and_an_older_run_is_refused(clien
     # The deployment as a run leaves it: keyed, its proxy state under STOKER_HOME, a backend of run NEWER.
     keyed = dataclasses.replace(target, state_dir=home / "proxy" / target.name,
                                 keys=api_keys.parse(keys_file.read_text(), f"file {keys_file}"))
-    _, done = deploy(client, keyed, dataclasses.replace(build("a"), run_id=NEWER))
+    serving_build = dataclasses.replace(build("a"), run_id=NEWER)
+    _, done = deploy(client, keyed, serving_build)
     http = keyed.endpoint["http"]
     assert _code(http, key_a) == 200 and _code(http, key_b) == 200
     proxy_id = client.containers.get(engine.proxy_name(target.name)).id
@@ -147,6 +148,7 @@ def test_keys_change_at_once_reconcile_repairs_and_an_older_run_is_refused(clien
     check(spec, OLDER, True, warned.append)
     assert len(warned) == 1 and warned[0].startswith("force: deploying it although")
     check(spec, NEWEST, False, print)  # a newer run deploys
+    check(spec, OLDER, False, print, serving_build.repo_digest)  # so does an older run of the build that serves
 
 
 @pytest.mark.prefect

@@ -91,9 +91,11 @@ def test_a_spec_without_keys_or_a_missing_spec_is_one_line(tmp_path, capsys):
     ("20261128T055900-bbbbbb", "20261128T055900-bbbbbb", False, False),  # its own backend (a reused candidate)
     ("20261128T055900-bbbbbb", None, False, False),                      # nothing serves
     ("20261128T055900-bbbbbb", "run-a", False, False),                   # not a stoker run id: no order known
+    ("20261128T055900-bbbbbb", "20261128T060000-aaaaaa", "same", False),  # its build is what serves: nothing replaced
 ])
 def test_an_older_run_never_replaces_the_build_of_a_newer_one_unless_forced(run_id, serving, force, refused):
-    line = ordering.refusal("dep", run_id, serving, "f" * 64, force)
+    digest = "f" * 64 if force == "same" else "e" * 64
+    line = ordering.refusal("dep", run_id, serving, "f" * 64, force is True, digest)
     assert (line is not None) == refused
     if refused:
         assert line == (f"run {run_id} started before run {serving}, whose build ffffffffffff serves dep: an older run "

@@ -127,7 +127,7 @@ def calls(monkeypatch) -> list[str]:
     # The rollback-records check reads S3 (tests/unit/test_rollback_records.py covers its rule)
     monkeypatch.setattr(flow_module, "refuse_rolled_back", lambda spec, fetched, ctx, force=False: None)
     # The run-order check reads what runs on Docker (tests/unit/test_api_keys_day2.py covers its rule)
-    monkeypatch.setattr(flow_module, "refuse_older_run", lambda spec, ctx, force=False: None)
+    monkeypatch.setattr(flow_module, "refuse_older_run", lambda spec, ctx, force=False, digest=None: None)
     return seen
 
 
