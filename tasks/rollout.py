@@ -85,7 +85,7 @@ def switch_traffic(spec: Spec, staged: StepResult, ctx: RunContext) -> StepResul
     try:
         done = rollout.go_live(spec, staged.detail, logger.info)
     except rollout.promote.PromotionFailed as exc:
-        record(ctx, {"action": str(exc), "status": "rolled back", "from": staged.digest})
+        record(ctx, {"action": str(exc), "status": exc.status, "from": staged.digest})
         raise
     return StepResult(name="switch", cache_hit=not done["switched"], duration_s=time.perf_counter() - t0,
                       digest=staged.digest, detail=done)

@@ -36,7 +36,10 @@ def deployed_runs(home: Path, name: str) -> list[dict]:
         steps = m.get("steps", {})
         dep, up, sw = steps.get("deploy", {}), steps.get("upload", {}), steps.get("switch")
         if (m.get("spec", {}).get("deploy", {}).get("name") == name and dep.get("status") == "completed"
-                and up.get("status") == "completed" and (sw is None or sw.get("status") == "completed")
+                and up.get("status") == "completed"
+                and (sw is None or sw.get("status") == "completed"
+                     # a failed watch whose old backend was dead: this build kept serving
+                     or (m.get("rollback") or {}).get("status") == "kept")
                 and (m.get("rollback") or {}).get("status") != "rolled back"):
             out.append(m)
     return out

@@ -25,7 +25,13 @@ TLS_NAME = "tls.pem"  # the certificate and its key, as the proxy reads them (it
 
 
 class PromotionFailed(StokerError):
-    """The candidate did not go live, or was switched back; the message names the cause."""
+    """The candidate did not go live, or was switched back; the message names the cause. ``status``: what the
+    endpoint serves afterwards, for the run's record ("rolled back": the old build again; "kept": the new build,
+    the old one being dead; "nothing serves")."""
+
+    def __init__(self, message: str, status: str = "rolled back") -> None:
+        super().__init__(message)
+        self.status = status
 
 
 class TlsError(StepError):

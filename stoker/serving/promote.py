@@ -553,33 +553,34 @@ def backend_alive(client: docker.DockerClient, ref: BackendRef, attempts: int = 
 
 
 def switch_back(client: docker.DockerClient, target: Target, failed: BackendRef, old: BackendRef | None,
-                drain_timeout_s: float, log: Log) -> str:
+                drain_timeout_s: float, log: Log) -> tuple[str, str]:
     """Undo a switch: traffic back on ``old`` (still warm), then the failed backend goes.
 
     Never onto a dead backend: ``old`` must run and answer ready first. If it does not, the failed backend keeps
     serving while it is alive (a build that fails some requests beats an endpoint that answers none); if both are
-    gone, the endpoint answers 503. The returned line says which happened.
+    gone, the endpoint answers 503. Returns the line that says which happened and the record's status
+    (PromotionFailed.status: "rolled back", "kept" or "nothing serves").
     """
     if old is None:
         discard(client, failed, log)
         _unroute(client, target, failed)
-        return "nothing served before: the endpoint now answers 503"
+        return "nothing served before: the endpoint now answers 503", "nothing serves"
     old_dead = backend_alive(client, old)
     if old_dead is None:
         switch(client, target, old, failed, log)
         retire(client, target, failed, min(drain_timeout_s, 10.0), log, live=old)
-        return f"traffic is back on {old.container} (digest {old.digest[:12]})"
+        return f"traffic is back on {old.container} (digest {old.digest[:12]})", "rolled back"
     new_dead = backend_alive(client, failed, attempts=1)
     if new_dead is None:
         line = (f"not switched back: the old backend is dead ({old_dead}); {failed.container} (digest "
                 f"{failed.digest[:12]}) keeps serving")
         log(line)
-        return line
+        return line, "kept"
     _unroute(client, target, failed, old)
     line = (f"not switched back: the old backend is dead ({old_dead}) and so is the new one ({new_dead}); "
             "the endpoint now answers 503")
     log(line)
-    return line
+    return line, "nothing serves"
 
 
 def _unroute(client: docker.DockerClient, target: Target, *refs: BackendRef) -> None:
@@ -624,8 +625,8 @@ def go_live(client: docker.DockerClient, target: Target, staged: dict, watch_s: 
     out = {"switched": True, "switch_s": round(switch_s, 4), "watch_s": round(watched.seconds, 2),
            "watch_requests": watched.requests, "watch_failures": watched.failures, "live": cand.to_dict()}
     if not watched.healthy:
-        back = switch_back(client, target, cand, old, drain_timeout_s, log)
-        raise PromotionFailed(f"{watched.cause}; {back}")
+        back, status = switch_back(client, target, cand, old, drain_timeout_s, log)
+        raise PromotionFailed(f"{watched.cause}; {back}", status=status)
     if old is not None:
         out["retire_s"] = round(retire(client, target, old, drain_timeout_s, log, live=cand), 2)
     return out

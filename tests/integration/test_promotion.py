@@ -385,6 +385,7 @@ def test_the_watch_sees_direct_tensorrt_llm_calls_and_judges_failures_by_kind_an
     thread.join(timeout=30)
     msg = str(err.value)
     assert "\n" not in msg and re.search(r"HTTP failed [34] of \d+ requests", msg) and "traffic is back on" in msg, msg
+    assert err.value.status == "rolled back"  # what the run's record says
     assert_one_live(client, target, "B")
 
     # The old backend (B) dies in the window of a new one (D) that fails its direct calls: never switched back to.
@@ -401,6 +402,7 @@ def test_the_watch_sees_direct_tensorrt_llm_calls_and_judges_failures_by_kind_an
     msg = str(err.value)
     assert "\n" not in msg and re.search(r"HTTP failed [34] of \d+ requests", msg), msg
     assert "not switched back: the old backend is dead" in msg and "keeps serving" in msg, msg
+    assert err.value.status == "kept"  # the run's record: not "rolled back", the new build serves
     assert serving_tag(target) == "D"  # the endpoint still answers, from the new build
     view, _ = promote.observe_proxy(client, target)
     assert view.running and view.live == staged["candidate"]["slot"]

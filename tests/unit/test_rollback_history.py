@@ -157,3 +157,17 @@ def test_a_fetched_repository_gets_back_the_empty_version_folders_its_upload_cou
              "tensorrt_llm/config.pbtxt", "tensorrt_llm/1/engine/rank0.engine", "stoker_limits.json"]
     assert mounted_repository.version_folders(files, []) == ["ensemble/1"]  # a GPU upload records no empty folder
     assert mounted_repository.version_folders(files, ["ensemble/1"]) == []  # the reference package records it
+
+
+def test_cache_prune_keeps_a_build_that_kept_serving_when_its_old_backend_was_dead(tmp_path):
+    # The watch failed, but the old backend was dead: the new build kept serving (PromotionFailed.status "kept").
+    kept = _manifest("20250101T000001-k", "k", status="failed", rollback_status="kept")
+    kept["steps"]["switch"] = {"status": "failed"}
+    back = _manifest("20250101T000002-r", "r", status="failed", rollback_status="rolled back")
+    back["steps"]["switch"] = {"status": "failed"}
+    for m in (kept, back):
+        folder = tmp_path / "runs" / m["run_id"]
+        folder.mkdir(parents=True)
+        (folder / "manifest.json").write_text(json.dumps(m))
+    assert [m["run_id"] for m in rollback.deployed_runs(tmp_path, NAME)] == [kept["run_id"]]
+    assert returnable_runs([kept, back], NAME) == []  # never a rollback target: its watch failed
