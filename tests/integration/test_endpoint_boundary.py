@@ -266,3 +266,20 @@ def test_tls_at_the_proxy_serves_https_and_grpc_over_tls_with_the_key_checked_in
     pem = target.state_dir / "tls.pem"
     assert pem.stat().st_mode & 0o077 == 0 and "PRIVATE KEY" in pem.read_text()
     assert client.containers.get(engine.proxy_name(target.name)).labels[engine.LABEL_FRONT].startswith("keys,tls:")
+
+    # A certificate file that also holds another private key: OpenSSL loads the pair (preflight passes), HAProxy
+    # takes the PEM's first key and refuses it. The recreate stops at `haproxy -c`, before anything is touched: the
+    # running proxy serves on with its certificate, and one line names HAProxy's error.
+    other = tmp_path / "other.pem"
+    subprocess.run(["openssl", "genrsa", "-out", str(other), "2048"], check=True, capture_output=True)
+    bundled = tmp_path / "bundled.pem"
+    bundled.write_text(cert.read_text() + other.read_text())
+    proxy_id, before = client.containers.get(engine.proxy_name(target.name)).id, pem.read_bytes()
+    with pytest.raises(promote.ProxyRefused) as refused:
+        promote.reconcile(client, dataclasses.replace(secure, tls=(bundled, key_file)), Lines())
+    message = str(refused.value)
+    assert "\n" not in message and "inconsistencies between private key and certificate" in message, message
+    assert "keeps serving" in message and "PRIVATE KEY" not in message
+    assert client.containers.get(engine.proxy_name(target.name)).id == proxy_id and pem.read_bytes() == before
+    assert generate(http, headers={"Authorization": f"Bearer {key}"}, context=trusted).startswith("a")
+    assert not list(target.state_dir.glob(".proxy-check-*"))  # the trial folder (a key's copy) is gone
