@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shutil
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -190,18 +192,14 @@ def handover(client: docker.DockerClient, target: Target, old, slots: dict, live
     says otherwise (HAProxy's configuration manual, "noreuseport"), which stoker never sets; both containers use the
     host's network and run HAProxy as the same user, which SO_REUSEPORT asks of sockets sharing a port. So two
     proxies on one port is always possible here, and no stop-then-start fallback is needed (tests/integration/
-    test_endpoint_boundary.py starts one beside another). The unix sockets (runtime API, the OpenAI service's gRPC
+    test_proxy_image.py starts two on one port, and sees `noreuseport` refuse the second). The unix sockets (runtime API, the OpenAI service's gRPC
     path) cannot be shared: the new proxy takes their names over as it starts, even when it then fails; the old
     proxy's sockets keep a second name meanwhile and get their own back on a failure.
     """
-    import shutil
-    import tempfile
-
     name = engine.proxy_name(target.name)
-    live = live_slot
     trial = Path(tempfile.mkdtemp(prefix=".proxy-check-", dir=target.state_dir))
     try:
-        write_config(dataclasses.replace(target, state_dir=trial), slots, live)
+        write_config(dataclasses.replace(target, state_dir=trial), slots, live_slot)
         check_config(client, target.proxy_image, trial)
     except ProxyRefused as err:
         raise ProxyRefused(f"proxy {name} was not replaced: {err}; the running proxy keeps serving") from None
@@ -214,7 +212,7 @@ def handover(client: docker.DockerClient, target: Target, old, slots: dict, live
     old.rename(f"{name}-old-{old.short_id}")  # the new one takes the name: proxy_container finds the newest
     new = None
     try:
-        write_config(target, slots, live)
+        write_config(target, slots, live_slot)
         started = time.monotonic()
         new = start_proxy(client, target, log)
         _wait_new_proxy(target, new, old_ino)
