@@ -17,11 +17,12 @@ repository, no traffic) and the caller's gates run there; only ``go_live`` publi
 as the next numeric version (version files first, then every config pinned to that version with
 ``version_policy: { specific: ... }``), loads it through Triton's model-control API (``POST
 /v2/repository/models/M/load``: the new version loads next to the serving one, which retires only after the load
-succeeded), runs a smoke inference, and only then rewrites the record; then the gating candidate goes. A failed
+succeeded), runs a smoke inference, and only then rewrites the record (the gating candidate went first). A failed
 load or smoke puts the recorded configs back and loads them again. Every reload ``stage`` first reconciles the
 live repository with its record: version folders the record does not name (a run killed while publishing) are
 removed, and a backend serving another version (Triton's repository index) loads the recorded one back. The
-pinned configs make a restarted backend load exactly the recorded version, not the newest folder. The first
+pinned configs make a restarted backend load exactly the recorded version, not the newest folder; the reload
+backend answers ready while a version loads (``--strict-readiness=false``), so the proxy keeps it in service. The first
 reload deploy (no reload backend yet) publishes the version and stages the reload backend itself as the
 candidate, promoted like ``replace``; its record is written after the switch. GPU targets refuse ``reload`` at
 plan (stoker/targets/gpu.py): a GPU backend mounts its engine from the host, and a gating candidate beside the
@@ -61,6 +62,10 @@ GPUS_LABEL = "ai.stoker.gpus"  # stoker.targets.gpu.GPUS_LABEL: the device ids a
 # reload already meets the new versions.
 LOAD_ORDER = ("preprocessing", MODEL_NAME, "postprocessing", ENSEMBLE_NAME)
 EXPLICIT_ARGS = ["--model-control-mode=explicit", "--load-model=*"]
+# The reload backend keeps answering ready while a new version loads beside the serving one (Triton's strict
+# readiness reports the whole server unready then, and the proxy would take it out of service: every request a 503
+# for the length of the load). Startup still ends in ready only after the initial loads; the smoke proves a load.
+RELOAD_ARGS = ["--strict-readiness=false"]
 
 
 class RolloutError(StokerError):
@@ -120,7 +125,7 @@ def backend_spec(spec: Spec, repository_uri: str, digest: str, env: dict[str, st
     if d.rollout == "reload" if reload is None else reload:
         fields["repository_uri"] = s3.triton_uri(spec.storage, f"{live_prefix(spec.storage, d.name)}/model_repository")
         digest = live_digest(spec.storage, d.name)
-        extra += EXPLICIT_ARGS
+        extra += EXPLICIT_ARGS + RELOAD_ARGS
     elif spec.parallel.world_size == 1:
         # Explicit model control lets retire unload the old backend's models: it refuses new requests before any
         # answer while those in flight finish, so a busy long-lived stream moves without a cut answer
@@ -523,8 +528,8 @@ def go_live(spec: Spec, staged: dict, log: Log) -> dict:
 
 
 def load_in_place(spec: Spec, staged: dict, log: Log) -> dict:
-    """Reload, after the gates passed on the gating candidate: publish the build as the staged version, load it
-    into the live backend, smoke it there, then record it and remove the gating candidate. A failed load or smoke
+    """Reload, after the gates passed on the gating candidate: remove that candidate, publish the build as the staged
+    version, load it into the live backend, smoke it there, then record it. A failed load or smoke
     puts the recorded version back (configs, then a load) and raises PromotionFailed; the record never moved."""
     d = spec.deploy
     client = docker_engine.connect(d.docker_host)
@@ -533,9 +538,9 @@ def load_in_place(spec: Spec, staged: dict, log: Log) -> dict:
     live = promote.BackendRef.from_dict(staged["live"])
     gating = promote.BackendRef.from_dict(staged["candidate"])
     version, digest = int(staged["version"]), staged["digest"]
+    promote.discard(client, gating, log)  # its gates passed and it never served; the load gets the host to itself
     state = read_live(s3c, spec.storage, d.name)
     if int(state.get("version") or 0) != int(staged.get("previous_version") or 0):
-        promote.discard(client, gating, log)
         raise promote.PromotionFailed(f"the live repository of {d.name} moved to version {state.get('version')} "
                                       f"since staging (version {staged.get('previous_version')}); nothing loaded")
     publish_version(s3c, spec.storage, d.name, digest, version, log)
@@ -547,12 +552,10 @@ def load_in_place(spec: Spec, staged: dict, log: Log) -> dict:
         reconcile_live(s3c, spec.storage, d.name, log, client, live)
         load_all(client, live, log)
         _follow_in_place(client, target, live, log)
-        promote.discard(client, gating, log)
         raise promote.PromotionFailed(f"version {version} did not serve on {live.container} ({err}); version "
                                       f"{state.get('version')} loaded back and serves") from None
     record_version(s3c, spec.storage, d.name, digest, version, log)
     _follow_in_place(client, target, live, log)
-    promote.discard(client, gating, log)  # gated, never served: the live backend serves its build now
     prune_versions(s3c, spec.storage, d.name)
     log(f"reload: {live.container} serves version {version} (digest {digest[:12]}); smoke inference streamed "
         f"{smoke['events']} responses")

@@ -2,14 +2,17 @@
 
 Two builds of the same model that differ only in their Triton config give two repository digests.
 Every rollout goes through the deployment's stable endpoint, which never moves: `replace` (a proven
-candidate, gated before it gets traffic), `reload` (a new model version loaded in place), a failed
-gate (the candidate never serves), and `stoker rollback`.
+candidate, gated before it gets traffic), `reload` (gated on a candidate of its own, then loaded in
+place as the next version; a killed publish cleaned by the next run; a restart loads the recorded
+version), a failed gate (the candidate never serves), and `stoker rollback`.
 """
 
 from __future__ import annotations
 
 import json
 import time
+import urllib.error
+import urllib.request
 import uuid
 from pathlib import Path
 
@@ -20,6 +23,7 @@ from operate_helpers import make_spec, record, stoker, stoker_env
 
 from stoker.containers import engine as docker_engine
 from stoker.deploy import rollout
+from stoker.serving import probe
 from stoker.storage import s3
 from stoker.spec.load import parse_spec
 
@@ -105,21 +109,76 @@ def test_manifests_record_the_stable_endpoint_and_the_backend(two_runs):
     assert rows["ensemble"]["failed"] == 0
 
 
+def _served_versions(http: str) -> list[str]:
+    """The versions of the LLM model the server at ``http`` (the stable address, or a backend's own) serves."""
+    with urllib.request.urlopen(f"{http}/v2/models/tensorrt_llm", timeout=10) as resp:
+        return json.loads(resp.read())["versions"]
+
+
+def _await_endpoint(http: str, timeout_s: float = 60) -> None:
+    """After a backend restart, until the proxy's health check has it back (HAProxy marks it up again)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            _served_versions(http)
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+
+
+def _await_versions(http: str, expected: list[str], timeout_s: float = 60) -> list[str]:
+    """The served versions once they are ``expected`` (Triton unloads the old version after the load returns, and
+    the proxy takes a restarted backend back after its health checks), else the last answer."""
+    deadline, seen = time.monotonic() + timeout_s, None
+    while time.monotonic() < deadline:
+        try:
+            seen = _served_versions(http)
+        except OSError as err:
+            seen = [str(err)]
+        if seen == expected:
+            break
+        time.sleep(0.5)
+    return seen
+
+
+def _live_folders(storage, name: str) -> set[int]:
+    root = f"{rollout.live_prefix(storage, name)}/model_repository"
+    return rollout.folder_versions(rollout._keys(s3.client(storage), storage.bucket, root + "/"), root)
+
+
 def test_reload_and_replace_under_steady_load_fail_nothing(two_runs, aws, capsys):
     (a, b), (m_a, m_b) = two_runs["specs"], two_runs["manifests"]
-    endpoint = m_b["endpoint"]["http"]
+    name, endpoint = two_runs["name"], m_b["endpoint"]["http"]
+    storage = _spec(a, "reload").storage
+    s3c = s3.client(storage)
     results = {}
     # replace: B serves now; A is staged, proven and switched to while requests flow.
     results["replace"] = _under_load(endpoint, lambda: _roll(_spec(a, "replace"), m_a))
     assert results["replace"]["done"][1]["switched"]
-    # reload: the first reload deploy stages a reload backend serving A as version 1 ...
+    # reload: the first reload deploy stages a reload backend serving A as version 1, recorded after the switch ...
     first, _ = _roll(_spec(a, "reload"), m_a)
     assert first["version"] == 1 and not first["in_place"]
-    # ... then B as version 2, loaded into the running server.
-    results["reload"] = _under_load(endpoint, lambda: _roll(_spec(b, "reload"), m_b))
-    staged, _ = results["reload"]["done"]
-    assert staged["version"] == 2 and staged["in_place"] and staged["load_s"] > 0
-    assert staged["candidate"]["container"] == first["candidate"]["container"]
+    assert rollout.read_live(s3c, storage, name)["version"] == 1 and _served_versions(endpoint) == ["1"]
+    reload_backend = first["candidate"]["container"]
+
+    # ... then B: gated on a candidate of its own while production, at the stable address, stays on A.
+    def gated_then_loaded():
+        staged = rollout.stage(_spec(b, "reload"), *_upload(m_b), m_b["run_id"], lambda _m: None)
+        assert staged["in_place"] and staged["version"] == 2 and staged["candidate"]["container"] != reload_backend
+        assert staged["candidate"]["digest"] == _upload(m_b)[1]  # the gates measure B itself, from its own upload
+        assert _served_versions(endpoint) == ["1"] and _served_versions(staged["candidate"]["http"]) == ["1"]
+        assert rollout.read_live(s3c, storage, name)["digest"] == _upload(m_a)[1] and _live_folders(storage, name) == {1}
+        return staged, rollout.go_live(_spec(b, "reload"), staged, lambda _m: None)
+
+    results["reload"] = _under_load(endpoint, gated_then_loaded)
+    staged, done = results["reload"]["done"]
+    assert done["version"] == 2 and done["load_s"] > 0 and done["live"]["container"] == reload_backend
+    assert _await_versions(endpoint, ["2"]) == ["2"]
+    assert rollout.read_live(s3c, storage, name)["digest"] == _upload(m_b)[1]
+    client = docker_engine.connect()
+    assert staged["candidate"]["container"] not in [c.name for c in docker_engine.containers(client, name)]
     with capsys.disabled():
         print("\nfailed requests during rollout:",
               {k: (v["failed_requests"], v["requests"], v["rollout_s"], v["errors"]) for k, v in results.items()})
@@ -129,11 +188,50 @@ def test_reload_and_replace_under_steady_load_fail_nothing(two_runs, aws, capsys
     for k, v in results.items():
         assert v["requests"] > 5 and v["failed_requests"] == 0, (k, v["errors"])
 
-    # A gate failing after an in-place load: the previous version is loaded back, same backend.
-    back = rollout.abandon(_spec(b, "reload"), staged, lambda _m: None)
-    assert back == "reloaded version 1"
-    storage = _spec(a, "reload").storage
-    assert rollout.read_live(s3.client(storage), storage, two_runs["name"])["digest"] == _upload(m_a)[1]
+    # A run killed while copying A's files as version 3 (configs not yet written): a restarted backend loads the
+    # recorded version 2 (configs pinned to it), not the newest folder.
+    src_root, dst_root = rollout._roots(storage, name, _upload(m_a)[1])
+    for k in rollout._keys(s3c, storage.bucket, src_root + "/"):
+        dst = rollout.version_key(k, src_root, dst_root, 3)
+        if dst and not dst.endswith("/config.pbtxt"):
+            s3c.copy_object(Bucket=storage.bucket, Key=dst, CopySource={"Bucket": storage.bucket, "Key": k})
+    assert _live_folders(storage, name) == {1, 2, 3}
+    client.containers.get(reload_backend).restart(timeout=10)
+    probe.wait_ready(f"{done['live']['http']}/v2/health/ready", 120)
+    assert _await_versions(done["live"]["http"], ["2"]) == ["2"]
+    # The same run got further: configs written and version 3 loaded, but killed before its smoke and record.
+    rollout.publish_version(s3c, storage, name, _upload(m_a)[1], 3, lambda _m: None)
+    rollout.load_all(client, rollout.promote.BackendRef.from_dict(done["live"]), lambda _m: None)
+    _await_endpoint(endpoint)
+    assert _served_versions(endpoint) == ["3"] and rollout.read_live(s3c, storage, name)["version"] == 2
+
+    # The next reload run starts from what runs: version 3 removed, version 2 loaded back, then A gated as 3 ...
+    logs: list[str] = []
+    staged = rollout.stage(_spec(a, "reload"), *_upload(m_a), m_a["run_id"], logs.append)
+    assert any("removed half-published version(s) 3" in line and "loaded version 2 back" in line for line in logs), logs
+    assert staged["version"] == 3 and _served_versions(endpoint) == ["2"] and _live_folders(storage, name) == {1, 2}
+    # ... and its gate fails: production stays on version 2, S3's record unchanged, the gating candidate gone.
+    assert rollout.abandon(_spec(a, "reload"), staged, lambda _m: None) == (
+        f"gating candidate removed; {reload_backend} kept serving version 2")
+    assert _served_versions(endpoint) == ["2"] and _live_folders(storage, name) == {1, 2}
+    assert rollout.read_live(s3c, storage, name)["digest"] == _upload(m_b)[1]
+    assert staged["candidate"]["container"] not in [c.name for c in docker_engine.containers(client, name)]
+    # A run whose gates pass loads A properly as version 3; two versions stay for a way back.
+    _, done = _roll(_spec(a, "reload"), m_a)
+    assert done["version"] == 3 and _await_versions(endpoint, ["3"]) == ["3"] and _live_folders(storage, name) == {2, 3}
+    assert rollout.read_live(s3c, storage, name)["digest"] == _upload(m_a)[1]
+
+    # Reconcile never makes an ungated candidate live: a killed run's candidate (never switched to) stands while the
+    # routed backend died: nothing serves, the endpoint answers 503, and the log says why.
+    leftover = rollout.stage(_spec(b, "replace"), *_upload(m_b), m_b["run_id"], lambda _m: None)["candidate"]
+    client.containers.get(reload_backend).stop(timeout=5)
+    logs.clear()
+    assert rollout.promote.reconcile(client, rollout.target_for(_spec(b, "replace")), logs.append) is None
+    assert any(f"{leftover['container']} never served" in line and "answers 503" in line for line in logs), logs
+    assert docker_engine.containers(client, name, role=docker_engine.ROLE_BACKEND) == []
+    with pytest.raises(urllib.error.HTTPError) as err:
+        _served_versions(endpoint)
+    assert err.value.code == 503
 
 
 def test_failed_gate_never_serves_the_candidate_and_rollback_cli(two_runs, aws):
