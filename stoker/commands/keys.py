@@ -34,12 +34,22 @@ class KeysError(StokerError):
 def _proxy(spec, then: str = ": nothing changed"):
     """The running proxy's admin socket and state folder; one line (ending in ``then``) when there is none that
     checks keys."""
-    from ..containers import engine
     from ..run import stoker_home
     from ..serving import haproxy
 
     name = spec.deploy.name
-    # engine and haproxy alone, not stoker.serving.promote: a revoke's seconds are mostly this process's start.
+    # A revoke's seconds are mostly this process's start, and importing Docker's client is most of that: a proxy
+    # that answers in this home's state folder and knows the key list is the deployment's, running. Otherwise
+    # (a worker's own STOKER_HOME, a stopped proxy) Docker says where its folder is, or why there is none.
+    state_dir = stoker_home() / "proxy" / name
+    try:
+        answer = haproxy.command(haproxy.Runtime(state_dir).sock, f"show acl {keys_file()}")
+    except haproxy.ProxyApiError:
+        answer = "Unknown"
+    if "Unknown" not in answer:
+        return haproxy.Runtime(state_dir).sock, state_dir
+    from ..containers import engine
+
     found = engine.containers(engine.connect(spec.deploy.docker_host), name, role=engine.ROLE_PROXY)
     c = found[0] if found else None
     if c is None or c.status != "running":

@@ -24,12 +24,13 @@ class NoSpec(StokerError):
 
 def spec_of(spec_or_name: str):
     """The spec of ``spec_or_name``: a spec file, else the newest local run of that deployment's (see the module)."""
-    from ..record.manifest import read_manifests
-    from ..run import stoker_home
     from ..spec.load import load_spec, parse_spec
 
     if Path(spec_or_name).is_file() or spec_or_name.endswith((".yaml", ".yml")):
         return load_spec(spec_or_name)
+    from ..record.manifest import read_manifests
+    from ..run import stoker_home
+
     home = stoker_home()
     runs = [m for m in read_manifests(home)
             if ((m.get("spec") or {}).get("deploy") or {}).get("name") == spec_or_name]
