@@ -94,14 +94,14 @@ def test_keys_change_at_once_reconcile_repairs_and_an_older_run_is_refused(clien
 
     t0 = time.monotonic()
     revoked = _stoker(home, "keys", str(spec_file), "revoke", api_keys.digest(key_a)[:12])
-    while _code(http, key_a) != 401 and time.monotonic() - t0 < 10:
-        time.sleep(0.1)
-    seconds = time.monotonic() - t0
-    print(f"revoked key refused {seconds:.2f} s after `stoker keys revoke` started; it said: {revoked.stdout.strip()}",
-          flush=True)
+    # The push is synchronous: once the command has returned, the revoked key is refused, with no wait. (How many
+    # seconds that takes on a loaded machine is a figure, benchmarks/day_two.py's, not a timed assertion here.)
+    refused = _code(http, key_a)
+    print(f"revoked key refused {time.monotonic() - t0:.2f} s after `stoker keys revoke` started; it said: "
+          f"{revoked.stdout.strip()}", flush=True)
     outputs.append(revoked.stdout + revoked.stderr)
     assert revoked.returncode == 0, revoked.stderr
-    assert _code(http, key_a) == 401 and seconds <= 5, seconds
+    assert refused == 401
     assert _code(http, key_b) == 200 and _code(http, key_c) == 200
     assert key_a not in keys_file.read_text() and "# the clients' keys" in keys_file.read_text()
     # Nothing restarted: the same proxy and backend containers serve.
