@@ -12,6 +12,10 @@ default OUT operate_busy_streams.json): the busy stream's figures per phase (iss
 --replicas N: deploy.replicas N (reference target): N backends behind the address; each phase also records the
 fewest proxy servers taking new requests seen during it (polled every 50 ms); the S3 `reload` phases do not apply.
 
+--gpu-rollout surge|shared|reload (with --target): the spec's gpus.rollout (default surge): under shared both
+backends hold the same GPUs, under reload the live backend drains and stops before the candidate starts (the
+endpoint answers 503 meanwhile: those requests fail, counted). Default OUT operate_<target>_standin_<rollout>.json.
+
 --target tensorrt: the deployment is a `target: tensorrt` spec (2 GPUs listed, gpus.rollout surge) on the STAND-IN
 (STOKER_STANDIN=1): its backends are those the tensorrt target supplies (the stand-in image, the serve command, the
 repository mounted from a folder, the GPU set per backend, labelled; device requests dropped) serving the same
@@ -150,7 +154,7 @@ def attribute(records: list, phases: list[dict]) -> None:
             ph["busy_stream"]["retire_s"] = ph["result"]["retire_s"]
 
 
-KNOWN_FLAGS = {"--keys", "--target", "--replicas", "--rollouts-only", "--no-dockerd-restart"}
+KNOWN_FLAGS = {"--keys", "--target", "--gpu-rollout", "--replicas", "--rollouts-only", "--no-dockerd-restart"}
 
 
 def main() -> int:
@@ -174,12 +178,18 @@ def main() -> int:
         os.environ["STOKER_OPERATE_TARGET"] = target
     if target == "pytorch":
         os.environ[INTERFACE_ENV] = "llmapi"  # every client, the load process's included, speaks the LLM API's
+    gpu_rollout = sys.argv[sys.argv.index("--gpu-rollout") + 1] if "--gpu-rollout" in sys.argv else "surge"
+    if gpu_rollout not in ("surge", "shared", "reload") or (gpu_rollout != "surge" and not gpu):
+        print(f"--gpu-rollout {gpu_rollout}: surge, shared or reload, with --target tensorrt|pytorch", file=sys.stderr)
+        return 2
+    os.environ["STOKER_OPERATE_GPU_ROLLOUT"] = gpu_rollout
     replicas = int(sys.argv[sys.argv.index("--replicas") + 1]) if "--replicas" in sys.argv else 1
     if replicas > 1:
         os.environ["STOKER_OPERATE_REPLICAS"] = str(replicas)
-    args = [a for i, a in enumerate(sys.argv[1:], 1) if sys.argv[i - 1] not in ("--replicas", "--target")]
+    args = [a for i, a in enumerate(sys.argv[1:], 1) if sys.argv[i - 1] not in ("--replicas", "--target",
+                                                                                 "--gpu-rollout")]
     default = ("operate_busy_streams.json" if "--rollouts-only" in sys.argv
-               else f"operate_{target}_standin.json" if gpu else f"operate_replicas_{replicas}.json" if replicas > 1
+               else f"operate_{target}_standin{'' if gpu_rollout == 'surge' else '_' + gpu_rollout}.json" if gpu else f"operate_replicas_{replicas}.json" if replicas > 1
                else "operate_keys.json" if keyed else "operate.json")
     out = Path(next((a for a in args if not a.startswith("--")), ROOT / "benchmarks" / "results" / default)).resolve()
     with_dockerd = "--no-dockerd-restart" not in sys.argv
@@ -322,6 +332,7 @@ def main() -> int:
                    for p in run.phases],
         "meta": {"machine": f"{platform.node()} ({os.cpu_count()} CPUs)", "wall_s": round(time.time() - t_start, 1),
                  "api_keys": keyed, "target": run.spec.target, "replicas": replicas, "rollouts_only": rollouts_only,
+                 "gpu_rollout": gpu_rollout if gpu else None,
                  "standin": (f"STAND-IN (STOKER_STANDIN=1): the {target} target's backends on "
                              "stoker/triton-standin serving scripted models"
                              + (" with the contract of TensorRT-LLM's llmapi model (one `tensorrt_llm`), every client "

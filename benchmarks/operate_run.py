@@ -47,7 +47,8 @@ class Run:
         if os.environ.get("STOKER_STANDIN"):  # --target tensorrt|pytorch: what a GPU spec says, the stand-in replaces
             self.data.update(model={"repo_id": "meta-llama/Meta-Llama-3-8B-Instruct"},
                              target=os.environ.get("STOKER_OPERATE_TARGET", "tensorrt"),
-                             gpus={"type": "h100-80gb", "count": 2, "rollout": "surge"})
+                             gpus={"type": "h100-80gb", "count": 2,
+                                   "rollout": os.environ.get("STOKER_OPERATE_GPU_ROLLOUT", "surge")})
             self.data["deploy"].update(image="nvcr.io/nvidia/tritonserver:26.07-trtllm-python-py3", openai=False)
         if os.environ.get(KEY_ENV):
             keys = state / "api-keys.txt"
@@ -67,7 +68,7 @@ class Run:
         return parse_spec({**self.data, "deploy": {**self.data["deploy"], "rollout": rollout, **deploy}}, "operate")
 
     def build(self, tag: str, **model) -> tuple[str, str]:
-        from serving_models import repo_digest, write_llmapi_repo, write_repo
+        from serving_models import write_llmapi_repo, write_repo
 
         from stoker.storage import s3
 
@@ -76,13 +77,15 @@ class Run:
             write_llmapi_repo(root, tag, **model)
         else:
             write_repo(root, tag, full_layout=True, **model)
-        digest = repo_digest(root)
+        from stoker.storage.digest import records_digest, tree_records
+
+        digest = records_digest(tree_records(root))  # the upload step's digest of a repository
+        # As the upload step does for every target: the repository, then its completion marker (what rollback
+        # and a GPU backend's mount read back from S3).
+        s3.upload_tree(self.s3, self.spec.storage, root, tree_records(root), [], digest, lambda _l: None)
         if self.spec.target != "reference":  # a GPU target's backend mounts the package step's folder
             return str(root), digest
         prefix = f"{s3.repo_prefix(self.spec.storage, digest)}/model_repository"
-        for p in sorted(root.rglob("*")):
-            if p.is_file():
-                self.s3.upload_file(str(p), self.spec.storage.bucket, f"{prefix}/{p.relative_to(root).as_posix()}")
         return s3.triton_uri(self.spec.storage, prefix), digest
 
     def deploy(self, tag: str, rollout: str = "replace", **model) -> dict:
@@ -96,10 +99,12 @@ class Run:
         run_id = f"20261123T{self.runs:06d}-{tag.lower()}"
         staged = ro.stage(spec, uri, digest, run_id, self.log, standin=self.standin)
         done = ro.go_live(spec, staged, self.log)
-        manifest = {"run_id": run_id, "spec": spec.model_dump(mode="json"),
+        manifest = {"run_id": run_id, "status": "completed", "spec": spec.model_dump(mode="json"),
                     "standin": {"ran": self.standin},  # what stoker run records; rollback reads it
                     "steps": {"upload": {"status": "completed", "digest": digest, "detail": {"repository_uri": uri}},
-                              "deploy": {"status": "completed"}, "switch": {"status": "completed"}}}
+                              "deploy": {"status": "completed"}, "switch": {"status": "completed"},
+                              # rollback returns only to gated builds; these scripted ones have no benchmark to gate
+                              "gate": {"status": "completed", "detail": {"note": "scripted build: no gate to run"}}}}
         write_atomic(Path(os.environ["STOKER_HOME"]) / "runs" / run_id / "manifest.json", json.dumps(manifest))
         return {"staged": {k: staged.get(k) for k in ("reused", "in_place", "version")}, **done}
 
