@@ -7,13 +7,13 @@ TritonPythonModel) plus one rule; stoker's llmapi shim, which replaces a module 
 (get_sampling_params_from_request), replaces the one the model calls.
 
 The rule, as TensorRT-LLM's Triton model behaves under ``mpirun`` (stoker/gpu/trtllm.py serve_command starts one
-tritonserver per rank): rank 0 (OMPI_COMM_WORLD_RANK, set by mpirun) loads and serves. Every other rank enters
-the worker loop inside initialize and never returns from it, so its tritonserver never finishes loading and never
-binds a port. Upstream: triton_backend/all_models/inflight_batcher_llm/tensorrt_llm/1/model.py (NVIDIA/TensorRT-LLM;
+tritonserver per rank): rank 0 (OMPI_COMM_WORLD_RANK, set by mpirun) loads and serves. Every other rank enters the
+worker loop inside initialize and never returns from it, so its tritonserver never finishes loading and never binds
+a port. Upstream: triton_backend/all_models/inflight_batcher_llm/tensorrt_llm/1/model.py (NVIDIA/TensorRT-LLM;
 tensorrtllm_backend before it), TritonPythonModel.initialize: when the executor cannot enqueue requests (a worker
-rank in leader mode) it calls executor.shutdown(), where "worker ranks will wait here until leader is done"; the C++
-backend's model instance does the same. The stand-in's worker rank holds no weights: stoker's reference runtime
-computes the whole model on rank 0, so a shard would only cost memory.
+rank in leader mode) it calls executor.shutdown(), where "worker ranks will wait here until leader is done". The stand-in gives its LLM-API model (target: pytorch) the same rule; how
+TensorRT-LLM's own LLM API spreads its ranks under this command was not checked here. The stand-in's worker rank
+holds no weights: stoker's reference runtime computes the whole model on rank 0, so a shard would only cost memory.
 """
 
 import os

@@ -3,12 +3,13 @@
 The CPU Triton image plus a Python-based backend named ``tensorrtllm`` (Triton runs a ``model.py`` found at
 ``backends/<name>/`` for every model whose config says ``backend: "<name>"``): stoker's reference ``tensorrt_llm``
 model and runtime; and, where stoker's ``llmapi`` shim looks for TensorRT-LLM's own LLM-API model
-(/app/all_models/llmapi/tensorrt_llm/1), a model with that contract over the same runtime (stoker/triton/models/llmapi.py).
-Each of the two is installed as ``stoker_reference_model.py`` behind infra/standin/rank_model.py (the ``model.py``:
-under mpirun only rank 0 serves, the others wait in TensorRT-LLM's worker loop), and infra/standin/mpirun.py is the
-image's ``mpirun`` (the one-host MPMD launch stoker's serve command uses for tensor × pipeline > 1). Built without a registry, FROM the CPU image this machine built; its recipe label covers the
-Dockerfile, the model code and the base image's id, so a change to the runtime rebuilds it. Only runs with
-``STOKER_STANDIN=1`` use it (stoker/gpu/standin.py).
+(/app/all_models/llmapi/tensorrt_llm/1), a model with that contract over the same runtime
+(stoker/triton/models/llmapi.py). Each of the two is installed as ``stoker_reference_model.py`` behind
+infra/standin/rank_model.py (the ``model.py``: under mpirun only rank 0 serves, the others wait in TensorRT-LLM's
+worker loop), and infra/standin/mpirun.py is the image's ``mpirun`` (the one-host MPMD launch stoker's serve command
+uses for tensor × pipeline > 1). Built without a registry, FROM the CPU image this machine built; its recipe label
+covers the Dockerfile, the model code and the base image's id, so a change to the runtime rebuilds it. Only runs
+with ``STOKER_STANDIN=1`` use it (stoker/gpu/standin.py).
 """
 
 from __future__ import annotations
