@@ -168,9 +168,10 @@ def resolve(storage: Storage) -> AwsKeys | None:
 
     try:
         return _frozen(boto3.Session())
-    except (BotoCoreError, ClientError) as err:
-        raise CredentialsError(f"bucket {storage.bucket!r}: boto3's credential chain failed "
-                               f"({type(err).__name__})") from None
+    except (BotoCoreError, ClientError) as err:  # the code only: a message may quote a key id or a role
+        code = err.response.get("Error", {}).get("Code") if isinstance(err, ClientError) else type(err).__name__
+        raise CredentialsError(f"bucket {storage.bucket!r}: boto3's credential chain (AWS_PROFILE "
+                               f"{os.environ.get('AWS_PROFILE') or 'default'}) failed ({code})") from None
 
 
 def client_kwargs(storage: Storage) -> dict[str, str]:

@@ -209,9 +209,9 @@ admin = {"endpoint_url": url, "region_name": "us-east-1", "aws_access_key_id": a
 iam = boto3.client("iam", **admin)
 s3c = boto3.client("s3", **admin)
 user = f"rotating-{suffix}"  # a user of its own: the module's other tests keep using the admin's keys
-iam.create_user(UserName=user)
+user_arn = iam.create_user(UserName=user)["User"]["Arn"]
 iam.put_user_policy(UserName=user, PolicyName="s3", PolicyDocument=json.dumps({
-    "Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "s3:*", "Resource": "*"}]}))
+    "Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": ["s3:*", "sts:AssumeRole"], "Resource": "*"}]}))
 first = iam.create_access_key(UserName=user)["AccessKey"]
 key_a, secret_a = first["AccessKeyId"], first["SecretAccessKey"]
 prefix = f"restart-{suffix}/model_repository"
@@ -276,11 +276,23 @@ try:
     c.restart(timeout=10)
     out["refreshed"] = ready(c, http)
     out["file_is_b"] = credentials.AwsKeys.parse_shared_file((folder / "credentials").read_text()).access_key_id == key_b
-    # No block, no AWS_* variables: a profile in a shared-credentials file; boto3's chain resolves it here.
+    # No block, no AWS_* keys: AWS_PROFILE names an assumed role whose source profile is in a shared-credentials
+    # file; boto3's chain calls STS here, and the backend gets the role's temporary keys and session token.
+    role = iam.create_role(RoleName=f"reader-{suffix}", AssumeRolePolicyDocument=json.dumps({
+        "Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "sts:AssumeRole",
+                                                "Principal": {"AWS": user_arn}}]}))["Role"]  # moto checks the trust policy
+    iam.put_role_policy(RoleName=role["RoleName"], PolicyName="s3", PolicyDocument=json.dumps({
+        "Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "s3:*", "Resource": "*"}]}))
     with open(profile_file, "w") as f:
-        f.write(f"[ci-profile]\naws_access_key_id = {key_b}\naws_secret_access_key = {secret_b}\n")
-    os.environ.update(AWS_SHARED_CREDENTIALS_FILE=profile_file, AWS_PROFILE="ci-profile")
+        f.write(f"[ci-source]\naws_access_key_id = {key_b}\naws_secret_access_key = {secret_b}\n")
+    with open(profile_file + ".config", "w") as f:
+        f.write(f"[profile ci-role]\nrole_arn = {role['Arn']}\nsource_profile = ci-source\n")
+    os.environ.update(AWS_SHARED_CREDENTIALS_FILE=profile_file, AWS_CONFIG_FILE=profile_file + ".config",
+                      AWS_PROFILE="ci-role", AWS_ENDPOINT_URL_STS=url, AWS_DEFAULT_REGION="us-east-1")
     c2, http2 = start(spec(f"prof{suffix}", None))
+    role_keys = credentials.AwsKeys.parse_shared_file(
+        (credentials.folder_of(f"prof{suffix}") / "credentials").read_text())
+    out["profile_keys"] = [role_keys.access_key_id not in (key_a, key_b), bool(role_keys.session_token)]
     out["profile"] = ready(c2, http2)
     c2.reload()
     out["profile_secret_in_inspect"] = secret_b in json.dumps(c2.attrs)
@@ -336,6 +348,7 @@ def test_without_refresh_the_restart_fails_and_says_so_in_one_line(restarts):
 
 
 @pytest.mark.docker
-def test_a_profile_without_aws_variables_still_reaches_the_backend(restarts):
+def test_an_assumed_role_profile_without_aws_keys_still_reaches_the_backend(restarts):
     out = restarts[0]
+    assert out["profile_keys"] == [True, True]  # the role's temporary keys, with a session token, not B's
     assert out["profile"] == "ready" and out["profile_secret_in_inspect"] is False
