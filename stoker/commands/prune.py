@@ -228,8 +228,8 @@ def prune_cmd(args) -> int:
         for label, why in sorted(plan.kept.items()):
             print(f"keep {label}: {why}")
     for it in doomed:
-        print(f"{verb} {it.where} {it.kind} {it.location} ({it.objects} {'objects' if it.where == 's3' else 'files'}, "
-              f"{_size(it.bytes)})")
+        unit = ("object" if it.where == "s3" else "file") + ("" if it.objects == 1 else "s")
+        print(f"{verb} {it.where} {it.kind} {it.location} ({it.objects} {unit}, {_size(it.bytes)})")
         if args.dry_run:
             continue
         if it.where == "local":
