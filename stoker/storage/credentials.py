@@ -187,8 +187,8 @@ def write_files(folder: Path, keys: AwsKeys | None, region: str) -> bool:
     """Write ``keys`` as ``folder``/credentials (and the region as ``folder``/config), each 0600 and replaced
     atomically; with no keys, remove them (a backend then gets none rather than stale ones). True when written.
 
-    The folder, not the file, is what a backend mounts: a file bind mount keeps the inode it was given, so a
-    running Triton would never see a replaced file; through a folder mount it does."""
+    The folder, not the file, is what a backend mounts: a file bind mount keeps the inode it was given, so the
+    container would go on seeing the replaced file; through a folder mount any later read sees the new one."""
     folder.mkdir(parents=True, exist_ok=True, mode=0o700)
     os.chmod(folder, 0o700)
     if keys is None:
@@ -207,8 +207,9 @@ def container_env(storage: Storage, folder: Path) -> dict[str, str]:
     Why a file: tritonserver's S3 filesystem (triton-inference-server/core src/filesystem/implementations/s3.h)
     uses explicit keys only when AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY are set; otherwise it builds its client
     from a ClientConfiguration for AWS_PROFILE (or "default") and the AWS SDK for C++'s default credential chain,
-    whose profile provider reads AWS_SHARED_CREDENTIALS_FILE (and reloads it every few minutes). Environment keys
-    would be fixed at container creation: a restart after rotation or expiry would present dead keys.
+    whose profile provider reads AWS_SHARED_CREDENTIALS_FILE (tests/integration/test_credentials_blocks.py: a
+    restarted tritonserver 2.51 loads with the refreshed file). Environment keys would be fixed at container
+    creation: a restart after rotation or expiry would present dead keys.
 
     Raises:
         CredentialsError: see `resolve`.
@@ -275,7 +276,7 @@ def refused_line(container: str, log_text: str) -> str | None:
     if not reasons:
         return None
     return (f"{container}: S3 refused the backend's credentials ({reasons[-1]}); rotate or renew them at their "
-            "source, then `stoker reconcile` writes them to the backend's credentials file and restarts it")
+            "source, then `stoker reconcile` rewrites its credentials file, which its next start reads")
 
 
 def check(storage: Storage) -> None:

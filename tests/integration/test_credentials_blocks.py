@@ -344,7 +344,7 @@ def test_without_refresh_the_restart_fails_and_says_so_in_one_line(restarts):
     assert out["stale"].startswith("exited"), out["stale"]
     assert out["stale_line"] is not None and out["stale_line"].endswith(
         "S3 refused the backend's credentials (a refused HEAD, which carries no error code); rotate or renew them at their source, then "
-        "`stoker reconcile` writes them to the backend's credentials file and restarts it"), out["stale_line"]
+        "`stoker reconcile` rewrites its credentials file, which its next start reads"), out["stale_line"]
 
 
 @pytest.mark.docker

@@ -112,8 +112,8 @@ def test_tritons_refusal_becomes_one_line_without_s3s_message():
            "exception: InvalidAccessKeyId, error message: The AWS Access Key Id AKIDLEAK you provided does not exist")
     line = refused_line("stoker-d-blue", log)
     assert line == ("stoker-d-blue: S3 refused the backend's credentials (InvalidAccessKeyId); rotate or renew them "
-                    "at their source, then `stoker reconcile` writes them to the backend's credentials file and "
-                    "restarts it")
+                    "at their source, then `stoker reconcile` rewrites its credentials file, which its next "
+                    "start reads")
     assert "AKIDLEAK" not in line and refused_line("c", "I1128 server started") is None
     # What tritonserver 2.51 printed in tests/integration/test_credentials_blocks.py after its key was deleted.
     start = ("error: creating server: Internal - Unable to create S3 filesystem client. Check account credentials. "
