@@ -38,6 +38,28 @@ def backend_on(spec, facts, planned, held: dict[int, int], gpus: tuple[int, ...]
     return ledger.admit("backend", gpus, planned.gpu_bytes, held, minimum, take)
 
 
+def load_through_rollouts(results: Path) -> dict:
+    """The operate benchmark's load through each GPU rollout on the stand-in (`benchmarks/operate.py --target
+    tensorrt --gpu-rollout R --rollouts-only`, run separately: containers, minutes), summarised from its JSON."""
+    out: dict = {}
+    for choice in ("surge", "shared", "reload"):
+        f = results / f"operate_tensorrt_standin_{choice}.json"
+        if not f.is_file():
+            out[choice] = "not run (benchmarks/operate.py --target tensorrt --gpu-rollout " + choice + ")"
+            continue
+        d = json.loads(f.read_text())
+        rollouts = [p for p in d["phases"] if p["phase"].startswith(("replace", "stoker rollback"))]
+        out[choice] = {"file": f.name, "date": d["meta"]["date"], "requests": d["load"]["requests"],
+                       "failed": d["load"]["failed"], "truncated": d["load"]["truncated"],
+                       "per_rollout": [{"phase": p["phase"], "requests": p["requests"], "failed": p["failed"],
+                                        "truncated": p["truncated"], "gpus_after": p.get("gpus_after"),
+                                        "endpoint_503_s": (p.get("result") or {}).get("gap_s")
+                                        if isinstance(p.get("result"), dict) else None,
+                                        "errors": [e.splitlines()[0][:100] for e in p["errors"][:2]]}
+                                       for p in rollouts]}
+    return out
+
+
 def scenario(spec, facts) -> dict:
     """First run, then a rebuild of another revision while the first serves (its baseline missing too)."""
     planned = rollout.plan_rollout(spec, facts)
@@ -109,9 +131,9 @@ def main(argv: list[str]) -> int:
     result = {"meta": {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "rows": len(rows),
                        "what": "arithmetic: stoker's placement and the stand-in ledger's formulas with each spec's "
                                "own model shapes; no GPU, no TensorRT-LLM, no container ran",
-                       "not_measured": "the held-out-style load through each rollout on the faithful stand-in (the "
-                                       "surge rollout of target tensorrt under load: operate_tensorrt_standin.json)"},
-              "rows": rows}
+                       "not_measured": "the example specs' own models under load: the load below is the operate "
+                                       "deployment's (a scripted ensemble on the stand-in image), one spec shape"},
+              "rows": rows, "load_through_rollouts": load_through_rollouts(out_path.parent)}
     out_path.write_text(json.dumps(result, indent=1) + "\n")
     ok = sum(r["plan"] == "ok" for r in rows)
     print(f"{len(rows)} cases, {ok} planned, {len(rows) - ok} refused at plan -> {out_path}")
