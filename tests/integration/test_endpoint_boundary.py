@@ -140,6 +140,7 @@ def test_backends_listen_on_loopback_and_the_endpoint_where_the_spec_says(client
         live = promote.reconcile(client, opened, log)
         time.sleep(1.0)
     assert any("recreate" in line for line in log) and any("the new proxy serves" in line for line in log), log
+    print(next(line for line in log if "the new proxy serves" in line), f"; answered {load.ok} meanwhile")
     assert load.failures == [] and load.ok["http"] > 0 and load.ok["grpc"] > 0, (load.failures[:3], load.ok)
     proxies = engine.containers(client, target.name, role=engine.ROLE_PROXY)
     assert [c.name for c in proxies] == [engine.proxy_name(target.name)] and proxies[0].id != old_proxy
