@@ -40,7 +40,9 @@ def build_manifest(spec: Spec, ctx: RunContext, steps: dict[str, StepResult], so
         "versions": tool_versions(),
         # The stable address clients use (the proxy), and separately the backend that serves behind it.
         "endpoint": (deploy.detail.get("endpoint") if deploy and deploy.status == "completed" else None),
-        "backend": (deploy.detail.get("candidate" if live else "previous") if deploy and deploy.status == "completed"
+        # reload: the gates ran on a candidate of its own; the long-lived backend ("live") serves the build (h1).
+        "backend": (deploy.detail.get(("live" if deploy.detail.get("in_place") else "candidate") if live else "previous")
+                    if deploy and deploy.status == "completed"
                     else None),
         # Steps after the pipeline's own (gate, promote, ...) follow in the order they ran.
         "steps": {name: _step_entry(steps[name], started_at)
