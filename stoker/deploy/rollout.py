@@ -302,6 +302,12 @@ def reconcile_live(s3c, storage: Storage, name: str, log: Log, client=None,
     other = sorted({v for vs in serving.values() for v in vs} - {recorded}) if recorded else []
     if not stray and not other:
         return state
+    if not state.get("digest") and backend is not None:
+        # A reload backend serves, yet nothing is recorded (the record was removed by hand): what it serves from
+        # is not deleted under it, and nothing is guessed.
+        raise RolloutError(f"the live repository of {name} holds version(s) {', '.join(map(str, stray))} but no "
+                           f"{LIVE_STATE} while {backend.container} serves: deploy once with rollout: replace (the "
+                           "next reload deploy then starts a reload backend from a clean repository)")
     if state.get("digest"):
         write_configs(s3c, storage, name, state["digest"], recorded)
     else:  # nothing was ever recorded: what is there is a first publish cut off, configs and all
