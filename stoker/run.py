@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import socket
 import time
 import uuid
@@ -11,14 +10,11 @@ from typing import Callable
 
 from pydantic import BaseModel, Field
 
+from .home import stoker_home  # noqa: F401 -- re-exported: stoker.run.stoker_home is what most callers import
 from .spec.schema import Storage
 from .storage.store import Entry, StepStore
 
 STEPS = ("preflight", "fetch", "quantize", "build", "package", "upload", "deploy", "benchmark")
-
-
-def stoker_home() -> Path:
-    return Path(os.environ.get("STOKER_HOME", Path.home() / ".stoker")).expanduser().resolve()
 
 
 class RunContext(BaseModel):

@@ -229,7 +229,7 @@ def mounts(env: dict[str, str], folder: Path) -> dict[str, str]:
 
 def folder_of(deployment: str) -> Path:
     """The deployment's credentials folder on this host (mounted by its backends)."""
-    from ..run import stoker_home
+    from ..home import stoker_home
 
     return stoker_home() / "credentials" / deployment
 
