@@ -68,6 +68,13 @@ def reconcile(spec, log=print) -> list[str]:
         actions.append(line)
         log(line)
 
+    # The backends' S3 keys, valid now: a backend Docker restarts later (a reboot, a crash) reads them at its start.
+    from ..storage import credentials
+
+    try:
+        credentials.refresh(spec)
+    except credentials.CredentialsError as err:  # the proxy and the backends still get repaired
+        log(f"reconcile {spec.deploy.name}: the backends' S3 credentials were not refreshed: {err}")
     live = promote.reconcile(client, target, note)
     if live is None:
         log(f"reconcile {spec.deploy.name}: no backend serves (a run or `stoker rollback` stages one)")

@@ -128,10 +128,17 @@ def test_keys_change_at_once_reconcile_repairs_and_an_older_run_is_refused(clien
     no_proxy = _stoker(home, "keys", str(spec_file), "add")
     assert no_proxy.returncode == 1 and "no running proxy" in no_proxy.stderr, no_proxy.stderr
     assert keys_file.read_text().count("key-") == 1  # refused before the source changed
+    # Keys from boto3's chain (here the environment; the shared S3 accepts any): reconcile writes them for the backends.
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "reconcile-key-id")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "reconcile-secret")
     repaired = _stoker(home, "reconcile", str(spec_file))
     outputs += [fine.stdout + fine.stderr, no_proxy.stdout + no_proxy.stderr, repaired.stdout + repaired.stderr]
     assert repaired.returncode == 0 and "repaired" in repaired.stdout, repaired.stdout + repaired.stderr
     assert _code(http, key_b) == 200 and _code(http, key_a) == 401
+    # ... and the backends' S3 credentials were written afresh for their next start (stoker.storage.credentials)
+    creds = home / "credentials" / target.name / "credentials"
+    assert creds.stat().st_mode & 0o777 == 0o600 and "reconcile-key-id" in creds.read_text()
+    assert "reconcile-secret" not in repaired.stdout + repaired.stderr
     for key in (key_a, key_b, key_c, key_d):
         assert not any(key in out for out in outputs), key[:6]
 
