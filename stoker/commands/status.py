@@ -95,7 +95,28 @@ def status(name: str | None) -> list[dict]:
     return [describe(client, n) for n in ([name] if name is not None else deployment_names(client))]
 
 
+class BadWatch(StokerError):
+    """--watch without one deployment, or a useless interval."""
+
+
+def _watch(args) -> int:
+    from ..containers import engine
+    from . import status_watch
+
+    if args.name is None:
+        raise BadWatch("--watch needs one deployment: stoker status NAME --watch")
+    args.interval = status_watch.DEFAULT_INTERVAL_S if args.interval is None else args.interval
+    if not args.interval > 0:
+        raise BadWatch(f"--interval must be more than 0 seconds (got {args.interval:g})")
+    require_known(engine.connect(None), args.name)
+    return status_watch.watch(args.name, args.interval, args.exit_on_alert)
+
+
 def _handler(args) -> int:
+    if args.watch:
+        return _watch(args)
+    if args.exit_on_alert or args.interval is not None:
+        raise BadWatch("--interval and --exit-on-alert go with --watch")
     found = status(args.name)
     if not found:
         print(NONE_HERE)
@@ -119,4 +140,12 @@ def register(sub) -> None:
     p = sub.add_parser("status", help="stable endpoint, live backend, health and uptime of each deployment stoker "
                                       "started on this host")
     p.add_argument("name", nargs="?", default=None, help="one deployment (default: all)")
+    p.add_argument("--watch", action="store_true",
+                   help="keep polling NAME and print a timestamped line per change: a backend down or exited, the "
+                        "proxy not running, a rollback, the live build changing, a failed poll (Ctrl-C stops, "
+                        "status 0); also Prefect events when PREFECT_API_URL is set")
+    p.add_argument("--interval", type=float, default=None, metavar="S",
+                   help="with --watch: seconds between polls (default 5)")
+    p.add_argument("--exit-on-alert", action="store_true",
+                   help="with --watch: stop at the first ALERT with exit status 3 (scripts, cron)")
     p.set_defaults(fn=_handler)
