@@ -85,6 +85,12 @@ def diff(prev: dict | None, cur: dict) -> list[tuple[str, str]]:
             out.append((OK, f"backend {name} UP again"))
     for name in sorted(set(old_b) - set(new_b)):
         out.append((INFO, f"backend {name} removed"))
+    if first:
+        # The baseline the changes that follow are read against (and a sign the watch works).
+        live = cur.get("live") or {}
+        up = sum(1 for b in new_b.values() if b.get("state") == "running")
+        out.append((INFO, f"first look: proxy {proxy}, {up} of {len(new_b)} backend(s) running, live build "
+                          f"{str(live.get('digest') or 'none')[:12]} (run {live.get('run_id') or '-'})"))
 
     if not first:
         for rid in sorted(set(cur.get("rollbacks") or {}) - set(prev.get("rollbacks") or {})):
