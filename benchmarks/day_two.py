@@ -147,7 +147,9 @@ def kill_replica(run: Run) -> dict:
     if len(members) < 2:
         raise RuntimeError(f"{len(members)} backend(s) running: nothing to kill beside the live one")
     victim = members[-1]
-    victim.kill()
+    # Its process dies (a crash, an OOM kill): Docker's restart policy brings it back. (`docker kill` through the API
+    # would count as stopping it by hand, which the restart policy leaves stopped.)
+    os.kill(victim.attrs["State"]["Pid"], signal.SIGKILL)
     t0 = time.monotonic()
     while time.monotonic() - t0 < 90:
         victim.reload()
