@@ -218,8 +218,10 @@ class Deploy(_Section):
     rollout: Literal["replace", "reload"] = Field(
         "replace", description="replace: a new backend behind the proxy, proven before it gets traffic; reload: "
         "load the new model version into the live backend (Triton model-control API, no second container)")
-    auto_rollback: bool = Field(True, description="reload: put the previous model version back when the smoke "
-                                "inference or a later step (benchmark, gate) fails")
+    # Read by nothing since reload gates a build on its own candidate first (issue 49): kept so older specs load.
+    auto_rollback: bool = Field(True, description="no effect, accepted for older specs: a reload build is gated "
+                                "on a candidate of its own before it is loaded, and a failed load or smoke always "
+                                "loads the recorded version back")
     # OpenAI-compatible API (issue 14). reference: a service container per deployment behind the proxy's /v1/
     # (stoker.serving.openai_service). tensorrt: Triton's own OpenAI frontend as the serve command, by contract
     # (stoker.gpu.openai_frontend), on the metrics role's port.
