@@ -54,7 +54,8 @@ def remote_rows(s3c, storage) -> tuple[list, list]:
     return rows, unfinished
 
 
-def _size(n: int) -> str:
+def size_text(n: float) -> str:
+    """Bytes for a person: 512 B, 1.5 MB (decimal units, as `du --si`); `stoker cache` and `stoker prune` print it."""
     for unit in ("B", "KB", "MB", "GB"):
         if n < 1000 or unit == "GB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
@@ -106,11 +107,11 @@ def ls(args) -> int:
     print(f"{'STEP':<10} {'KEY':<24} {'SIZE':>9} {'AGE':>7}  {'WHERE':<13} SERVED")
     for (step, key), rs in sorted(by_key.items()):
         where = "local+remote" if len(rs) > 1 else rs[0].layer
-        print(f"{step:<10} {key:<24} {_size(max(r.bytes for r in rs)):>9} {_age(now - max(r.created for r in rs)):>7}  "
+        print(f"{step:<10} {key:<24} {size_text(max(r.bytes for r in rs)):>9} {_age(now - max(r.created for r in rs)):>7}  "
               f"{where:<13} {'yes' if any(r.served for r in rs) else '-'}")
     for f in unfinished:
         state = "building" if f.has_lease else "unfinished"
-        print(f"{f.step:<10} {f.key:<24} {_size(f.bytes):>9} {_age(now - f.newest):>7}  {'remote':<13} - ({state})")
+        print(f"{f.step:<10} {f.key:<24} {size_text(f.bytes):>9} {_age(now - f.newest):>7}  {'remote':<13} - ({state})")
     if storage is None:
         print(f"local layer {home / 'cache'}; pass --spec to list the S3 layer too")
     else:
@@ -146,7 +147,7 @@ def prune_cmd(args) -> int:
         if r.layer == "remote" and (f is None or f.has_lease):  # gone meanwhile, or someone is rebuilding it
             print(f"kept remote {r.step}/{r.key}: {'a lease is held on it' if f else 'already gone'}")
             continue
-        print(f"{verb} {r.layer} {r.step}/{r.key} ({_size(r.bytes)})")
+        print(f"{verb} {r.layer} {r.step}/{r.key} ({size_text(r.bytes)})")
         removed += 1
         if args.dry_run:
             continue

@@ -21,18 +21,13 @@ import time
 from pathlib import Path
 
 from ..errors import StokerError
+from .cache import size_text
 
 
 class PruneError(StokerError):
     """Bad arguments, or what serves could not be asked (nothing was removed)."""
 
 
-def _size(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if n < 1000 or unit == "GB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    return str(n)
 
 
 def _storages(local: list[dict], spec_path: str | None) -> list:
@@ -229,7 +224,7 @@ def prune_cmd(args) -> int:
             print(f"keep {label}: {why}")
     for it in doomed:
         unit = ("object" if it.where == "s3" else "file") + ("" if it.objects == 1 else "s")
-        print(f"{verb} {it.where} {it.kind} {it.location} ({it.objects} {unit}, {_size(it.bytes)})")
+        print(f"{verb} {it.where} {it.kind} {it.location} ({it.objects} {unit}, {size_text(it.bytes)})")
         if args.dry_run:
             continue
         if it.where == "local":
@@ -246,7 +241,7 @@ def prune_cmd(args) -> int:
                 raise PruneError(f"removing {it.location}: {s3.failure(err, 'delete', st)}") from None
     total = sum(i.bytes for i in doomed)
     print(f"{len(doomed)} {'to remove' if args.dry_run else 'removed'} ({sum(i.objects for i in doomed)} objects or "
-          f"files, {_size(total)}); {len(plan.kept)} runs and builds kept"
+          f"files, {size_text(total)}); {len(plan.kept)} runs and builds kept"
           + (" (dry run: nothing removed)" if args.dry_run else ""))
     return 0
 
