@@ -133,6 +133,19 @@ def added_latency(direct: dict, proxied: dict, n: int = 300) -> dict:
 # ---------------------------------------------------------------- the run
 
 
+def start_load(state: Path, endpoint: dict):
+    """The load (stream_clients.load_process) in its own process through ``endpoint``, running once it returns;
+    (stop event, process, where it writes its records when stopped)."""
+    ctx = mp.get_context("spawn")
+    stop, ready = ctx.Event(), ctx.Event()
+    load_out = state / "load.json"
+    loader = ctx.Process(target=load_process, args=(endpoint, stop, str(load_out), ready))
+    loader.start()
+    ready.wait(60)
+    time.sleep(3)
+    return stop, loader, load_out
+
+
 class _Done(Exception):
     """--rollouts-only: the phases after the rollouts are skipped."""
 
@@ -219,13 +232,7 @@ def main() -> int:
                 latency = {"error": f"{type(exc).__name__}: {exc}", "backend": backend}
             print(f"proxy added latency: {latency}", flush=True)
 
-            ctx = mp.get_context("spawn")
-            stop, ready = ctx.Event(), ctx.Event()
-            load_out = state / "load.json"
-            loader = ctx.Process(target=load_process, args=(endpoint, stop, str(load_out), ready))
-            loader.start()
-            ready.wait(60)
-            time.sleep(3)
+            stop, loader, load_out = start_load(state, endpoint)
             for tag in ("B", "C", "D"):
                 run.phase(f"replace -> {tag}", lambda tag=tag: run.deploy(tag, interval_s=0.005))
             if not gpu and replicas == 1:
