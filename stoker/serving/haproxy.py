@@ -145,6 +145,11 @@ def render(layout: ProxyLayout, mount: str = MOUNT) -> str:
         f"    timeout tunnel {STREAM_TIMEOUT}",
         "    timeout http-request 30s",
         "    timeout http-keep-alive 5m",
+        # A proxy handover soft-stops the old proxy (promote.handover). By default HAProxy then closes idle
+        # keep-alive connections at once, and a client writing its next request on one meets a broken pipe (a CI
+        # run did). With this option (HAProxy >= 2.6, configuration manual "option idle-close-on-response") the old
+        # proxy answers that next request and closes the connection after the response instead.
+        "    option idle-close-on-response",
         "    timeout client-fin 5s",
         # A backend that refuses the connection (just stopped) gets the request again, elsewhere if possible.
         "    retries 3",

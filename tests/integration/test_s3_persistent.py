@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -67,6 +68,11 @@ def test_objects_survive_a_restart_and_a_kill_and_deletions_stay_deleted(state_d
         else:
             os.killpg(handle.pid, signal.SIGKILL)
             os.waitpid(handle.pid, 0)  # started by this process: reap it, or it lingers as a zombie that looks alive
+        # As after a reboot, the old server is gone before the new one starts: its socket may outlive the signal
+        # by a moment (a CI run met PortInUse here), so wait for the port rather than race it.
+        deadline = time.monotonic() + 15
+        while not services.port_free(handle.port) and time.monotonic() < deadline:
+            time.sleep(0.1)
         url = s3server.ensure_s3(state_dir, port=handle.port, data_dir=data)
         s3 = _client(url)
         after = {o["Key"]: (o["ETag"], o["Size"]) for o in s3.list_objects_v2(Bucket="stoker")["Contents"]}

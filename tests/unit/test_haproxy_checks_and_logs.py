@@ -93,3 +93,10 @@ def test_the_openai_service_logs_method_path_status_and_ms_never_a_header_or_que
     assert line.startswith("POST /v1/chat/completions 201 ") and line.endswith(" ms"), line
     assert not any(word in line for word in ("secret", "Bearer", "k=")), line
     assert [m["type"] for m in sent] == ["http.response.start", "http.response.body"]  # answered unchanged
+
+
+def test_a_soft_stopped_proxy_answers_the_next_request_on_an_idle_connection_before_closing_it():
+    # The handover's old proxy: idle keep-alive connections are not cut under a client's next write.
+    cfg = haproxy.render(haproxy.ProxyLayout(LISTEN, {"blue": BLUE[0]}, "blue"))
+    defaults = cfg.split("defaults\n", 1)[1].split("\n\n", 1)[0]
+    assert "    option idle-close-on-response" in defaults.splitlines()
