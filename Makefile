@@ -65,7 +65,7 @@ demo: setup
 	$(VENV)/bin/stoker demo
 
 # `make test` is both tiers, fast first (a broken edit fails in a minute), each printing `tier NAME: N s`
-# (benchmarks/suite.py reads them). --durations=25: the slowest tests are visible in every run.
+# (benchmarks/suite.py reads them). --durations=40: the slowest tests are visible in every run.
 SERVICE_MARKERS := docker or triton or s3 or hub or prefect or slow
 TEST_WORKERS ?= 4
 test: setup venv-dev
@@ -93,7 +93,7 @@ test-fast: venv-dev
 test-services: venv-dev
 	@t0=$$(date +%s); tpl=$$($(PY) -m stoker.stack.prefect_home) || exit 1; tiny=$$(mktemp -d); \
 	STOKER_PREFECT_DB_TEMPLATE=$$tpl STOKER_TINY_MODEL_CACHE=$$tiny STOKER_QUANTIZE_MEMO=$$tiny/quantize \
-	  $(PY) -m pytest -q --durations=25 \
+	  $(PY) -m pytest -q --durations=40 \
 	  -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "$(SERVICE_MARKERS)"; \
 	rc=$$?; rm -rf $$tiny; echo "tier services: $$(( $$(date +%s) - t0 )) s"; exit $$rc
 

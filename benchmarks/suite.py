@@ -5,8 +5,8 @@
 Each LOG is the whole output of one `CI=true bash .ci/run` on a fresh clone (set-up included, images built by the
 run). Read from it: set-up and test seconds (the `ci:` lines; for a log of a run before those lines existed, the
 pytest summary and the shell's `real` time), each tier's seconds (`tier NAME: N s`, printed by the Makefile),
-tests passed, skipped (with reasons) and failed over both tiers, and the service tier's 25 slowest (pytest
---durations=25). --fast-s records a `make test-fast` measured beside them (same machine kind).
+tests passed, skipped (with reasons) and failed over both tiers, and the service tier's slowest (pytest
+--durations=40). --fast-s records a `make test-fast` measured beside them (same machine kind).
 """
 
 from __future__ import annotations
@@ -36,9 +36,11 @@ def parse(text: str) -> dict:
     out["skip_reasons"] = re.findall(r"^SKIPPED \[\d+\] (.*)$", text, re.M)
     if "all_s" not in out and (m := re.search(r"^real\s+(\d+)m([\d.]+)s", text, re.M)):
         out["all_s"] = round(int(m[1]) * 60 + float(m[2]), 1)
-    block = text.rsplit("slowest 25 durations", 1)[1] if "slowest 25 durations" in text else ""
+    # The service tier's list (the last one printed: 25 in older logs, 40 now).
+    blocks = re.split(r"^=+ slowest \d+ durations =+$", text, flags=re.M)
+    block = blocks[-1] if len(blocks) > 2 else ""
     out["slowest"] = [{"s": float(s), "phase": phase, "test": test}
-                      for s, phase, test in re.findall(r"^([\d.]+)s (call|setup|teardown)\s+(\S+)", block, re.M)][:25]
+                      for s, phase, test in re.findall(r"^([\d.]+)s (call|setup|teardown)\s+(\S+)", block, re.M)][:40]
     return out
 
 

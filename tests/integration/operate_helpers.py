@@ -176,3 +176,15 @@ def wait_online(api, pool: str, timeout_s: float = 120) -> None:
             return
         time.sleep(1)
     raise AssertionError(f"no worker of {pool} came online in {timeout_s:g} s")
+
+
+def set_pool_limit(api, pool: str, limit: int) -> None:
+    """The work pool's concurrency limit (0: its workers take nothing, so started runs stay Scheduled)."""
+    import base64
+
+    req = urllib.request.Request(f"{api.url}/work_pools/{pool}", method="PATCH",
+                                 data=json.dumps({"concurrency_limit": limit}).encode(),
+                                 headers={"Authorization": "Basic " + base64.b64encode(api.auth.encode()).decode(),
+                                          "Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        assert resp.status == 204
