@@ -137,6 +137,10 @@ class ServedModel:
         # As the repository's postprocessing model: special tokens (a returned stop id) are not text.
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
+    def token_text(self, token: int) -> str:
+        """One token as log probs name it: decoded alone, special tokens shown (logprobs.py)."""
+        return self.tokenizer.decode([int(token)], skip_special_tokens=False)
+
     def chat_ids(self, messages: list[dict]) -> list[int]:
         """The prompt's token ids for ``messages``: the chat template, rendered and tokenized."""
         if self.chat_template is None:
