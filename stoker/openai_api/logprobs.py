@@ -39,7 +39,7 @@ TOP_OUTPUT = "top_log_probs"
 
 @dataclass(frozen=True)
 class Scored:
-    """One generated token with its log prob and the alternatives asked for: ((id, log prob), …), most likely first."""
+    """One generated token, its log prob, and the alternatives asked for ((id, log prob), …), most likely first."""
 
     token: int
     logprob: float

@@ -123,7 +123,8 @@ def _response(ids: list[int], scores: list[float] | None = None, top: list[list[
         add("output_log_probs", "FP32", [1, 1, len(scores)], np.asarray(scores, "<f4").tobytes())
     if top:
         k = len(top[0])
-        add("top_log_prob_ids", "INT32", [1, len(top), k], np.asarray([[t for t, _ in p] for p in top], "<i4").tobytes())
+        ids_raw = np.asarray([[t for t, _ in p] for p in top], "<i4").tobytes()
+        add("top_log_prob_ids", "INT32", [1, len(top), k], ids_raw)
         add("top_log_probs", "FP32", [1, len(top), k], np.asarray([[v for _, v in p] for p in top], "<f4").tobytes())
     r.parameters["triton_final_response"].bool_param = final
     return resp

@@ -68,7 +68,7 @@ class _Sender:
             self.responses.append(response)
 
 
-# What importing the installed model.py adds to sys.modules (and nothing else: transformers' lazily imported modules stay).
+# What importing the installed model.py adds to sys.modules (only these go again: transformers' lazy imports stay).
 _INSTALLED = {"triton_python_backend_utils", "reference_trtllm_model", "stoker_runtime", "stoker_stop_words"}
 
 
