@@ -379,7 +379,7 @@ def create_app(settings: Settings, live: LiveModel) -> FastAPI:
         g, head = await run(req, gen, model, "chatcmpl", request, adapter, req.model)
 
         def chat_logprobs(scored: list[lp.Scored] | None) -> dict | None:
-            return None if scored is None else lp.chat_logprobs(scored, model.token_text)
+            return None if scored is None else lp.chat_logprobs(scored, model)
 
         if not req.stream:
             text = "".join([p async for p in g.pieces()])
@@ -412,7 +412,7 @@ def create_app(settings: Settings, live: LiveModel) -> FastAPI:
             scored = g.take_scored()
             return JSONResponse(m.completion_response(
                 head, text, g.finish, m.usage(len(gen.input_ids), g.completion_tokens),
-                None if scored is None else lp.completion_logprobs(scored, model.token_text)))
+                None if scored is None else lp.completion_logprobs(scored, model)))
         usage_on = _usage_on(req)
         offset = 0  # text_offset runs on across chunks
 
@@ -420,8 +420,8 @@ def create_app(settings: Settings, live: LiveModel) -> FastAPI:
             nonlocal offset
             logprobs = None
             if scored is not None:
-                logprobs = lp.completion_logprobs(scored, model.token_text, offset)
-                offset += lp.text_length(scored, model.token_text)
+                logprobs = lp.completion_logprobs(scored, model, offset)
+                offset += lp.text_length(scored, model)
             return m.completion_chunk(head, piece or "", finish, usage_on, logprobs)
 
         return _event_stream(g, head, "text_completion", usage_on, [], chunk)

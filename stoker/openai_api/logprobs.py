@@ -19,15 +19,17 @@ Per target (see docs/serving.md, "Log probs"):
 Which of the first two serves a build: whether its `tensorrt_llm` declares `top_log_probs` (the app asks Triton's
 model metadata once per live build), so the service needs no list of targets.
 
-Each token's text is its id decoded alone (special tokens shown), and ``bytes`` that text's UTF-8, as vLLM does: a
-token that ends inside a character reads U+FFFD. ``logprobs.content`` covers exactly the tokens counted in
-``usage.completion_tokens`` (a matched stop id included, the end id never generated as output).
+Each token's text is its id decoded alone (special tokens shown; a token that ends inside a character reads U+FFFD,
+as in vLLM), and ``bytes`` the token's own bytes (token_bytes.py), so a client can join a character's tokens.
+``logprobs.content`` covers exactly the tokens counted in ``usage.completion_tokens`` (a matched stop id included;
+the end id is never output).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from .mapping import ApiError, ChatRequest, CompletionRequest, bad_request
 
@@ -82,27 +84,32 @@ def refusal(req: ChatRequest | CompletionRequest, k: int | None, llmapi: bool, t
     return None
 
 
-TokenText = Callable[[int], str]
+class Vocabulary(Protocol):
+    """How tokens are named (served_model.ServedModel)."""
+
+    def token_text(self, token: int) -> str: ...
+
+    def token_bytes(self, token: int) -> bytes: ...
 
 
-def _entry(text: TokenText, token: int, logprob: float) -> dict:
-    s = text(token)
-    return {"token": s, "logprob": logprob, "bytes": list(s.encode("utf-8"))}
+def _entry(vocab: Vocabulary, token: int, logprob: float) -> dict:
+    return {"token": vocab.token_text(token), "logprob": logprob, "bytes": list(vocab.token_bytes(token))}
 
 
-def chat_content(scored: Sequence[Scored], text: TokenText) -> list[dict]:
+def chat_content(scored: Sequence[Scored], vocab: Vocabulary) -> list[dict]:
     """``choices[].logprobs.content`` of chat: one ChatCompletionTokenLogprob per token."""
-    return [{**_entry(text, s.token, s.logprob), "top_logprobs": [_entry(text, t, lp) for t, lp in s.top]}
+    return [{**_entry(vocab, s.token, s.logprob), "top_logprobs": [_entry(vocab, t, lp) for t, lp in s.top]}
             for s in scored]
 
 
-def chat_logprobs(scored: Sequence[Scored], text: TokenText) -> dict:
-    return {"content": chat_content(scored, text), "refusal": None}
+def chat_logprobs(scored: Sequence[Scored], vocab: Vocabulary) -> dict:
+    return {"content": chat_content(scored, vocab), "refusal": None}
 
 
-def completion_logprobs(scored: Sequence[Scored], text: TokenText, offset: int = 0) -> dict:
+def completion_logprobs(scored: Sequence[Scored], vocab: Vocabulary, offset: int = 0) -> dict:
     """OpenAI's legacy ``choices[].logprobs`` for these tokens: ``text_offset`` counts each token's text from
     ``offset`` (where the tokens before these ended), as vLLM counts it."""
+    text = vocab.token_text
     tokens, offsets = [], []
     for s in scored:
         offsets.append(offset)
@@ -118,6 +125,6 @@ def completion_logprobs(scored: Sequence[Scored], text: TokenText, offset: int =
             "text_offset": offsets}
 
 
-def text_length(scored: Sequence[Scored], text: TokenText) -> int:
+def text_length(scored: Sequence[Scored], vocab: Vocabulary) -> int:
     """How far these tokens move ``text_offset``."""
-    return sum(len(text(s.token)) for s in scored)
+    return sum(len(vocab.token_text(s.token)) for s in scored)

@@ -20,6 +20,7 @@ from stoker.openai_api import logprobs as lp
 from stoker.openai_api import mapping as m
 from stoker.openai_api import triton_stream
 from stoker.openai_api.served_model import LiveModel
+from stoker.openai_api.token_bytes import TokenBytes, byte_level_alphabet
 
 WORDS = ["<unk>", "<s>", "</s>", "user", ":", "assistant", "hi", "red", "green", "blue", "sky", "is"]
 
@@ -275,3 +276,32 @@ def test_a_backend_without_alternatives_refuses_top_logprobs_before_generating(c
                                               max_tokens=4, logprobs=True))
     assert [c.logprob for c in out.choices[0].logprobs.content] == [-0.25, -0.5, -0.75, -1.0]
     assert all(c.top_logprobs == [] for c in out.choices[0].logprobs.content)
+
+
+# ---------------------------------------------------------------- a token's bytes
+
+
+def test_a_characters_tokens_join_to_its_bytes_in_a_byte_level_vocabulary():
+    from tokenizers import trainers
+
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer, tok.decoder = pre_tokenizers.ByteLevel(add_prefix_space=False), decoders.ByteLevel()
+    tok.train_from_iterator(["plain words and more words"] * 3, trainers.BpeTrainer(
+        vocab_size=300, special_tokens=["<unk>", "<s>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False))
+    names = TokenBytes(tok)
+    ids = tok.encode("日本 words").ids
+    assert len(ids) > 3  # each character split into its bytes: a token alone is no text
+    assert b"".join(names(t, tok.decode([t])) for t in ids) == "日本 words".encode("utf-8")
+    assert "\ufffd" in tok.decode([ids[0]])
+    assert names(tok.token_to_id("<s>"), "<s>") == b"<s>"  # an added token is its text
+    assert len(byte_level_alphabet()) == 256 and sorted(byte_level_alphabet().values()) == list(range(256))
+
+
+def test_byte_fallback_pieces_are_their_byte():
+    vocab = {"<unk>": 0, "<0xE6>": 1, "▁a": 2, "a": 3}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>", byte_fallback=True))
+    tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()])
+    names = TokenBytes(tok)
+    assert names(1, tok.decode([1])) == b"\xe6"
+    assert names(3, "a") == b"a"
