@@ -26,6 +26,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
+from . import logprobs as lp
 from . import mapping as m
 from . import triton_stream
 from .served_model import LiveModel, ServedModel
@@ -66,6 +67,15 @@ class Triton:
         metadata = (("authorization", authorization),) if authorization else None
         return self._stub.ModelStreamInfer(iter([request]), metadata=metadata)
 
+    async def outputs(self, model: str, authorization: str | None = None) -> frozenset[str]:
+        """The outputs ``model`` declares (Triton's model metadata, through the proxy as a client would ask)."""
+        metadata = (("authorization", authorization),) if authorization else None
+        try:
+            meta = await self._stub.ModelMetadata(service_pb2.ModelMetadataRequest(name=model), metadata=metadata)
+        except grpc.aio.AioRpcError as err:
+            raise _rpc_error(err, self.url) from None
+        return frozenset(o.name for o in meta.outputs)
+
 
 def _rpc_error(err: grpc.aio.AioRpcError, url: str) -> m.ApiError:
     detail = (err.details() or err.code().name).splitlines()[0]
@@ -83,6 +93,8 @@ class Generating:
         self.text = triton_stream.TextStream(model.decode, gen.stop)
         self.completion_tokens = 0
         self.finish: str | None = None
+        self.scored: list[lp.Scored] = []  # per counted token, when log probs are asked (gen.log_probs)
+        self._taken = 0  # scored tokens already handed to a chunk (take_scored)
         self._request = triton_stream.triton_request(gen, request_id)
         self._call = None
         self._step: triton_stream.Step | None = None  # read, its tokens not yet turned into text
@@ -122,8 +134,13 @@ class Generating:
         if step is None or self.finish is not None:
             return []
         out = []
-        for token in step.token_ids:
+        if self.gen.log_probs is not None and step.token_ids and len(step.log_probs or ()) != len(step.token_ids):
+            raise m.backend_error(f"the model backend returned {len(step.log_probs or ())} log probs for "
+                                  f"{len(step.token_ids)} tokens (output_log_probs)")
+        for i, token in enumerate(step.token_ids):
             self.completion_tokens += 1
+            if self.gen.log_probs is not None:
+                self.scored.append(lp.Scored(token, step.log_probs[i], step.top[i] if step.top else ()))
             piece = self.text.push(token)
             if piece:
                 out.append(piece)
@@ -135,6 +152,13 @@ class Generating:
                 out.append(rest)
             self.finish = triton_stream.finish_reason(self.text.stopped, self.completion_tokens, self.gen.max_tokens)
         return out
+
+    def take_scored(self) -> list[lp.Scored] | None:
+        """The scored tokens not yet handed on (None: log probs not asked for); each goes out once, in order."""
+        if self.gen.log_probs is None:
+            return None
+        new, self._taken = self.scored[self._taken:], len(self.scored)
+        return new
 
     async def pieces(self) -> AsyncIterator[str]:
         """Text as it is generated; ``finish`` and ``completion_tokens`` are set when it ends."""
@@ -168,6 +192,7 @@ class LlmApiGenerating(Generating):
         self._count = lambda text: len(model.encode(text, add_special_tokens=False)) if text else 0
         self.completion_tokens = 0
         self.finish: str | None = None
+        self.scored, self._taken = [], 0  # never asked: plan refuses log probs for the LLM API's model
         self._request = triton_stream.llmapi_request(gen, request_id)
         self._call = None
         self._step: triton_stream.Step | None = None
@@ -223,18 +248,23 @@ def _usage_on(req: m.ChatRequest | m.CompletionRequest) -> bool:
     return bool(req.stream and req.stream_options and req.stream_options.include_usage)
 
 
+Chunk = Callable[[str | None, str | None, list[lp.Scored] | None], dict]
+
+
 def _event_stream(g: Generating, head: m.Head, obj: str, usage_on: bool, opening: list[dict],
-                  chunk: Callable[[str | None, str | None], dict]) -> EventStream:
-    """A streamed answer, chat's or completions': the ``opening`` chunks, ``chunk(piece, None)`` per piece of
-    text, ``chunk(None, finish)``, the usage chunk when asked for, ``[DONE]``; an error after the start is
-    an error event. The text of the backend's first response (already read) goes out with the headers."""
-    first = b"".join([*(m.sse(c) for c in opening), *(m.sse(chunk(p, None)) for p in g.ready())])
+                  chunk: Chunk) -> EventStream:
+    """A streamed answer, chat's or completions': the ``opening`` chunks, ``chunk(piece, None, scored)`` per piece
+    of text, ``chunk(None, finish, scored)``, the usage chunk when asked for, ``[DONE]``; an error after the start
+    is an error event. The text of the backend's first response (already read) goes out with the headers.
+    ``scored``: the log probs of the tokens read since the previous chunk (None when not asked for), so each
+    token's log prob goes out once, with the first text after it, or with the finish."""
+    first = b"".join([*(m.sse(c) for c in opening), *(m.sse(chunk(p, None, g.take_scored())) for p in g.ready())])
 
     async def rest() -> AsyncGenerator[bytes, None]:
         try:
             async for piece in g.pieces():
-                yield m.sse(chunk(piece, None))
-            yield m.sse(chunk(None, g.finish))
+                yield m.sse(chunk(piece, None, g.take_scored()))
+            yield m.sse(chunk(None, g.finish, g.take_scored()))
             if usage_on:
                 yield m.sse(m.usage_chunk(head, obj, m.usage(len(g.gen.input_ids), g.completion_tokens)))
         except m.ApiError as err:
@@ -314,14 +344,23 @@ def create_app(settings: Settings, live: LiveModel) -> FastAPI:
     def interface_of(model: ServedModel) -> str:
         return model.interface or settings.interface
 
-    async def run(gen: triton_stream.Generation, model: ServedModel, prefix: str,
-                  request: Request, adapter: dict | None = None, name: str | None = None) -> tuple[Generating, m.Head]:
+    async def run(req: m.ChatRequest | m.CompletionRequest, gen: triton_stream.Generation, model: ServedModel,
+                  prefix: str, request: Request, adapter: dict | None = None,
+                  name: str | None = None) -> tuple[Generating, m.Head]:
         rid = f"{prefix}-{uuid.uuid4().hex}"
         if adapter is not None:
             gen = dataclasses.replace(gen, lora_task_id=int(adapter["task_id"]))
         head = m.Head(rid, int(time.time()), name or settings.model, model.fingerprint)
         kind = LlmApiGenerating if interface_of(model) == triton_stream.LLMAPI else Generating
-        g = kind(triton, gen, model, rid, request.headers.get("authorization"))
+        authorization = request.headers.get("authorization")
+        if gen.log_probs:
+            # Alternatives come only from a model that declares them (logprobs.py): asked per request rather than
+            # remembered, since a switch may put another target's build behind the same tokenizer files.
+            refused = lp.refusal(req, gen.log_probs, False,
+                                 lp.TOP_OUTPUT in await triton.outputs(m.MODEL_NAME, authorization))
+            if refused is not None:
+                raise refused
+        g = kind(triton, gen, model, rid, authorization)
         await g.open()
         return g, head
 
@@ -337,15 +376,21 @@ def create_app(settings: Settings, live: LiveModel) -> FastAPI:
             text, ids = None, model.chat_ids(m.chat_messages(req))
         gen = triton_stream.plan(req, ids, model.context_len, seed=secrets.randbits(63), interface=interface,
                                  prompt_text=text, max_input_len=model.max_input_len)
-        g, head = await run(gen, model, "chatcmpl", request, adapter, req.model)
+        g, head = await run(req, gen, model, "chatcmpl", request, adapter, req.model)
+
+        def chat_logprobs(scored: list[lp.Scored] | None) -> dict | None:
+            return None if scored is None else lp.chat_logprobs(scored, model)
+
         if not req.stream:
             text = "".join([p async for p in g.pieces()])
             return JSONResponse(m.chat_response(head, text, g.finish,
-                                                m.usage(len(gen.input_ids), g.completion_tokens)))
+                                                m.usage(len(gen.input_ids), g.completion_tokens),
+                                                chat_logprobs(g.take_scored())))
         usage_on = _usage_on(req)
         return _event_stream(g, head, "chat.completion.chunk", usage_on, [
             m.chat_chunk(head, {"role": "assistant", "content": ""}, None, usage_on)],
-            lambda piece, finish: m.chat_chunk(head, {} if piece is None else {"content": piece}, finish, usage_on))
+            lambda piece, finish, scored: m.chat_chunk(head, {} if piece is None else {"content": piece}, finish,
+                                                       usage_on, chat_logprobs(scored)))
 
     async def completions(request: Request) -> Response:
         req = m.parse_completion(m.parse_json(await _body(request, settings.max_body_bytes)))
@@ -361,14 +406,25 @@ def create_app(settings: Settings, live: LiveModel) -> FastAPI:
                                  vocab_size=None if isinstance(prompt, str) else model.vocab_size,
                                  interface=interface, prompt_text=prompt if isinstance(prompt, str) else None,
                                  max_input_len=model.max_input_len)
-        g, head = await run(gen, model, "cmpl", request, adapter, req.model)
+        g, head = await run(req, gen, model, "cmpl", request, adapter, req.model)
         if not req.stream:
             text = "".join([p async for p in g.pieces()])
-            return JSONResponse(m.completion_response(head, text, g.finish,
-                                                      m.usage(len(gen.input_ids), g.completion_tokens)))
+            scored = g.take_scored()
+            return JSONResponse(m.completion_response(
+                head, text, g.finish, m.usage(len(gen.input_ids), g.completion_tokens),
+                None if scored is None else lp.completion_logprobs(scored, model)))
         usage_on = _usage_on(req)
-        return _event_stream(g, head, "text_completion", usage_on, [],
-                             lambda piece, finish: m.completion_chunk(head, piece or "", finish, usage_on))
+        offset = 0  # text_offset runs on across chunks
+
+        def chunk(piece: str | None, finish: str | None, scored: list[lp.Scored] | None) -> dict:
+            nonlocal offset
+            logprobs = None
+            if scored is not None:
+                logprobs = lp.completion_logprobs(scored, model, offset)
+                offset += lp.text_length(scored, model)
+            return m.completion_chunk(head, piece or "", finish, usage_on, logprobs)
+
+        return _event_stream(g, head, "text_completion", usage_on, [], chunk)
 
     # Plain Starlette routes, not FastAPI's: they take the Request as it is, without FastAPI's dependency
     # resolution on the way in (tens of microseconds before the backend is asked, on every request).

@@ -15,6 +15,8 @@ stoker_runtime.json), exactly as through the ensemble.
     min_tokens, ignore_eos    min_tokens INT32 [1, 1] (vLLM's extra fields; ignore_eos: min_tokens = max_tokens):
                               the end id cannot end the output sooner; stop ids and stop sequences still do
     n                         1 only
+    logprobs, top_logprobs    return_log_probs BOOL [1, 1] → output_log_probs; k alternatives: return_top_log_probs
+                              INT32 [1, 1] → top_log_prob_ids, top_log_probs (the reference model's own: logprobs.py)
     usage                     len(input_ids), number of output_ids received
 
 With TensorRT-LLM's LLM-API model (`llmapi` layout, triton_stream.llmapi_request) the prompt goes as text:
@@ -27,6 +29,7 @@ With TensorRT-LLM's LLM-API model (`llmapi` layout, triton_stream.llmapi_request
     (always)                  streaming, sampling_param_exclude_input_from_output, return_finish_reason: true
     stop                      cut here from the text (not sent: see llmapi_request)
     min_tokens, ignore_eos    refused (400): the model has no such input
+    logprobs, top_logprobs    refused (400): the model returns only a cumulative log prob (logprobs.py)
     response                  text_output: the whole output so far (its new part taken); finish_reason
     usage                     completion tokens: the returned text encoded (the model returns no token ids)
 
@@ -56,8 +59,6 @@ UINT64_MASK = (1 << 64) - 1
 # Parameters of OpenAI's API this server does not implement: refused unless they carry a value that
 # means "off", so a client never silently gets something other than what it asked for.
 UNSUPPORTED = {
-    "logprobs": (None, False),
-    "top_logprobs": (None, 0),
     "frequency_penalty": (None, 0),
     "presence_penalty": (None, 0),
     "logit_bias": (None, {}),
@@ -146,10 +147,13 @@ class _Request(_Loose):
 class ChatRequest(_Request):
     messages: list[Message]
     max_completion_tokens: StrictInt | None = None
+    logprobs: StrictBool | None = None
+    top_logprobs: StrictInt | None = None  # 0..20, with logprobs (logprobs.asked)
 
 
 class CompletionRequest(_Request):
     prompt: StrictStr | list[StrictStr] | list[StrictInt] | list[list[StrictInt]]
+    logprobs: StrictInt | None = None  # the legacy API's: 0..5 alternatives per token (logprobs.asked)
 
 
 _TYPE_TAGS = frozenset({"str", "int", "float", "bool", "list", "dict", "none"})
@@ -306,30 +310,34 @@ class Head:
                 "system_fingerprint": self.fingerprint}
 
 
-def chat_response(head: Head, text: str, finish: str, use: dict) -> dict:
+# ``logprobs`` below: the choice's log probs in OpenAI's shape (logprobs.py), None when not asked for.
+
+
+def chat_response(head: Head, text: str, finish: str, use: dict, logprobs: dict | None = None) -> dict:
     return {**head.fields("chat.completion"),
             "choices": [{"index": 0, "message": {"role": "assistant", "content": text, "refusal": None},
-                         "logprobs": None, "finish_reason": finish}],
+                         "logprobs": logprobs, "finish_reason": finish}],
             "usage": use}
 
 
-def chat_chunk(head: Head, delta: dict, finish: str | None, with_usage: bool) -> dict:
+def chat_chunk(head: Head, delta: dict, finish: str | None, with_usage: bool, logprobs: dict | None = None) -> dict:
     out = {**head.fields("chat.completion.chunk"),
-           "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]}
+           "choices": [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]}
     if with_usage:
         out["usage"] = None
     return out
 
 
-def completion_response(head: Head, text: str, finish: str, use: dict) -> dict:
+def completion_response(head: Head, text: str, finish: str, use: dict, logprobs: dict | None = None) -> dict:
     return {**head.fields("text_completion"),
-            "choices": [{"text": text, "index": 0, "logprobs": None, "finish_reason": finish}],
+            "choices": [{"text": text, "index": 0, "logprobs": logprobs, "finish_reason": finish}],
             "usage": use}
 
 
-def completion_chunk(head: Head, text: str, finish: str | None, with_usage: bool) -> dict:
+def completion_chunk(head: Head, text: str, finish: str | None, with_usage: bool,
+                     logprobs: dict | None = None) -> dict:
     out = {**head.fields("text_completion"),
-           "choices": [{"text": text, "index": 0, "logprobs": None, "finish_reason": finish}]}
+           "choices": [{"text": text, "index": 0, "logprobs": logprobs, "finish_reason": finish}]}
     if with_usage:
         out["usage"] = None
     return out

@@ -28,6 +28,7 @@ from tokenizers import Tokenizer
 
 from .layout import ASSET_FILES, LIMITS_FILE, LIVE_FILE
 from .mapping import ApiError, bad_request, unavailable
+from .token_bytes import TokenBytes
 from .triton_stream import INTERFACES
 
 __all__ = ["ASSET_FILES", "LIVE_FILE", "FALLBACK_CHAT_TEMPLATE", "LiveModel", "ServedModel"]
@@ -101,6 +102,7 @@ class ServedModel:
     interface: str | None = None
     # The build's LoRA adapters: name → {"task_id": …, "repo_id": …, …} (adapters.json beside the tokenizer files).
     adapters: dict[str, dict] = field(default_factory=dict)
+    _bytes: TokenBytes | None = field(default=None, repr=False, compare=False)  # made on first use
 
     @classmethod
     def load(cls, folder: Path, key: str | None = None) -> ServedModel:
@@ -136,6 +138,16 @@ class ServedModel:
     def decode(self, ids: list[int]) -> str:
         # As the repository's postprocessing model: special tokens (a returned stop id) are not text.
         return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def token_text(self, token: int) -> str:
+        """One token as log probs name it: decoded alone, special tokens shown (logprobs.py)."""
+        return self.tokenizer.decode([int(token)], skip_special_tokens=False)
+
+    def token_bytes(self, token: int) -> bytes:
+        """One token's own bytes (token_bytes.py): part of a character where its text alone reads U+FFFD."""
+        if self._bytes is None:
+            self._bytes = TokenBytes(self.tokenizer)
+        return self._bytes(token, self.token_text(token))
 
     def chat_ids(self, messages: list[dict]) -> list[int]:
         """The prompt's token ids for ``messages``: the chat template, rendered and tokenized."""

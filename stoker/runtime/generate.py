@@ -31,6 +31,10 @@ ignores the temperature, so a greedy token's log prob is the log-softmax of the 
 logits. The end id is not yielded, so its log prob is not recorded either: the cumulative log
 prob is the sum of the recorded ones. Context logits are the prompt's logits from the prefill,
 [prompt_len, vocab], the model's raw output.
+
+Top log probs (`Record.top_log_probs` = k > 0; stoker's own, for the OpenAI service's `top_logprobs`:
+TensorRT-LLM 1.2.1's Triton model has no such output): the k largest entries of the same log-softmax row the
+sampled token's log prob is read from, as (token id, log prob), most likely first, one list per yielded token.
 """
 
 from __future__ import annotations
@@ -56,7 +60,9 @@ class Record:
 
     want_log_probs: bool = True
     want_context_logits: bool = False
+    top_log_probs: int = 0  # k alternatives per token (with want_log_probs); 0: none
     log_probs: list[float] = field(default_factory=list)  # one per yielded token
+    top: list[list[tuple[int, float]]] = field(default_factory=list)  # per yielded token, its k (id, log prob)
     context_logits: torch.Tensor | None = None  # [prompt_len, vocab], after the prefill
 
     @property
@@ -243,8 +249,7 @@ class Decoding:
             self.done = True
             return None
         if self.record is not None and self.record.want_log_probs:
-            self.record.log_probs.append(
-                float(torch.log_softmax(_processed(logits, self.temperature, self.top_k), dim=-1)[token]))
+            self._score(logits, token)
         self.sequence.append(token)
         self.step += 1
         if self.step == self.budget or (self.stop_words and _ends_with(self.sequence, self.stop_words)):
@@ -253,6 +258,16 @@ class Decoding:
             self.seen[token] = True
             self.pending = token
         return token
+
+
+    def _score(self, logits: torch.Tensor, token: int) -> None:
+        """Record ``token``'s log prob and, when asked, the top k of the same row (one log-softmax for both)."""
+        rows = torch.log_softmax(_processed(logits, self.temperature, self.top_k), dim=-1)
+        # The top k first: the batcher's sender thread reads `top` by the position of `log_probs`.
+        if self.record.top_log_probs:
+            values, ids = torch.topk(rows, min(self.record.top_log_probs, rows.shape[-1]))
+            self.record.top.append(list(zip(ids.tolist(), values.tolist())))
+        self.record.log_probs.append(float(rows[token]))
 
 
 def _run(decoding: Decoding) -> Iterator[int]:

@@ -51,6 +51,15 @@ MODEL_IN: tuple[Tensor, ...] = (
     ("return_context_logits", "TYPE_BOOL", (1,), True),
     ("lora_task_id", "TYPE_UINT64", (1,), True),  # TensorRT-LLM's per-request adapter: one the repository carries
 )
+# The reference model's own tensors, beyond TensorRT-LLM's interface: k alternatives per generated token, for the
+# OpenAI service's top_logprobs. TensorRT-LLM 1.2.1's `tensorrt_llm` model returns only the sampled token's
+# output_log_probs (stoker/gpu/inflight.py TRTLLM_OUT, upstream's full list), so only this model declares them,
+# and the service reads their presence in the model's metadata as "top_logprobs is served here".
+TOP_LOG_PROBS_IN: tuple[Tensor, ...] = (("return_top_log_probs", "TYPE_INT32", (1,), True),)
+TOP_LOG_PROBS_OUT: tuple[Tensor, ...] = (
+    ("top_log_prob_ids", "TYPE_INT32", (-1, -1), False),  # generated tokens, k
+    ("top_log_probs", "TYPE_FP32", (-1, -1), False),  # generated tokens, k; most likely first
+)
 # TensorRT-LLM's optional outputs, sent only when the request asks (return_log_probs, return_context_logits).
 SCORE_OUT: tuple[Tensor, ...] = (
     ("cum_log_probs", "TYPE_FP32", (-1,), False),  # per beam
@@ -125,7 +134,7 @@ def preprocessing(s: RepoSettings) -> mc.ModelConfig:
 
 
 def model(s: RepoSettings) -> mc.ModelConfig:
-    cfg = _python_model(MODEL_NAME, s, MODEL_IN, MODEL_OUT, s.model_instances,
+    cfg = _python_model(MODEL_NAME, s, MODEL_IN + TOP_LOG_PROBS_IN, MODEL_OUT + TOP_LOG_PROBS_OUT, s.model_instances,
                         {"gpt_model_path": s.weights_dir, "num_threads": str(s.model_threads)})
     # Streaming sends one response per token: only a decoupled model may do that.
     cfg.model_transaction_policy.decoupled = True

@@ -176,7 +176,11 @@ def test_reference_repository_speaks_upstreams_log_prob_interface(ibl):
     _check_scores_wiring(ens, model, ibl)
     up_trt_in = _upstream_io(ibl["tensorrt_llm"]["inputs"])
     up_trt_out = {k: v[0] for k, v in _upstream_io(ibl["tensorrt_llm"]["outputs"]).items()}
-    assert all(up_trt_in[k] == v for k, v in _io(model.input).items() if k != "input_ids")  # upstream: optional
-    assert all(up_trt_out[k] == v[0] for k, v in _io(model.output).items())
+    # Besides upstream's: the reference model's own top-k tensors (top_logprobs), under names upstream does not use.
+    own_in = {t[0] for t in triton_config.TOP_LOG_PROBS_IN}
+    own_out = {t[0] for t in triton_config.TOP_LOG_PROBS_OUT}
+    assert not own_in & set(up_trt_in) and not own_out & set(up_trt_out)
+    assert all(up_trt_in[k] == v for k, v in _io(model.input).items() if k not in {"input_ids", *own_in})
+    assert all(up_trt_out[k] == v[0] for k, v in _io(model.output).items() if k not in own_out)
     up_ens_out = {k: v[0] for k, v in _upstream_io(ibl["ensemble"]["outputs"]).items()}
     assert all(up_ens_out[k] == v[0] for k, v in _io(ens.output).items())

@@ -246,7 +246,7 @@ def test_model_chat_template(served):
     (dict(messages=[]), "messages"),
     (dict(messages=[{"role": "bot", "content": "hi"}]), "messages[0].role"),
     (dict(temperature=5), "temperature"),
-    (dict(logprobs=True), "logprobs"),
+    (dict(logprobs=True, top_logprobs=21), "top_logprobs"),  # log probs themselves: test_openai_logprobs.py
 ])
 def test_bad_chat_requests(plain, kwargs, param):
     body = {"model": MODEL, "messages": MESSAGES, **kwargs}

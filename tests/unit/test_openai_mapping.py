@@ -73,7 +73,7 @@ def test_valid_chat_request_and_messages():
     (_chat(stop=["a", "b", "c", "d", "e"]), "stop", "invalid_value"),
     (_chat(stream_options={"include_usage": True}), "stream_options", "invalid_value"),
     (_chat(tools=[{"type": "function"}]), "tools", "unsupported_parameter"),
-    (_chat(logprobs=True), "logprobs", "unsupported_parameter"),
+    (_chat(logprobs="yes"), "logprobs", "invalid_type"),  # served now: tests/unit/test_openai_logprobs_shapes.py
     (_chat(presence_penalty=0.5), "presence_penalty", "unsupported_parameter"),
 ])
 def test_bad_chat_requests(body, param, code):

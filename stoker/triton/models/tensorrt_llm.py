@@ -11,13 +11,16 @@ INT32 [1]; optional end_id, pad_id INT32 [1], streaming BOOL [1], temperature FP
 runtime_top_k INT32 [1], runtime_top_p FP32 [1], repetition_penalty FP32 [1], seed UINT64 [1],
 exclude_input_in_output BOOL [1], min_tokens INT32 [1] (end_id cannot end the output before that many tokens),
 stop_words_list INT32 [2, -1] (TensorRT-LLM's layout, see stoker_stop_words.py),
-return_log_probs BOOL [1], return_context_logits BOOL [1], lora_task_id UINT64 [1] (TensorRT-LLM's per-request
+return_log_probs BOOL [1], return_context_logits BOOL [1], return_top_log_probs INT32 [1] (stoker's own, the
+reference target's only: k alternatives per generated token, 0..20, implies return_log_probs; TensorRT-LLM 1.2.1's
+model has no such input), lora_task_id UINT64 [1] (TensorRT-LLM's per-request
 adapter: one of the LoRA adapters the repository carries in 1/adapters/, listed with their task ids in
 adapters.json; an id it does not carry fails that request alone, naming the served ones).
 Outputs: output_ids INT32 [-1, -1] (beam, tokens), sequence_length INT32 [-1] (per beam); only
 when asked (as TensorRT-LLM): cum_log_probs FP32 [-1] (per beam) and output_log_probs FP32
 [-1, -1] (beam, generated tokens; zero-padded) for return_log_probs, context_logits FP32
-[-1, -1] (prompt tokens, vocab; zero-padded across a batch) for return_context_logits. Log probs
+[-1, -1] (prompt tokens, vocab; zero-padded across a batch) for return_context_logits; for return_top_log_probs
+k, top_log_prob_ids INT32 [-1, -1] and top_log_probs FP32 [-1, -1] (generated tokens, k; most likely first). Log probs
 are those of the distribution each token was sampled from (stoker_runtime.generate's docstring);
 prompt log probabilities are read from context_logits (generate.token_log_probs), as TensorRT-LLM's
 Triton interface has no tensor of its own for them.
@@ -30,7 +33,8 @@ folder per task id, named by the adapters table: stoker/runtime/lora_trtllm.py).
 Behaviour, matched to TensorRT-LLM where it defines one:
 - Streaming (decoupled only): one response per generated token, output_ids [1, 1, 1] and
   sequence_length [1, 1] = 1 (and, when asked, that token's output_log_probs [1, 1, 1], the
-  running cum_log_probs [1, 1], and context_logits with the first response), then an empty
+  running cum_log_probs [1, 1], its top_log_prob_ids / top_log_probs [1, 1, k], and context_logits with the first
+  response), then an empty
   response flagged COMPLETE_FINAL. Streamed tokens
   never include the prompt. Streaming takes one sequence per request (batch 1).
 - Non-streaming: one response, output_ids [batch, 1, T] right-padded with pad_id, and
@@ -77,6 +81,7 @@ from stoker_runtime.generate import Record
 from stoker_runtime.model import RUNTIME_FILE, load_model
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+MAX_TOP_LOG_PROBS = 20  # OpenAI's bound on top_logprobs: alternatives a token may carry
 
 
 class RequestError(ValueError):
@@ -160,8 +165,12 @@ class _Job:
         words = _stop_words(request, batch, index)
         self.stop_words = defaults[2] if words is None else words
         self.streaming = bool(_scalar(request, "streaming", batch, index) or False)
-        self.record = Record(want_log_probs=bool(_scalar(request, "return_log_probs", batch, index) or False),
-                             want_context_logits=bool(_scalar(request, "return_context_logits", batch, index) or False))
+        top = int(_scalar(request, "return_top_log_probs", batch, index) or 0)
+        if not 0 <= top <= MAX_TOP_LOG_PROBS:
+            raise RequestError(f"return_top_log_probs must be in 0..{MAX_TOP_LOG_PROBS}, got {top}")
+        self.record = Record(want_log_probs=bool(_scalar(request, "return_log_probs", batch, index) or top),
+                             want_context_logits=bool(_scalar(request, "return_context_logits", batch, index) or False),
+                             top_log_probs=top)
         exclude = _scalar(request, "exclude_input_in_output", batch, index)
         self.exclude_input = exclude_default if exclude is None else bool(exclude)
         task = _scalar(request, "lora_task_id", batch, index)
@@ -221,9 +230,24 @@ def _score_tensors(records: list[Record]) -> list[Any]:
             per_token[i, 0, : len(r.log_probs)] = r.log_probs
         cum = np.array([[r.cum_log_prob] for r in records], np.float32)
         tensors += [pb_utils.Tensor("cum_log_probs", cum), pb_utils.Tensor("output_log_probs", per_token)]
+    if any(r.top_log_probs for r in records):
+        tensors += _top_tensors(records)
     if any(r.context_logits is not None for r in records):
         tensors.append(_context_logits_tensor(records))
     return tensors
+
+
+def _top_tensors(records: list[Record], first: int = 0, last: int | None = None) -> list[Any]:
+    """top_log_prob_ids / top_log_probs [batch, tokens, k] for tokens first..last, zero-padded (k: the most asked)."""
+    k = max(r.top_log_probs for r in records)
+    rows = [r.top[first:last] for r in records]
+    width = max(1, max(len(t) for t in rows))
+    ids, values = np.zeros((len(records), width, k), np.int32), np.zeros((len(records), width, k), np.float32)
+    for i, tokens in enumerate(rows):
+        for j, pairs in enumerate(tokens):
+            ids[i, j, : len(pairs)] = [t for t, _ in pairs]
+            values[i, j, : len(pairs)] = [v for _, v in pairs]
+    return [pb_utils.Tensor("top_log_prob_ids", ids), pb_utils.Tensor("top_log_probs", values)]
 
 
 IN_FLIGHT_METRIC = "stoker_requests_in_flight"
@@ -344,6 +368,8 @@ class TritonPythonModel:
                 mine = record.log_probs[: sent + 1]
                 tensors += [pb_utils.Tensor("output_log_probs", np.array([[[mine[-1]]]], np.float32)),
                             pb_utils.Tensor("cum_log_probs", np.array([[float(sum(mine))]], np.float32))]
+                if record.top_log_probs:
+                    tensors += _top_tensors([record], sent, sent + 1)
             if sent == 0 and record.context_logits is not None:
                 tensors.append(_context_logits_tensor([record]))
             sender.send(pb_utils.InferenceResponse(output_tensors=tensors))

@@ -1,0 +1,174 @@
+"""Log probs through a deployment's OpenAI API, on the real Docker engine, HAProxy, Triton's CPU image and S3
+(moto), against transformers: the reference build of the tiny Llama is promoted behind a proxy (as in
+test_openai_deployment.py, with the session's shared stack and image), and the official `openai` client asks the
+stable address for chat's `logprobs` / `top_logprobs` and completions' `logprobs`, streamed and not.
+
+Greedy decoding, so each token's log prob is transformers' log_softmax of the model's own logits at that position
+(stoker/runtime/generate.py) and the alternatives are that row's top k, within 1e-4. Bad values are 400s in
+OpenAI's shape naming the field. The engine target's refusal of alternatives (its `tensorrt_llm` declares no
+top-k output) is covered without a GPU by tests/unit/test_openai_logprobs_shapes.py.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.request
+import uuid
+
+import boto3
+import pytest
+
+from stoker.containers import engine
+from stoker.containers.ports import Ports
+from stoker.serving import promote
+from stoker.stack.services import free_port
+
+from serving_models import publish
+
+pytestmark = [pytest.mark.docker, pytest.mark.s3, pytest.mark.slow]
+openai = pytest.importorskip("openai")
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+TOL = 1e-4
+TOP = 5
+MESSAGES = [{"role": "user", "content": "Name a colour."}]
+PROMPT = "The quick brown fox"
+
+
+def _wait_models(base: str, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with urllib.request.urlopen(f"{base}/models", timeout=5) as r:
+                json.loads(r.read())
+                return
+        except (urllib.error.URLError, OSError):
+            assert time.monotonic() < deadline, f"{base}/models never answered"
+            time.sleep(0.5)
+
+
+@pytest.fixture(scope="module")
+def deployed(local_stack, triton_image, tmp_path_factory):
+    """The tiny Llama's reference build live behind a proxy with the OpenAI service; transformers' model beside."""
+    from tokenizers import Tokenizer
+
+    from stoker.triton.config import RepoSettings
+    from stoker.triton.repository import assemble
+    from stoker.workers import build_reference
+    from stoker.workers.tinymodel import make_tiny_model
+
+    root = tmp_path_factory.mktemp("oa-logprobs")
+    ckpt, artifact, repo = root / "ckpt", root / "artifact", root / "repo"
+    make_tiny_model(ckpt, seed=0)
+    build_reference.build(ckpt, artifact)
+    assemble(artifact, repo, RepoSettings(model_threads=1))
+    (repo / "ensemble" / "1" / ".keep").write_text("")  # S3 has no empty folders; Triton needs this one
+    client = engine.connect(None)
+    env = {**local_stack["aws_env"], "AWS_DEFAULT_REGION": "us-east-1"}
+    s3 = boto3.client("s3", endpoint_url=local_stack["s3"], region_name="us-east-1",
+                      aws_access_key_id=env["AWS_ACCESS_KEY_ID"], aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"])
+    bucket = f"lp-{uuid.uuid4().hex[:10]}"
+    s3.create_bucket(Bucket=bucket)
+    http = free_port()
+    grpc = free_port(exclude=(http,))
+    target = promote.Target(name=f"lp{uuid.uuid4().hex[:6]}", listen=Ports(http, grpc, free_port(exclude=(http, grpc))),
+                            proxy_image="stoker/haproxy:2.6", state_dir=root / "proxy", openai_image=triton_image)
+    try:
+        uri, digest = publish(s3, bucket, local_stack["s3"], repo)
+        spec = engine.BackendSpec(name=target.name, image=triton_image, repository_uri=uri, repo_digest=digest,
+                                  env=env, ready_timeout_s=120)
+        staged = promote.prepare(client, target, spec, 0.5, print)
+        promote.go_live(client, target, staged, watch_s=0.5, max_error_rate_pct=100, drain_timeout_s=5, log=print)
+        base = target.endpoint["openai"]
+        _wait_models(base)
+        model = transformers.LlamaForCausalLM.from_pretrained(ckpt, dtype=torch.float32).eval()
+        yield {"api": openai.OpenAI(base_url=base, api_key="none", max_retries=0, timeout=120), "name": target.name,
+               "model": model, "tok": Tokenizer.from_file(str(artifact / "tokenizer.json"))}
+    finally:
+        engine.remove_deployment(client, target.name, lambda _l: None)
+
+
+def _expected(d, prompt_ids: list[int], n: int):
+    """transformers' greedy tokens after ``prompt_ids``, each one's log prob and its row's top TOP (ids, values)."""
+    ids = torch.tensor([prompt_ids])
+    with torch.no_grad():
+        out = d["model"].generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, do_sample=False,
+                                  pad_token_id=0)
+        tokens = out[0, len(prompt_ids):].tolist()
+        logits = d["model"](input_ids=out).logits[0, len(prompt_ids) - 1: -1].float()
+    rows = torch.log_softmax(logits, -1)
+    chosen = rows[torch.arange(len(tokens)), tokens]
+    return tokens, chosen.tolist(), torch.topk(rows, TOP)
+
+
+def _text(d, token: int) -> str:
+    return d["tok"].decode([token], skip_special_tokens=False)
+
+
+def test_chat_logprobs_are_transformers_log_softmax_streamed_and_not(deployed):
+    d = deployed
+    ask = dict(model=d["name"], messages=MESSAGES, max_tokens=8, temperature=0, logprobs=True, top_logprobs=TOP)
+    whole = d["api"].chat.completions.create(**ask)
+    prompt = d["tok"].encode("user: Name a colour.\nassistant:").ids  # the fallback template (the tiny model has none)
+    assert whole.usage.prompt_tokens == len(prompt)
+    content = whole.choices[0].logprobs.content
+    tokens, chosen, top = _expected(d, prompt, len(content))
+    # The served answer holds back the end id (TensorRT-LLM's rule) that transformers' output may end with.
+    assert len(content) == whole.usage.completion_tokens and len(content) <= len(tokens)
+    for i, entry in enumerate(content):
+        assert entry.token == _text(d, tokens[i])
+        # bytes: the token's own (byte-level BPE), the text's unless the token ends inside a character
+        assert "\ufffd" in entry.token or bytes(entry.bytes).decode("utf-8") == entry.token
+        assert entry.logprob == pytest.approx(chosen[i], abs=TOL)
+        assert [t.logprob for t in entry.top_logprobs] == pytest.approx(top.values[i].tolist(), abs=TOL)
+        assert [t.token for t in entry.top_logprobs] == [_text(d, t) for t in top.indices[i].tolist()]
+    chunks = list(d["api"].chat.completions.create(**ask, stream=True))
+    streamed = [c for chunk in chunks for choice in chunk.choices
+                if choice.logprobs is not None and choice.logprobs.content for c in choice.logprobs.content]
+    assert [(c.token, c.logprob) for c in streamed] == pytest.approx([(c.token, c.logprob) for c in content])
+    # Without logprobs the answer is the same greedy text, and carries none.
+    plain = d["api"].chat.completions.create(model=d["name"], messages=MESSAGES, max_tokens=8, temperature=0)
+    assert plain.choices[0].logprobs is None and plain.choices[0].message.content == whole.choices[0].message.content
+
+
+def test_completion_logprobs_in_openais_legacy_shape(deployed):
+    d = deployed
+    prompt = d["tok"].encode(PROMPT).ids
+    for stream in (False, True):
+        ask = dict(model=d["name"], prompt=prompt, max_tokens=8, temperature=0, logprobs=TOP)
+        if stream:
+            got = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+            for chunk in d["api"].completions.create(**ask, stream=True):
+                if chunk.choices and chunk.choices[0].logprobs is not None:
+                    for key in got:
+                        got[key] += getattr(chunk.choices[0].logprobs, key)
+        else:
+            got = d["api"].completions.create(**ask).choices[0].logprobs.model_dump()
+        tokens, chosen, top = _expected(d, prompt, len(got["tokens"]))
+        assert got["tokens"] == [_text(d, t) for t in tokens[:len(got["tokens"])]]
+        assert got["token_logprobs"] == pytest.approx(chosen[:len(got["tokens"])], abs=TOL)
+        for i, alternatives in enumerate(got["top_logprobs"]):
+            want = {_text(d, t): v for t, v in zip(top.indices[i].tolist(), top.values[i].tolist())}
+            assert set(want) <= set(alternatives) and len(alternatives) <= TOP + 1
+            assert [alternatives[k] for k in want] == pytest.approx(list(want.values()), abs=TOL)
+        assert got["text_offset"][0] == 0
+        assert all(b - a == len(t) for a, b, t in zip(got["text_offset"], got["text_offset"][1:], got["tokens"]))
+
+
+@pytest.mark.parametrize("route, ask, param", [
+    ("chat", dict(logprobs=True, top_logprobs=21), "top_logprobs"),
+    ("chat", dict(top_logprobs=2), "top_logprobs"),
+    ("chat", dict(logprobs="yes"), "logprobs"),
+    ("completions", dict(logprobs=6), "logprobs"),
+    ("completions", dict(logprobs=True), "logprobs"),
+])
+def test_bad_log_prob_requests_are_400s_naming_the_field(deployed, route, ask, param):
+    d = deployed
+    with pytest.raises(openai.BadRequestError) as err:
+        if route == "chat":
+            d["api"].chat.completions.create(model=d["name"], messages=MESSAGES, max_tokens=2, **ask)
+        else:
+            d["api"].completions.create(model=d["name"], prompt=PROMPT, max_tokens=2, **ask)
+    assert err.value.status_code == 400 and err.value.body["param"] == param, err.value.body
