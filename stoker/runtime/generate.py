@@ -157,6 +157,7 @@ def start(
     stop_words: Sequence[Sequence[int]] = (),
     record: Record | None = None,
     adapter: str | None = None,
+    constraint: Any = None,
 ) -> Decoding:
     """Validate a generation (as `generate` does, raising ValueError) and return its state, before any compute."""
     prompt = [int(t) for t in input_ids]
@@ -179,8 +180,10 @@ def start(
     words = [[int(t) for t in w] for w in stop_words if len(w)]
     budget = min(max_new_tokens, model.max_positions - len(prompt))
     generator = torch.Generator().manual_seed(seed if seed is not None else secrets.randbits(63))
-    return Decoding(model, prompt, budget, end_id, temperature, top_k, top_p, repetition_penalty, generator,
-                    min_new_tokens, words, record, adapter)
+    decoding = Decoding(model, prompt, budget, end_id, temperature, top_k, top_p, repetition_penalty, generator,
+                        min_new_tokens, words, record, adapter)
+    decoding.constraint = constraint
+    return decoding
 
 
 class Decoding:
@@ -213,6 +216,8 @@ class Decoding:
         self.pending: int | None = None  # chosen and yielded, not yet through the model
         self.step = 0
         self.done = False
+        # Guided decoding (stoker_runtime.guided.Constraint): masks the logits before each choice, sees each token.
+        self.constraint: Any = None
 
     def prefill(self) -> None:
         self.cache = self.model.new_cache(self.adapter)
@@ -238,6 +243,11 @@ class Decoding:
         if self.step < self.min_new_tokens and 0 <= self.end_id < logits.shape[-1]:
             logits = logits.clone()
             logits[self.end_id] = float("-inf")  # too early to end
+        if self.constraint is not None:
+            logits = self.constraint.mask(logits)
+            if logits is None:  # no token can follow: the sequence ends here, as at an end id
+                self.done = True
+                return None
         token = sample_next(logits, self.temperature, self.top_k, self.top_p, self.generator)
         if token == self.end_id:
             self.done = True
@@ -245,6 +255,8 @@ class Decoding:
         if self.record is not None and self.record.want_log_probs:
             self.record.log_probs.append(
                 float(torch.log_softmax(_processed(logits, self.temperature, self.top_k), dim=-1)[token]))
+        if self.constraint is not None:
+            self.constraint.accept(token)
         self.sequence.append(token)
         self.step += 1
         if self.step == self.budget or (self.stop_words and _ends_with(self.sequence, self.stop_words)):
