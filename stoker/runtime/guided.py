@@ -139,6 +139,11 @@ class Grammars:
                 raise GuideError(f"{GUIDE_INPUT}: the JSON schema is not valid JSON: {exc}") from None
             except Exception as exc:  # noqa: BLE001 -- xgrammar raises RuntimeError (and subclasses) for any bad guide
                 raise GuideError(f"{GUIDE_INPUT}: the {guide_type} guide does not compile: {_reason(exc)}") from None
+            if _admits_nothing(grammar, self.vocab_size):
+                # e.g. a $ref loop ({"$ref": "#/$defs/a"} with a = {"$ref": "#/$defs/a"}): it compiles to a rule
+                # that is only itself, which no string matches.
+                raise GuideError(f"{GUIDE_INPUT}: the {guide_type} guide admits no output at all (a rule that only "
+                                 "refers to itself, such as a $ref loop?)")
             self.compiled += 1
             self._cache[key] = grammar
             while len(self._cache) > self.cache_size:
@@ -150,6 +155,18 @@ class Grammars:
         words); the grammar allows them once it is complete, and only then."""
         return Constraint(self.compile(guide_type, guide), [t for t in stop_ids if 0 <= t < self.vocab_size],
                           self.vocab_size)
+
+
+def _admits_nothing(grammar: Any, vocab_size: int) -> bool:
+    """Whether not even a first token (or the empty string) matches: a guide that cannot produce any output."""
+    import xgrammar
+
+    matcher = xgrammar.GrammarMatcher(grammar, terminate_without_stop_token=True)
+    if matcher.is_completed():
+        return False
+    bitmask = xgrammar.allocate_token_bitmask(1, vocab_size)
+    matcher.fill_next_token_bitmask(bitmask)
+    return not bool(bitmask.any())
 
 
 class Constraint:

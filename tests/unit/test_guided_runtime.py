@@ -138,6 +138,8 @@ def test_an_unfinished_output_is_a_prefix_the_grammar_accepts(served) -> None:
     ("json_schema", '{"$ref": "#/$defs/missing"}', "does not compile"),
     ("json_schema", "{not json", "not valid JSON"),
     ("regex", "([", "does not compile"),
+    ("json_schema", json.dumps({"$ref": "#/$defs/a", "$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}}),
+     "admits no output"),
     ("ebnf_grammar", "root ::= ", "does not compile"),
 ])
 def test_a_guide_that_does_not_compile_is_refused_naming_the_input(served, guide_type, guide, reason) -> None:
