@@ -15,6 +15,7 @@ stoker_runtime.json), exactly as through the ensemble.
     min_tokens, ignore_eos    min_tokens INT32 [1, 1] (vLLM's extra fields; ignore_eos: min_tokens = max_tokens):
                               the end id cannot end the output sooner; stop ids and stop sequences still do
     n                         1 only
+    response_format           guided_decoding_guide_type, guided_decoding_guide BYTES [1, 1] (structured.py)
     usage                     len(input_ids), number of output_ids received
 
 With TensorRT-LLM's LLM-API model (`llmapi` layout, triton_stream.llmapi_request) the prompt goes as text:
@@ -27,6 +28,7 @@ With TensorRT-LLM's LLM-API model (`llmapi` layout, triton_stream.llmapi_request
     (always)                  streaming, sampling_param_exclude_input_from_output, return_finish_reason: true
     stop                      cut here from the text (not sent: see llmapi_request)
     min_tokens, ignore_eos    refused (400): the model has no such input
+    response_format           refused (400) unless text: the model (1.2.1) has no guide input (structured.py)
     response                  text_output: the whole output so far (its new part taken); finish_reason
     usage                     completion tokens: the returned text encoded (the model returns no token ids)
 
@@ -65,7 +67,6 @@ UNSUPPORTED = {
     "functions": (None, []),
     "tool_choice": (None, "none"),
     "function_call": (None, "none"),
-    "response_format": (None, {"type": "text"}),
     "best_of": (None, 1),
     "echo": (None, False),
     "suffix": (None, ""),
