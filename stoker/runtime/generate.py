@@ -31,6 +31,11 @@ ignores the temperature, so a greedy token's log prob is the log-softmax of the 
 logits. The end id is not yielded, so its log prob is not recorded either: the cumulative log
 prob is the sum of the recorded ones. Context logits are the prompt's logits from the prefill,
 [prompt_len, vocab], the model's raw output.
+
+Guided decoding (TensorRT-LLM's guided_decoding_guide inputs): a `constraint` (stoker_runtime.guided.Constraint)
+masks the logits after the repetition penalty and the min_tokens mask, before the token is drawn, and is told the
+token; when it allows no token the generation ends there, as at the end id. Log probs are then those of the masked
+distribution, as the engine's are of the logits it samples from.
 """
 
 from __future__ import annotations

@@ -99,15 +99,20 @@ class Grammars:
 
     def _xgrammar_compiler(self) -> Any:
         if self._compiler is None:
+            # Both failures are the server's, not the request's: RuntimeError (an internal error), never GuideError.
             try:
                 import xgrammar
             except ImportError:
-                raise GuideError(f"{GUIDE_TYPE_INPUT}: guided decoding needs xgrammar, which this runtime lacks") from None
+                raise RuntimeError("guided decoding needs xgrammar, which this runtime lacks") from None
             tokenizer = self._tokenizer
             if tokenizer is None:
                 from transformers import AutoTokenizer
 
-                tokenizer = AutoTokenizer.from_pretrained(str(self.tokenizer_dir))
+                try:
+                    tokenizer = AutoTokenizer.from_pretrained(str(self.tokenizer_dir))
+                except Exception as exc:  # noqa: BLE001 -- e.g. an engine folder, which holds no tokenizer
+                    raise RuntimeError(f"guided decoding needs the model's tokenizer in {self.tokenizer_dir} (the "
+                                       f"tokenizer_dir parameter): {type(exc).__name__}: {_reason(exc)}") from None
             info = xgrammar.TokenizerInfo.from_huggingface(tokenizer, vocab_size=self.vocab_size)
             # The LRU below is the cache; xgrammar's own would hold every guide ever seen.
             self._compiler = xgrammar.GrammarCompiler(info, max_threads=1, cache_enabled=False)

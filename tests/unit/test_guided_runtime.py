@@ -173,3 +173,10 @@ def test_a_bounded_string_admits_no_raw_control_character(served) -> None:
     assert xgrammar.GrammarMatcher(grammar).accept_string('"ab"')
     assert not xgrammar.GrammarMatcher(grammar).accept_string('"a\x03')
     assert not xgrammar.GrammarMatcher(grammar).accept_string('"a\t')
+
+
+def test_a_missing_tokenizer_is_the_servers_error_not_the_requests(tmp_path) -> None:
+    """An engine stand-in's folder has no tokenizer: an internal error naming tokenizer_dir, not a 400 for the guide."""
+    with pytest.raises(RuntimeError, match="tokenizer_dir") as err:
+        Grammars(tmp_path, VOCAB).compile("json", "")
+    assert not isinstance(err.value, GuideError) and GUIDE_INPUT not in str(err.value)
