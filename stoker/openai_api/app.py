@@ -28,7 +28,7 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from . import logprobs as lp
 from . import mapping as m
-from . import triton_stream
+from . import structured, triton_stream
 from .served_model import LiveModel, ServedModel
 from .sse import EventStream
 
@@ -119,6 +119,8 @@ class Generating:
         if resp is grpc.aio.EOF:
             return triton_stream.Step((), True)
         step = self._parse(resp)
+        if step.error and (refused := structured.refusal(step.error, self.gen.guide)) is not None:
+            raise refused  # the backend would not compile the request's schema: the client's error, not ours
         if step.error:
             if "unknown model" in step.error or "not found" in step.error or "is not ready" in step.error:
                 raise m.unavailable(f"the model backend is not ready: {step.error.splitlines()[0]}")
@@ -365,9 +367,11 @@ def create_app(settings: Settings, live: LiveModel) -> FastAPI:
         return g, head
 
     async def chat(request: Request) -> Response:
-        req = m.parse_chat(m.parse_json(await _body(request, settings.max_body_bytes)))
+        obj = m.parse_json(await _body(request, settings.max_body_bytes))
+        req = m.parse_chat(obj)
         model, adapter = await live_for(req.model)
         interface = interface_of(model)
+        guide = structured.guide_for(obj, llmapi=interface == triton_stream.LLMAPI)
         if interface == triton_stream.LLMAPI:
             # The model takes text and tokenizes it itself: the template rendered here, its tokens counted here.
             text = model.chat_prompt(m.chat_messages(req))
@@ -376,6 +380,7 @@ def create_app(settings: Settings, live: LiveModel) -> FastAPI:
             text, ids = None, model.chat_ids(m.chat_messages(req))
         gen = triton_stream.plan(req, ids, model.context_len, seed=secrets.randbits(63), interface=interface,
                                  prompt_text=text, max_input_len=model.max_input_len)
+        gen = dataclasses.replace(gen, guide=guide)
         g, head = await run(req, gen, model, "chatcmpl", request, adapter, req.model)
 
         def chat_logprobs(scored: list[lp.Scored] | None) -> dict | None:
@@ -393,10 +398,12 @@ def create_app(settings: Settings, live: LiveModel) -> FastAPI:
                                                        usage_on, chat_logprobs(scored)))
 
     async def completions(request: Request) -> Response:
-        req = m.parse_completion(m.parse_json(await _body(request, settings.max_body_bytes)))
+        obj = m.parse_json(await _body(request, settings.max_body_bytes))
+        req = m.parse_completion(obj)
         model, adapter = await live_for(req.model)
         prompt = m.completion_prompt(req)
         interface = interface_of(model)
+        guide = structured.guide_for(obj, llmapi=interface == triton_stream.LLMAPI)
         if interface == triton_stream.LLMAPI and not isinstance(prompt, str):
             raise m.bad_request("'prompt' as token ids is not supported by this deployment: it serves TensorRT-LLM's "
                                 "LLM-API model (target: pytorch), which takes text. Send the prompt as text.",
@@ -406,6 +413,7 @@ def create_app(settings: Settings, live: LiveModel) -> FastAPI:
                                  vocab_size=None if isinstance(prompt, str) else model.vocab_size,
                                  interface=interface, prompt_text=prompt if isinstance(prompt, str) else None,
                                  max_input_len=model.max_input_len)
+        gen = dataclasses.replace(gen, guide=guide)
         g, head = await run(req, gen, model, "cmpl", request, adapter, req.model)
         if not req.stream:
             text = "".join([p async for p in g.pieces()])

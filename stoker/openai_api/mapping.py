@@ -17,6 +17,7 @@ stoker_runtime.json), exactly as through the ensemble.
     n                         1 only
     logprobs, top_logprobs    return_log_probs BOOL [1, 1] → output_log_probs; k alternatives: return_top_log_probs
                               INT32 [1, 1] → top_log_prob_ids, top_log_probs (the reference model's own: logprobs.py)
+    response_format           guided_decoding_guide_type, guided_decoding_guide BYTES [1, 1] (structured.py)
     usage                     len(input_ids), number of output_ids received
 
 With TensorRT-LLM's LLM-API model (`llmapi` layout, triton_stream.llmapi_request) the prompt goes as text:
@@ -30,6 +31,7 @@ With TensorRT-LLM's LLM-API model (`llmapi` layout, triton_stream.llmapi_request
     stop                      cut here from the text (not sent: see llmapi_request)
     min_tokens, ignore_eos    refused (400): the model has no such input
     logprobs, top_logprobs    refused (400): the model returns only a cumulative log prob (logprobs.py)
+    response_format           refused (400) unless text: the model (1.2.1) has no guide input (structured.py)
     response                  text_output: the whole output so far (its new part taken); finish_reason
     usage                     completion tokens: the returned text encoded (the model returns no token ids)
 
@@ -66,7 +68,6 @@ UNSUPPORTED = {
     "functions": (None, []),
     "tool_choice": (None, "none"),
     "function_call": (None, "none"),
-    "response_format": (None, {"type": "text"}),
     "best_of": (None, 1),
     "echo": (None, False),
     "suffix": (None, ""),

@@ -23,6 +23,7 @@ from . import _protocol as protocol
 from . import logprobs
 from .mapping import (DEFAULT_CHAT_MAX_TOKENS, DEFAULT_COMPLETION_MAX_TOKENS, MODEL_NAME, UINT64_MASK, ChatRequest,
                       _Request, bad_request, stop_sequences)
+from .structured import Guide
 
 # The serving interfaces by layout name, as live.json and --interface give them.
 ENSEMBLE, LLMAPI = protocol.ENSEMBLE.layout, protocol.LLMAPI.layout
@@ -45,6 +46,7 @@ class Generation:
     prompt_text: str | None = None  # the prompt as text (the LLM API's model takes text; input_ids then count it)
     lora_task_id: int | None = None  # a LoRA adapter of the build (its task id); None: the base model
     log_probs: int | None = None  # log probs with this many alternatives per token (logprobs.asked); None: none
+    guide: Guide | None = None  # structured output (response_format): TensorRT-LLM's guided-decoding inputs
 
 
 def plan(req: _Request, input_ids: Sequence[int], context_len: int | None, *, seed: int,
@@ -141,6 +143,8 @@ def triton_request(gen: Generation, request_id: str, model: str = MODEL_NAME) ->
         _tensor(r, "min_tokens", "INT32", [1, 1], np.int32(gen.min_tokens).astype("<i4").tobytes())
     if gen.lora_task_id is not None:
         _tensor(r, "lora_task_id", "UINT64", [1, 1], np.uint64(gen.lora_task_id).astype("<u8").tobytes())
+    for name, raw in gen.guide.tensors() if gen.guide is not None else ():
+        _tensor(r, name, "BYTES", [1, 1], raw)
     r.outputs.add().name = "output_ids"
     if gen.log_probs is not None:
         _tensor(r, "return_log_probs", "BOOL", [1, 1], b"\x01")

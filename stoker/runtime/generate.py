@@ -35,6 +35,10 @@ prob is the sum of the recorded ones. Context logits are the prompt's logits fro
 Top log probs (`Record.top_log_probs` = k > 0; stoker's own, for the OpenAI service's `top_logprobs`:
 TensorRT-LLM 1.2.1's Triton model has no such output): the k largest entries of the same log-softmax row the
 sampled token's log prob is read from, as (token id, log prob), most likely first, one list per yielded token.
+Guided decoding (TensorRT-LLM's guided_decoding_guide inputs): a `constraint` (stoker_runtime.guided.Constraint)
+masks the logits after the repetition penalty and the min_tokens mask, before the token is drawn, and is told the
+token; when it allows no token the generation ends there, as at the end id. Log probs are then those of the masked
+distribution, as the engine's are of the logits it samples from.
 """
 
 from __future__ import annotations
@@ -163,6 +167,7 @@ def start(
     stop_words: Sequence[Sequence[int]] = (),
     record: Record | None = None,
     adapter: str | None = None,
+    constraint: Any = None,
 ) -> Decoding:
     """Validate a generation (as `generate` does, raising ValueError) and return its state, before any compute."""
     prompt = [int(t) for t in input_ids]
@@ -185,8 +190,10 @@ def start(
     words = [[int(t) for t in w] for w in stop_words if len(w)]
     budget = min(max_new_tokens, model.max_positions - len(prompt))
     generator = torch.Generator().manual_seed(seed if seed is not None else secrets.randbits(63))
-    return Decoding(model, prompt, budget, end_id, temperature, top_k, top_p, repetition_penalty, generator,
-                    min_new_tokens, words, record, adapter)
+    decoding = Decoding(model, prompt, budget, end_id, temperature, top_k, top_p, repetition_penalty, generator,
+                        min_new_tokens, words, record, adapter)
+    decoding.constraint = constraint
+    return decoding
 
 
 class Decoding:
@@ -219,6 +226,8 @@ class Decoding:
         self.pending: int | None = None  # chosen and yielded, not yet through the model
         self.step = 0
         self.done = False
+        # Guided decoding (stoker_runtime.guided.Constraint): masks the logits before each choice, sees each token.
+        self.constraint: Any = None
 
     def prefill(self) -> None:
         self.cache = self.model.new_cache(self.adapter)
@@ -244,12 +253,19 @@ class Decoding:
         if self.step < self.min_new_tokens and 0 <= self.end_id < logits.shape[-1]:
             logits = logits.clone()
             logits[self.end_id] = float("-inf")  # too early to end
+        if self.constraint is not None:
+            logits = self.constraint.mask(logits)
+            if logits is None:  # no token can follow: the sequence ends here, as at an end id
+                self.done = True
+                return None
         token = sample_next(logits, self.temperature, self.top_k, self.top_p, self.generator)
         if token == self.end_id:
             self.done = True
             return None
         if self.record is not None and self.record.want_log_probs:
             self._score(logits, token)
+        if self.constraint is not None:
+            self.constraint.accept(token)
         self.sequence.append(token)
         self.step += 1
         if self.step == self.budget or (self.stop_words and _ends_with(self.sequence, self.stop_words)):
@@ -258,7 +274,6 @@ class Decoding:
             self.seen[token] = True
             self.pending = token
         return token
-
 
     def _score(self, logits: torch.Tensor, token: int) -> None:
         """Record ``token``'s log prob and, when asked, the top k of the same row (one log-softmax for both)."""

@@ -50,6 +50,9 @@ MODEL_IN: tuple[Tensor, ...] = (
     ("return_log_probs", "TYPE_BOOL", (1,), True),
     ("return_context_logits", "TYPE_BOOL", (1,), True),
     ("lora_task_id", "TYPE_UINT64", (1,), True),  # TensorRT-LLM's per-request adapter: one the repository carries
+    # TensorRT-LLM's guided decoding (json / json_schema / regex / ebnf_grammar, and the guide): stoker_runtime.guided
+    ("guided_decoding_guide_type", "TYPE_STRING", (1,), True),
+    ("guided_decoding_guide", "TYPE_STRING", (1,), True),
 )
 # The reference model's own tensors, beyond TensorRT-LLM's interface: k alternatives per generated token, for the
 # OpenAI service's top_logprobs. TensorRT-LLM 1.2.1's `tensorrt_llm` model returns only the sampled token's

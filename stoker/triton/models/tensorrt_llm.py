@@ -15,7 +15,10 @@ return_log_probs BOOL [1], return_context_logits BOOL [1], return_top_log_probs 
 reference target's only: k alternatives per generated token, 0..20, implies return_log_probs; TensorRT-LLM 1.2.1's
 model has no such input), lora_task_id UINT64 [1] (TensorRT-LLM's per-request
 adapter: one of the LoRA adapters the repository carries in 1/adapters/, listed with their task ids in
-adapters.json; an id it does not carry fails that request alone, naming the served ones).
+adapters.json; an id it does not carry fails that request alone, naming the served ones),
+guided_decoding_guide_type STRING [1] and guided_decoding_guide STRING [1] (TensorRT-LLM's guided decoding: json,
+json_schema, regex or ebnf_grammar, enforced per token with xgrammar by stoker_runtime.guided; a guide that does not
+compile fails that request alone before it is queued, its message naming guided_decoding_guide).
 Outputs: output_ids INT32 [-1, -1] (beam, tokens), sequence_length INT32 [-1] (per beam); only
 when asked (as TensorRT-LLM): cum_log_probs FP32 [-1] (per beam) and output_log_probs FP32
 [-1, -1] (beam, generated tokens; zero-padded) for return_log_probs, context_logits FP32
@@ -28,7 +31,9 @@ Parameters: gpt_model_path (default "weights", relative to the version dir unles
 num_threads (torch threads, default 2), max_concurrent_requests (sequences decoded together; default the
 config's max_batch_size, as TensorRT-LLM's engine batch bounds its in-flight batcher; 8 without one),
 exclude_input_in_output (default "false", as upstream), lora_prefetch_dir (adapters in TensorRT-LLM's format, one
-folder per task id, named by the adapters table: stoker/runtime/lora_trtllm.py).
+folder per task id, named by the adapters table: stoker/runtime/lora_trtllm.py), tokenizer_dir (the tokenizer guides
+are compiled against, upstream's parameter of that name; default the weights folder, where the reference build
+writes it).
 
 Behaviour, matched to TensorRT-LLM where it defines one:
 - Streaming (decoupled only): one response per generated token, output_ids [1, 1, 1] and
@@ -78,6 +83,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from stoker_stop_words import from_word_list
 from stoker_runtime.batch import DEFAULT_MAX_BATCH, Batcher, Stream
 from stoker_runtime.generate import Record
+from stoker_runtime.guided import GUIDE_INPUT, GUIDE_TYPE_INPUT, Grammars, GuideError, parse_guide
 from stoker_runtime.model import RUNTIME_FILE, load_model
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -178,6 +184,11 @@ class _Job:
             served = ", ".join(f"{n} ({t})" for t, n in sorted(adapters.items(), key=lambda kv: kv[1])) or "none"
             raise RequestError(f"lora_task_id {task}: no such adapter in this repository (served: {served})")
         self.adapter = None if task is None else adapters[int(task)]
+        try:
+            self.guide = parse_guide(_scalar(request, GUIDE_TYPE_INPUT, batch, index),
+                                     _scalar(request, GUIDE_INPUT, batch, index))
+        except GuideError as exc:
+            raise RequestError(str(exc)) from None
         seed = _scalar(request, "seed", batch, index)
         penalty = _scalar(request, "repetition_penalty", batch, index)
         min_tokens = _scalar(request, "min_tokens", batch, index)
@@ -192,11 +203,14 @@ class _Job:
             "min_new_tokens": 0 if min_tokens is None else max(0, int(min_tokens)),
         }
 
-    def submit(self, batcher: Batcher) -> Stream:
-        """Queue this sequence for generation; an invalid one is refused here, before anything runs."""
+    def submit(self, batcher: Batcher, grammars: Grammars) -> Stream:
+        """Queue this sequence for generation; an invalid one (a guide that does not compile too) is refused here,
+        before anything runs."""
         try:
+            constraint = None if self.guide is None else grammars.constraint(
+                *self.guide, stop_ids=[self.end_id, *(w[0] for w in self.stop_words if len(w) == 1)])
             return batcher.submit(self.prompt, self.max_new_tokens, self.end_id, stop_words=self.stop_words,
-                                  record=self.record, adapter=self.adapter, **self.kwargs)
+                                  record=self.record, adapter=self.adapter, constraint=constraint, **self.kwargs)
         except ValueError as exc:
             raise RequestError(str(exc)) from None
 
@@ -304,6 +318,8 @@ class TritonPythonModel:
         self.defaults = (self.model.info.end_id, self.model.info.pad_id, [[int(i)] for i in stop_ids])
         self.stopping = threading.Event()
         self.batcher = Batcher(self.model, max_batch=batch).start()
+        # Guides are compiled against the tokenizer (read on the first guided request, then kept).
+        self.grammars = Grammars(Path(_param(config, "tokenizer_dir", str(weights))), self.model.vocab_size)
         # Threads that wait on their sequences and send the tokens; requests beyond them wait for one.
         self.pool = ThreadPoolExecutor(max_workers=4 * batch + 4, thread_name_prefix="stoker-req")
         self.in_flight = InFlight(args.get("model_name", "tensorrt_llm"))
@@ -324,7 +340,7 @@ class TritonPythonModel:
         streams: list[Stream] = []
         try:
             for job in jobs:
-                streams.append(job.submit(self.batcher))
+                streams.append(job.submit(self.batcher, self.grammars))
         except Exception:
             for stream in streams:
                 stream.cancel()
