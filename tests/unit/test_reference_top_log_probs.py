@@ -90,6 +90,8 @@ def served(tmp_path_factory):
         triton = module.TritonPythonModel.__new__(module.TritonPythonModel)
         triton.stopping = threading.Event()
         triton.batcher = sys.modules["stoker_runtime.batch"].Batcher(model, max_batch=2).start()
+        # No guided request here: the tokenizer folder is read only on the first one.
+        triton.grammars = module.Grammars(tmp_path_factory.mktemp("no-tokenizer"), model.vocab_size)
         yield module, triton, ref
         triton.batcher.stop()
     finally:
