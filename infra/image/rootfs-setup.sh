@@ -71,8 +71,8 @@ echo "$site" > "/usr/lib/python3/dist-packages/stoker-venv.pth"
 
 echo "[chroot] verifying the system interpreter (what the stub embeds) sees the venv"
 /usr/bin/python3 -c '
-import torch, numpy, safetensors, tokenizers, transformers, fastapi, uvicorn, xgrammar
-print("[chroot] torch", torch.__version__, "numpy", numpy.__version__, "xgrammar", xgrammar.__version__,
+import importlib.metadata, torch, numpy, safetensors, tokenizers, transformers, fastapi, uvicorn, xgrammar
+print("[chroot] torch", torch.__version__, "numpy", numpy.__version__, "xgrammar", importlib.metadata.version("xgrammar"),
       "safetensors", safetensors.__version__, "tokenizers", tokenizers.__version__,
       "transformers", transformers.__version__, "fastapi", fastapi.__version__, "uvicorn", uvicorn.__version__)'
 # --help exits 1 by design; the usage text proves the binary and its libraries load.

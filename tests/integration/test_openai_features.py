@@ -1,12 +1,17 @@
-"""Log probs through a deployment's OpenAI API, on the real Docker engine, HAProxy, Triton's CPU image and S3
-(moto), against transformers: the reference build of the tiny Llama is promoted behind a proxy (as in
-test_openai_deployment.py, with the session's shared stack and image), and the official `openai` client asks the
-stable address for chat's `logprobs` / `top_logprobs` and completions' `logprobs`, streamed and not.
+"""The OpenAI features applications call (issue 50), through one deployment's stable address: the reference build
+of the tiny Llama promoted behind the proxy with its OpenAI service, on the real Docker engine, HAProxy, Triton's CPU
+image (xgrammar in it) and S3 (moto), asked by the official `openai` client. One deployment for the module: each
+test asks it something else.
 
+Log probs: chat's `logprobs` / `top_logprobs` and completions' `logprobs`, streamed and not, against transformers.
 Greedy decoding, so each token's log prob is transformers' log_softmax of the model's own logits at that position
-(stoker/runtime/generate.py) and the alternatives are that row's top k, within 1e-4. Bad values are 400s in
-OpenAI's shape naming the field. The engine target's refusal of alternatives (its `tensorrt_llm` declares no
-top-k output) is covered without a GPU by tests/unit/test_openai_logprobs_shapes.py.
+(stoker/runtime/generate.py) and the alternatives are that row's top k, within 1e-4. The engine target's refusal of
+alternatives (its `tensorrt_llm` declares no top-k output) is covered without a GPU by
+tests/unit/test_openai_logprobs_shapes.py.
+
+Structured outputs: `response_format` json_schema (strict) and json_object, streamed and not, constrained token by
+token by xgrammar inside the Triton model's in-flight batcher; free requests decoded beside constrained ones answer
+as they do alone. Bad values of either are 400s in OpenAI's shape naming the field, and nothing else is affected.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 
 import boto3
 import pytest
@@ -29,11 +35,24 @@ from serving_models import publish
 
 pytestmark = [pytest.mark.docker, pytest.mark.s3, pytest.mark.slow]
 openai = pytest.importorskip("openai")
+jsonschema = pytest.importorskip("jsonschema")
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 TOL = 1e-4
 TOP = 5
 MESSAGES = [{"role": "user", "content": "Name a colour."}]
+JSON_MESSAGES = [{"role": "user", "content": "Name a colour, as JSON."}]
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "colour": {"enum": ["red", "green", "blue"]},
+        "bright": {"type": "boolean"},
+        "name": {"type": "string", "maxLength": 8},
+    },
+    "required": ["colour", "bright", "name"],
+    "additionalProperties": False,
+}
+FORMAT = {"type": "json_schema", "json_schema": {"name": "colour", "schema": SCHEMA, "strict": True}}
 PROMPT = "The quick brown fox"
 
 
@@ -59,7 +78,7 @@ def deployed(local_stack, triton_image, tmp_path_factory):
     from stoker.workers import build_reference
     from stoker.workers.tinymodel import make_tiny_model
 
-    root = tmp_path_factory.mktemp("oa-logprobs")
+    root = tmp_path_factory.mktemp("oa-features")
     ckpt, artifact, repo = root / "ckpt", root / "artifact", root / "repo"
     make_tiny_model(ckpt, seed=0)
     build_reference.build(ckpt, artifact)
@@ -69,11 +88,11 @@ def deployed(local_stack, triton_image, tmp_path_factory):
     env = {**local_stack["aws_env"], "AWS_DEFAULT_REGION": "us-east-1"}
     s3 = boto3.client("s3", endpoint_url=local_stack["s3"], region_name="us-east-1",
                       aws_access_key_id=env["AWS_ACCESS_KEY_ID"], aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"])
-    bucket = f"lp-{uuid.uuid4().hex[:10]}"
+    bucket = f"of-{uuid.uuid4().hex[:10]}"
     s3.create_bucket(Bucket=bucket)
     http = free_port()
     grpc = free_port(exclude=(http,))
-    target = promote.Target(name=f"lp{uuid.uuid4().hex[:6]}", listen=Ports(http, grpc, free_port(exclude=(http, grpc))),
+    target = promote.Target(name=f"of{uuid.uuid4().hex[:6]}", listen=Ports(http, grpc, free_port(exclude=(http, grpc))),
                             proxy_image="stoker/haproxy:2.6", state_dir=root / "proxy", openai_image=triton_image)
     try:
         uri, digest = publish(s3, bucket, local_stack["s3"], repo)
@@ -172,3 +191,69 @@ def test_bad_log_prob_requests_are_400s_naming_the_field(deployed, route, ask, p
         else:
             d["api"].completions.create(model=d["name"], prompt=PROMPT, max_tokens=2, **ask)
     assert err.value.status_code == 400 and err.value.body["param"] == param, err.value.body
+
+
+# ---------------------------------------------------------------- structured outputs
+
+
+def test_json_schema_strict_streamed_and_not_parses_and_validates(deployed) -> None:
+    client, model = deployed["api"], deployed["name"]
+    out = client.chat.completions.create(model=model, messages=JSON_MESSAGES, max_tokens=120, temperature=0,
+                                         response_format=FORMAT)
+    assert out.choices[0].finish_reason == "stop"
+    jsonschema.validate(json.loads(out.choices[0].message.content), SCHEMA)
+
+    chunks = list(client.completions.create(model=model, prompt="A colour as JSON:", max_tokens=120, temperature=0.9,
+                                            seed=7, stream=True, extra_body={"response_format": FORMAT}))
+    text = "".join(c.choices[0].text for c in chunks if c.choices)
+    assert chunks[-1].choices[0].finish_reason == "stop"
+    jsonschema.validate(json.loads(text), SCHEMA)
+
+    streamed = client.chat.completions.create(model=model, messages=JSON_MESSAGES, max_tokens=120, temperature=0,
+                                              response_format=FORMAT, stream=True)
+    assert "".join(c.choices[0].delta.content or "" for c in streamed if c.choices) == out.choices[0].message.content
+
+
+def test_json_object_answers_an_object(deployed) -> None:
+    client, model = deployed["api"], deployed["name"]
+    out = client.chat.completions.create(model=model, messages=JSON_MESSAGES, max_tokens=200, temperature=0,
+                                         response_format={"type": "json_object"})
+    choice = out.choices[0]
+    if choice.finish_reason == "stop":
+        assert isinstance(json.loads(choice.message.content), dict)
+    else:  # ran out of tokens inside the object: still its beginning
+        assert choice.finish_reason == "length" and choice.message.content.startswith("{")
+
+
+def test_free_requests_beside_constrained_ones_answer_as_alone(deployed) -> None:
+    client, model = deployed["api"], deployed["name"]
+
+    def free():
+        return client.completions.create(model=model, prompt="Hello", max_tokens=12, temperature=0).choices[0].text
+
+    def guided():
+        return client.chat.completions.create(model=model, messages=JSON_MESSAGES, max_tokens=120, temperature=0,
+                                              response_format=FORMAT).choices[0].message.content
+
+    alone = free()
+    with ThreadPoolExecutor(6) as pool:
+        futures = [pool.submit(guided if i % 2 else free) for i in range(6)]
+        results = [f.result() for f in futures]
+    assert results[0::2] == [alone] * 3
+    for text in results[1::2]:
+        jsonschema.validate(json.loads(text), SCHEMA)
+
+
+@pytest.mark.parametrize("schema, words", [
+    ({"type": "nonsense"}, "nonsense"),  # refused by xgrammar in the Triton model, turned into a 400 by the service
+    ({"type": "object", "properties": {"a": {"$ref": "#/$defs/x"}}, "$defs": {"x": {"$ref": "#/$defs/x"}}}, "loops"),
+])
+def test_a_schema_that_cannot_be_used_is_a_400_naming_the_field(deployed, schema, words) -> None:
+    client, model = deployed["api"], deployed["name"]
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(model=model, messages=JSON_MESSAGES, max_tokens=20, response_format={
+            "type": "json_schema", "json_schema": {"name": "bad", "schema": schema}})
+    assert err.value.body["param"] == "response_format.json_schema.schema"
+    assert words in err.value.body["message"]
+    # Nothing else is affected.
+    assert client.chat.completions.create(model=model, messages=JSON_MESSAGES, max_tokens=4, temperature=0).choices
