@@ -5,8 +5,9 @@ The contract is the `tensorrt_llm` model's (TensorRT-LLM 1.2.1, `inflight_batche
 `guided_decoding_guide` (the schema, regex or EBNF grammar as text; nothing for `json`). The engine enforces it with
 xgrammar inside its decoder; the reference does the same thing on CPU, as vLLM's structured-output manager does:
 
-- per model: the tokenizer's vocabulary as xgrammar reads it (`TokenizerInfo`, built once, on the first guide) and
-  one `GrammarCompiler`; compiled guides are kept in an LRU keyed by (type, text), so a schema sent a thousand times
+- per model: the tokenizer's vocabulary as xgrammar reads it (`TokenizerInfo`, built once, on the first guide: from
+  the tokenizer folder, or, as the engine's C++ backend reads it, from TensorRT-LLM's xgrammar tokenizer info file)
+  and one `GrammarCompiler`; compiled guides are kept in an LRU keyed by (type, text), so a schema sent a thousand times
   is compiled once;
 - per sequence: a `Constraint` (one `GrammarMatcher` and one token bitmask). Before each token is chosen the bitmask
   of what the grammar allows next is filled and applied to that sequence's logits (disallowed tokens to -inf); the
@@ -87,9 +88,12 @@ class Grammars:
     """One model's grammar compiler: its tokenizer's info (built once), and compiled guides in an LRU."""
 
     def __init__(self, tokenizer_dir: Path, vocab_size: int, cache_size: int = DEFAULT_CACHE_SIZE,
-                 tokenizer: Any = None) -> None:
+                 tokenizer: Any = None, tokenizer_info_path: Path | None = None) -> None:
         # vocab_size: the model's logits width (lm_head), which may exceed the tokenizer's; the padding is masked.
+        # tokenizer_info_path: TensorRT-LLM's xgrammar tokenizer info file; when given, the vocabulary is read from it
+        # and tokenizer_dir is not used, as the engine's C++ backend ignores tokenizer_dir for guided decoding.
         self.tokenizer_dir, self.vocab_size, self.cache_size = Path(tokenizer_dir), vocab_size, cache_size
+        self.tokenizer_info_path = Path(tokenizer_info_path) if tokenizer_info_path else None
         self._tokenizer = tokenizer
         self._compiler: Any = None
         self._cache: OrderedDict[tuple[str, str], Any] = OrderedDict()
@@ -105,6 +109,10 @@ class Grammars:
             except ImportError:
                 raise RuntimeError("guided decoding needs xgrammar, which this runtime lacks") from None
             tokenizer = self._tokenizer
+            if tokenizer is None and self.tokenizer_info_path is not None:
+                info = tokenizer_info_from_file(self.tokenizer_info_path, self.vocab_size)
+                self._compiler = xgrammar.GrammarCompiler(info, max_threads=1, cache_enabled=False)
+                return self._compiler
             if tokenizer is None:
                 from transformers import AutoTokenizer
 
@@ -160,6 +168,29 @@ class Grammars:
         words); the grammar allows them once it is complete, and only then."""
         return Constraint(self.compile(guide_type, guide), [t for t in stop_ids if 0 <= t < self.vocab_size],
                           self.vocab_size)
+
+
+def tokenizer_info_from_file(path: Path, vocab_size: int) -> Any:
+    """xgrammar's TokenizerInfo from TensorRT-LLM's tokenizer info file (encoded_vocab, tokenizer_str,
+    stop_token_ids; stoker/gpu/tokenizer_info.py writes it), built as the engine builds its own: the vocabulary type
+    and prefix space detected from tokenizer_str (RAW and none without one), the vocabulary padded to the model's
+    logits width, the file's stop ids (TensorRT-LLM cpp/tensorrt_llm/batch_manager/guidedDecoder.cpp, the
+    GuidedDecoder constructor). xgrammar's from_huggingface also second-guesses the type from the vocabulary; the
+    engine does not, so neither does this. RuntimeError (the server's, never the request's) naming the parameter
+    when the file cannot be used."""
+    import xgrammar
+
+    try:
+        doc = json.loads(Path(path).read_text(encoding="utf-8"))
+        encoded_vocab, stop_ids = list(doc["encoded_vocab"]), [int(i) for i in doc["stop_token_ids"]]
+        backend = doc.get("tokenizer_str")
+        meta = (xgrammar.TokenizerInfo._detect_metadata_from_hf(backend) if backend
+                else {"vocab_type": xgrammar.VocabType.RAW, "add_prefix_space": False})
+    except Exception as exc:  # noqa: BLE001 -- missing, not JSON, a key missing, a tokenizer_str xgrammar refuses
+        raise RuntimeError(f"guided decoding needs the tokenizer info in {path} (the xgrammar_tokenizer_info_path "
+                           f"parameter): {type(exc).__name__}: {_reason(exc)}") from None
+    return xgrammar.TokenizerInfo(encoded_vocab, vocab_type=meta["vocab_type"], vocab_size=vocab_size,
+                                  stop_token_ids=stop_ids, add_prefix_space=meta["add_prefix_space"])
 
 
 def _admits_nothing(grammar: Any, vocab_size: int) -> bool:

@@ -180,3 +180,60 @@ def test_a_missing_tokenizer_is_the_servers_error_not_the_requests(tmp_path) -> 
     with pytest.raises(RuntimeError, match="tokenizer_dir") as err:
         Grammars(tmp_path, VOCAB).compile("json", "")
     assert not isinstance(err.value, GuideError) and GUIDE_INPUT not in str(err.value)
+
+
+def test_the_engines_tokenizer_info_file_constrains_as_the_tokenizer_folder(served, tmp_path) -> None:
+    """The engine stand-in's folder has no tokenizer: Grammars built from the xgrammar tokenizer info file the engine
+    repository carries (stoker/gpu/tokenizer_info.py) allow, token by token, what Grammars from the folder allow."""
+    import torch
+
+    from stoker.gpu import tokenizer_info
+
+    model, tokenizer, from_folder = served
+    info = tmp_path / "xgrammar_tokenizer_info.json"
+    # Rendered from the folder's tokenizer.json, as the package step renders it.
+    info.write_text(tokenizer_info.render((from_folder.tokenizer_dir / "tokenizer.json").read_text(), END))
+    from_file = Grammars(tmp_path / "no-tokenizer-here", model.vocab_size, tokenizer_info_path=info)
+    a, b = from_folder.compile("json", "").tokenizer_info, from_file.compile("json", "").tokenizer_info
+    assert (a.vocab_type, a.add_prefix_space, a.vocab_size) == (b.vocab_type, b.add_prefix_space, b.vocab_size)
+    # from_huggingface pads the list to the logits width with empty tokens; the engine, like the file's, does not
+    # (TokenizerInfo(encoded_vocab, ..., vocab_size padded)); the masks below show the padding is refused by both.
+    n = len(b.decoded_vocab)
+    assert a.decoded_vocab[:n] == b.decoded_vocab and set(a.decoded_vocab[n:]) <= {b""} and b.stop_token_ids == [END]
+    guides = [("json_schema", json.dumps(SCHEMA)), ("json", ""), ("regex", r"(yes|no)!"),
+              ("ebnf_grammar", 'root ::= "a" root | "b"')]
+
+    def walk(grammars: Grammars, guide_type: str, guide: str, tokens: list[int] | None) -> tuple[list, list[int]]:
+        """The allowed set before each token, along ``tokens`` (None: the highest allowed id each step, 12 steps)."""
+        constraint, allowed, taken = grammars.constraint(guide_type, guide, [END]), [], []
+        for step in range(len(tokens) if tokens is not None else 12):
+            masked = constraint.mask(torch.zeros(model.vocab_size))
+            allowed.append(None if masked is None else torch.isfinite(masked).nonzero().flatten().tolist())
+            if masked is None:
+                break
+            token = tokens[step] if tokens is not None else int(torch.isfinite(masked).nonzero()[-1])
+            constraint.accept(token)
+            taken.append(token)
+        return allowed, taken
+
+    for guide_type, guide in guides:
+        allowed, taken = walk(from_folder, guide_type, guide, None)
+        assert len(taken) > 1 and all(len(a) < model.vocab_size for a in allowed if a), guide_type  # it constrains
+        assert walk(from_file, guide_type, guide, taken) == (allowed[:len(taken)], taken), guide_type
+    # And a whole generation: the same ids from either.
+    prompt = _prompts(tokenizer)[0]
+    outs = []
+    for grammars in (from_folder, from_file):
+        batcher = Batcher(model, max_batch=1).start()
+        try:
+            outs.append(list(batcher.submit(prompt, 40, END, constraint=grammars.constraint(
+                "json_schema", json.dumps(SCHEMA), [END]))))
+        finally:
+            batcher.stop()
+    assert outs[0] == outs[1] and outs[0]
+
+
+def test_a_missing_tokenizer_info_file_is_the_servers_error_naming_the_parameter(tmp_path) -> None:
+    with pytest.raises(RuntimeError, match="xgrammar_tokenizer_info_path") as err:
+        Grammars(tmp_path, VOCAB, tokenizer_info_path=tmp_path / "absent.json").compile("json", "")
+    assert not isinstance(err.value, GuideError)

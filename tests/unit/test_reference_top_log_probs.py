@@ -153,3 +153,24 @@ def test_return_top_log_probs_out_of_range_is_refused_before_generating(served):
                      request_output_len=np.array([[2]], np.int32))
     record = module._parse(plain, (NO_END, 0, []), True, {})[0].record
     assert record.top_log_probs == 0 and not record.want_log_probs  # not asked: as before
+
+
+def test_the_engine_repositorys_guided_decoding_parameters_pick_the_tokenizer_info_file(served, tmp_path):
+    """The engine stand-in serves this model.py over the engine repository: it reads upstream's two parameters as
+    TensorRT-LLM's C++ backend does (both set, or tokenizer_dir as before; only xgrammar; the file must exist)."""
+    module, _, _ = served
+    info = tmp_path / "xgrammar_tokenizer_info.json"
+    info.write_text("{}")
+
+    def config(**params):
+        return {"parameters": {k: {"string_value": v} for k, v in params.items()}}
+
+    assert module._tokenizer_info_path(config()) is None
+    assert module._tokenizer_info_path(config(xgrammar_tokenizer_info_path=str(info))) is None
+    assert module._tokenizer_info_path(config(guided_decoding_backend="xgrammar",
+                                              xgrammar_tokenizer_info_path=str(info))) == info
+    with pytest.raises(ValueError, match="only 'xgrammar'"):
+        module._tokenizer_info_path(config(guided_decoding_backend="llguidance", xgrammar_tokenizer_info_path=str(info)))
+    with pytest.raises(ValueError, match="does not exist"):
+        module._tokenizer_info_path(config(guided_decoding_backend="xgrammar",
+                                           xgrammar_tokenizer_info_path=str(tmp_path / "absent.json")))

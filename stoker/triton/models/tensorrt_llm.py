@@ -33,7 +33,9 @@ config's max_batch_size, as TensorRT-LLM's engine batch bounds its in-flight bat
 exclude_input_in_output (default "false", as upstream), lora_prefetch_dir (adapters in TensorRT-LLM's format, one
 folder per task id, named by the adapters table: stoker/runtime/lora_trtllm.py), tokenizer_dir (the tokenizer guides
 are compiled against, upstream's parameter of that name; default the weights folder, where the reference build
-writes it).
+writes it), guided_decoding_backend and xgrammar_tokenizer_info_path (upstream's: with both set, guides are compiled
+against that file, TensorRT-LLM's xgrammar tokenizer info, and tokenizer_dir is not used; the engine repository
+renders them, so its stand-in enforces guides from the file a real engine reads).
 
 Behaviour, matched to TensorRT-LLM where it defines one:
 - Streaming (decoupled only): one response per generated token, output_ids [1, 1, 1] and
@@ -103,6 +105,22 @@ def _param(model_config: dict[str, Any], name: str, default: str) -> str:
     if value == "" or value.startswith("${"):
         return default
     return value
+
+
+def _tokenizer_info_path(model_config: dict[str, Any]) -> Path | None:
+    """The xgrammar tokenizer info file guides are compiled against, read as TensorRT-LLM's C++ backend reads its
+    parameters (tensorrtllm_backend inflight_batcher_llm/src/model_instance_state.cc,
+    getGuidedDecodingConfigFromParams; docs/guided_decoding.md): used only with guided_decoding_backend set too;
+    a backend other than xgrammar, or a file that does not exist, fails the model's load. None: tokenizer_dir."""
+    backend = _param(model_config, "guided_decoding_backend", "")
+    path = _param(model_config, "xgrammar_tokenizer_info_path", "")
+    if not backend or not path:
+        return None
+    if backend != "xgrammar":
+        raise ValueError(f"guided_decoding_backend {backend!r}: only 'xgrammar' is supported, as TensorRT-LLM's")
+    if not Path(path).is_file():
+        raise ValueError(f"xgrammar_tokenizer_info_path {path} does not exist")
+    return Path(path)
 
 
 def _scalar(request: Any, name: str, batch: int, index: int) -> Any:
@@ -319,7 +337,8 @@ class TritonPythonModel:
         self.stopping = threading.Event()
         self.batcher = Batcher(self.model, max_batch=batch).start()
         # Guides are compiled against the tokenizer (read on the first guided request, then kept).
-        self.grammars = Grammars(Path(_param(config, "tokenizer_dir", str(weights))), self.model.vocab_size)
+        self.grammars = Grammars(Path(_param(config, "tokenizer_dir", str(weights))), self.model.vocab_size,
+                                 tokenizer_info_path=_tokenizer_info_path(config))
         # Threads that wait on their sequences and send the tokens; requests beyond them wait for one.
         self.pool = ThreadPoolExecutor(max_workers=4 * batch + 4, thread_name_prefix="stoker-req")
         self.in_flight = InFlight(args.get("model_name", "tensorrt_llm"))
