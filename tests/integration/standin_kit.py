@@ -62,3 +62,15 @@ def rank_pids(container) -> dict[int, int]:
     if r.exit_code != 0:
         return {}
     return {int(k): v for k, v in json.loads(r.output.decode()).items()}
+
+
+def rank_commands(container, pids: dict[int, int]) -> dict[int, str]:
+    """{MPI rank: its whole command line}, read from /proc in ``container``. Not `docker top`: that is the host's `ps`
+    run by dockerd, whose width follows dockerd's own environment (COLUMNS=80 cuts a tritonserver command short)."""
+    import json
+
+    code = ("import json\nprint(json.dumps({r: open(f'/proc/{p}/cmdline', 'rb').read().replace(b'\\0', b' ')"
+            f".decode().strip() for r, p in {dict(pids)!r}.items()}}))")
+    r = container.exec_run(["python3", "-c", code])
+    assert r.exit_code == 0, r.output
+    return {int(k): v for k, v in json.loads(r.output.decode()).items()}

@@ -21,7 +21,7 @@ import pytest
 import requests
 import yaml
 from operate_helpers import free_base_port, manifest_of, stoker, stoker_env
-from standin_kit import RANK_PIDS, gpu_spec_data, rank_pids
+from standin_kit import RANK_PIDS, gpu_spec_data, rank_commands, rank_pids
 
 from stoker import targets
 from stoker.containers import engine
@@ -181,8 +181,12 @@ def _tensor_parallel_2_runs_a_process_per_rank(client, spec_data: dict, reposito
         probe.wait_ready(f"{url}/v2/health/ready", 150, exit_reason=lambda: engine.exit_reason(c))
         ranks = rank_pids(c)
         assert sorted(ranks) == [0, 1], ranks  # two tritonserver processes, OMPI_COMM_WORLD_RANK 0 and 1
-        servers = [p[-1] for p in c.top()["Processes"] if p[-1].startswith("tritonserver ")]
-        assert len(servers) == 2 and sum("--load-model=tensorrt_llm" in cmd for cmd in servers) == 1, servers
+        servers = rank_commands(c, ranks)
+        # As upstream's launch_triton_server.py: every rank a tritonserver with its own shared-memory prefix; rank 0
+        # loads the whole repository, the others only tensorrt_llm.
+        assert all(cmd.startswith("tritonserver --model-repository=") and f"shm-region-prefix-name=prefix{r}_" in cmd
+                   for r, cmd in servers.items()), servers
+        assert [r for r, cmd in sorted(servers.items()) if "--load-model=tensorrt_llm" in cmd] == [1], servers
         answer = requests.post(f"{url}/v2/models/ensemble/generate", json={"text_input": "Hello", "max_tokens": 4},
                                timeout=60)
         assert answer.status_code == 200 and answer.json()["text_output"], answer.text
