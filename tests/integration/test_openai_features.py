@@ -146,7 +146,8 @@ def test_chat_logprobs_are_transformers_log_softmax_streamed_and_not(deployed):
     chunks = list(d["api"].chat.completions.create(**ask, stream=True))
     streamed = [c for chunk in chunks for choice in chunk.choices
                 if choice.logprobs is not None and choice.logprobs.content for c in choice.logprobs.content]
-    assert [(c.token, c.logprob) for c in streamed] == pytest.approx([(c.token, c.logprob) for c in content])
+    assert [c.token for c in streamed] == [c.token for c in content]
+    assert [c.logprob for c in streamed] == pytest.approx([c.logprob for c in content], abs=TOL)
     # Without logprobs the answer is the same greedy text, and carries none.
     plain = d["api"].chat.completions.create(model=d["name"], messages=MESSAGES, max_tokens=8, temperature=0)
     assert plain.choices[0].logprobs is None and plain.choices[0].message.content == whole.choices[0].message.content

@@ -131,7 +131,9 @@ def _scalar(request: Any, name: str, batch: int, index: int) -> Any:
     values = tensor.as_numpy().reshape(-1)
     if values.size != batch:
         raise RequestError(f"{name} has {values.size} values for a batch of {batch}")
-    return values[index].item()
+    value = values[index]
+    # Triton hands BYTES tensors over as numpy object arrays of Python bytes, which have no .item().
+    return value.item() if hasattr(value, "item") else value
 
 
 def sampling_kwargs(temperature: float | None, top_k: int | None, top_p: float | None) -> dict[str, Any]:
