@@ -177,24 +177,20 @@ def main() -> int:
     args = p.parse_args()
 
     import openai
-    from grpc_stream import serve_checkpoint
     from tokenizers import Tokenizer
 
-    from openai_process import openai_service
-    from stoker.workers.tinymodel import make_tiny_model
+    from openai_process import tiny_model_served
 
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        make_tiny_model(root / "ckpt", seed=0)
-        with serve_checkpoint(root / "ckpt", root) as (server, artifact):
-            with openai_service("tiny", server.grpc_url, artifact) as (base, _service):
-                api = openai.OpenAI(base_url=base, api_key="unused", max_retries=0, timeout=120)
-                tokenizer = Tokenizer.from_file(str(artifact / "tokenizer.json"))
-                api.completions.create(model="tiny", prompt="warm", max_tokens=2, extra_body={"response_format": FORMAT})
-                features = {"structured_outputs": _validity(api, "tiny", args.valid),
-                            "logprobs": _logprob_error(api, "tiny", root / "ckpt", tokenizer, args.logprob_requests),
-                            "tool_calls": "not built (issue 50 item 2)"}
-                cost = {f"concurrency_{c}": _cost(base, "tiny", args.rounds, c) for c in (1, 4)}
+        with tiny_model_served(root) as (_server, artifact, base):
+            api = openai.OpenAI(base_url=base, api_key="unused", max_retries=0, timeout=120)
+            tokenizer = Tokenizer.from_file(str(artifact / "tokenizer.json"))
+            api.completions.create(model="tiny", prompt="warm", max_tokens=2, extra_body={"response_format": FORMAT})
+            features = {"structured_outputs": _validity(api, "tiny", args.valid),
+                        "logprobs": _logprob_error(api, "tiny", root / "ckpt", tokenizer, args.logprob_requests),
+                        "tool_calls": "not built (issue 50 item 2)"}
+            cost = {f"concurrency_{c}": _cost(base, "tiny", args.rounds, c) for c in (1, 4)}
     result = {
         "what": "issue 50's OpenAI features on the reference target: schema-valid share, log-prob error vs "
                 "transformers, and a json_schema constraint's cost vs the same requests without it, interleaved",

@@ -54,3 +54,17 @@ def openai_service(model: str, grpc_url: str, assets: Path, log: Path | None = N
     finally:
         service.terminate()
         service.wait(timeout=30)
+
+
+@contextlib.contextmanager
+def tiny_model_served(root: Path, model: str = "tiny") -> Iterator[tuple[object, Path, str]]:
+    """The tiny Llama (seed 0) made under ``root``, served by a local tritonserver with this service in front:
+    yields (the server, the build's artifact folder, the service's base URL). The benchmarks' common start."""
+    from grpc_stream import serve_checkpoint
+
+    from stoker.workers.tinymodel import make_tiny_model
+
+    make_tiny_model(root / "ckpt", seed=0)
+    with serve_checkpoint(root / "ckpt", root) as (server, artifact):
+        with openai_service(model, server.grpc_url, artifact) as (base, _service):
+            yield server, artifact, base

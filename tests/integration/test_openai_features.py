@@ -23,14 +23,12 @@ import urllib.request
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 
-import boto3
 import pytest
 
 from stoker.containers import engine
-from stoker.containers.ports import Ports
 from stoker.serving import promote
-from stoker.stack.services import free_port
 
+from promotion_kit import listen_ports, new_bucket
 from serving_models import publish
 
 pytestmark = [pytest.mark.docker, pytest.mark.s3, pytest.mark.slow]
@@ -85,14 +83,8 @@ def deployed(local_stack, triton_image, tmp_path_factory):
     assemble(artifact, repo, RepoSettings(model_threads=1))
     (repo / "ensemble" / "1" / ".keep").write_text("")  # S3 has no empty folders; Triton needs this one
     client = engine.connect(None)
-    env = {**local_stack["aws_env"], "AWS_DEFAULT_REGION": "us-east-1"}
-    s3 = boto3.client("s3", endpoint_url=local_stack["s3"], region_name="us-east-1",
-                      aws_access_key_id=env["AWS_ACCESS_KEY_ID"], aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"])
-    bucket = f"of-{uuid.uuid4().hex[:10]}"
-    s3.create_bucket(Bucket=bucket)
-    http = free_port()
-    grpc = free_port(exclude=(http,))
-    target = promote.Target(name=f"of{uuid.uuid4().hex[:6]}", listen=Ports(http, grpc, free_port(exclude=(http, grpc))),
+    s3, bucket, env = new_bucket(local_stack, "of")
+    target = promote.Target(name=f"of{uuid.uuid4().hex[:6]}", listen=listen_ports(),
                             proxy_image="stoker/haproxy:2.6", state_dir=root / "proxy", openai_image=triton_image)
     try:
         uri, digest = publish(s3, bucket, local_stack["s3"], repo)
