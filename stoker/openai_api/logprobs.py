@@ -92,8 +92,18 @@ class Vocabulary(Protocol):
     def token_bytes(self, token: int) -> bytes: ...
 
 
+# A token a constraint masks has log prob -inf, which JSON cannot carry (the encoder refuses it: a 500). Reported as
+# -9999.0, the floor vLLM's OpenAI server puts on every log prob it serializes (its chat and completion log-prob
+# builders, vllm/entrypoints/openai/serving_chat.py and serving_completion.py), so clients see what they see there.
+LOGPROB_FLOOR = -9999.0
+
+
+def _finite(logprob: float) -> float:
+    return max(logprob, LOGPROB_FLOOR)
+
+
 def _entry(vocab: Vocabulary, token: int, logprob: float) -> dict:
-    return {"token": vocab.token_text(token), "logprob": logprob, "bytes": list(vocab.token_bytes(token))}
+    return {"token": vocab.token_text(token), "logprob": _finite(logprob), "bytes": list(vocab.token_bytes(token))}
 
 
 def chat_content(scored: Sequence[Scored], vocab: Vocabulary) -> list[dict]:
@@ -117,11 +127,12 @@ def completion_logprobs(scored: Sequence[Scored], vocab: Vocabulary, offset: int
         offset += len(tokens[-1])
     tops = []
     for s in scored:
-        top = {text(t): lp for t, lp in reversed(s.top)}  # reversed: where two ids read alike, the likelier stays
+        # Reversed: where two ids read alike, the likelier stays.
+        top = {text(t): _finite(lp) for t, lp in reversed(s.top)}
         top = dict(sorted(top.items(), key=lambda kv: -kv[1]))
-        top.setdefault(text(s.token), s.logprob)  # the sampled token always, so up to k + 1 entries (OpenAI's rule)
+        top.setdefault(text(s.token), _finite(s.logprob))  # the sampled token always: up to k + 1 (OpenAI's rule)
         tops.append(top)
-    return {"tokens": tokens, "token_logprobs": [s.logprob for s in scored], "top_logprobs": tops,
+    return {"tokens": tokens, "token_logprobs": [_finite(s.logprob) for s in scored], "top_logprobs": tops,
             "text_offset": offsets}
 
 

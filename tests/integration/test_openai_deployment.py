@@ -118,6 +118,15 @@ def test_openai_api_on_the_stable_address_follows_a_switch(local_stack, triton_i
                                              stream=True, stream_options={"include_usage": True}))
         assert chunks[-1].usage.prompt_tokens == len(tok.encode("Hello").ids)
         assert chunks[-1].usage.completion_tokens >= 1
+        # Issue 50 item 5: structured output and log probs through the stable address, over TLS, with the key.
+        shaped = api.chat.completions.create(
+            model=target.name, messages=MESSAGES, max_tokens=48, temperature=0, logprobs=True, top_logprobs=2,
+            response_format={"type": "json_schema", "json_schema": {"name": "colour", "strict": True, "schema": {
+                "type": "object", "properties": {"c": {"type": "string", "maxLength": 4}}, "required": ["c"]}}})
+        choice = shaped.choices[0]
+        assert choice.finish_reason == "stop" and set(json.loads(choice.message.content)) == {"c"}, shaped
+        assert len(choice.logprobs.content) == shaped.usage.completion_tokens
+        assert all(len(t.top_logprobs) == 2 and t.logprob <= 0 for t in choice.logprobs.content)
         with pytest.raises(openai.NotFoundError):
             api.chat.completions.create(model="gpt-4o", messages=MESSAGES)
         with pytest.raises(openai.BadRequestError):

@@ -305,3 +305,23 @@ def test_byte_fallback_pieces_are_their_byte():
     names = TokenBytes(tok)
     assert names(1, tok.decode([1])) == b"\xe6"
     assert names(3, "a") == b"a"
+
+
+def test_a_token_a_constraint_masks_is_reported_at_vllms_floor_not_as_infinity():
+    """Under a constraint the alternatives it forbids have log prob -inf; JSON cannot carry that (a 500 before)."""
+
+    class Vocab:
+        def token_text(self, token: int) -> str:
+            return f"t{token}"
+
+        def token_bytes(self, token: int) -> bytes:
+            return f"t{token}".encode()
+
+    scored = [lp.Scored(5, 0.0, ((5, 0.0), (6, float("-inf")))), lp.Scored(7, float("-inf"), ())]
+    chat = lp.chat_logprobs(scored, Vocab())
+    legacy = lp.completion_logprobs(scored, Vocab())
+    json.dumps([chat, legacy], allow_nan=False)  # raises on any inf or nan left
+    assert [t["logprob"] for t in chat["content"][0]["top_logprobs"]] == [0.0, lp.LOGPROB_FLOOR]
+    assert chat["content"][1]["logprob"] == lp.LOGPROB_FLOOR
+    assert legacy["token_logprobs"] == [0.0, lp.LOGPROB_FLOOR]
+    assert legacy["top_logprobs"] == [{"t5": 0.0, "t6": lp.LOGPROB_FLOOR}, {"t7": lp.LOGPROB_FLOOR}]
