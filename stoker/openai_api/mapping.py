@@ -18,6 +18,7 @@ stoker_runtime.json), exactly as through the ensemble.
     logprobs, top_logprobs    return_log_probs BOOL [1, 1] → output_log_probs; k alternatives: return_top_log_probs
                               INT32 [1, 1] → top_log_prob_ids, top_log_probs (the reference model's own: logprobs.py)
     response_format           guided_decoding_guide_type, guided_decoding_guide BYTES [1, 1] (structured.py)
+    tools, tool_choice        the chat template's tools; a forced call: a guide as response_format's (tools.py)
     usage                     len(input_ids), number of output_ids received
 
 With TensorRT-LLM's LLM-API model (`llmapi` layout, triton_stream.llmapi_request) the prompt goes as text:

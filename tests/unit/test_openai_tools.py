@@ -324,3 +324,20 @@ def test_the_streamed_deltas_assemble_in_the_openai_clients_stream_state():
     assert choice.finish_reason == "tool_calls" and not choice.message.content
     assert [(c.id, c.function.name, c.function.arguments) for c in choice.message.tool_calls] == [
         (c["id"], c["function"]["name"], c["function"]["arguments"]) for c in calls]
+
+
+def test_both_targets_prompts_carry_the_tools():
+    """The ensemble's token ids and the LLM API's text are one rendering: "auto" works on both targets."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    from stoker.openai_api.served_model import ServedModel
+
+    tok = Tokenizer(models.WordLevel({"<unk>": 0}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    model = ServedModel(key="k" * 12, tokenizer=tok, chat_template=QWEN, template_source="test", special=SPECIAL,
+                        context_len=None, vocab_size=1)
+    req = m.parse_chat({"model": "tiny", "messages": HISTORY})
+    use = _use(tools=[TIME])
+    text = model.chat_prompt(tools.messages(req), use.template_tools())
+    assert '"get_time"' in text and "<tool_response>sunny, 21</tool_response>" in text
+    assert model.encode(text, add_special_tokens=False) == model.chat_ids(tools.messages(req), use.template_tools())
