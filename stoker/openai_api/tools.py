@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .mapping import ApiError, ChatRequest, bad_request, chat_messages
-from .structured import Guide, _compact, ref_problem
+from .structured import Guide, ref_problem
 
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 CHOICES = ("none", "auto", "required")
@@ -161,22 +161,42 @@ def template_refusal(use: ToolUse | None, template: str | None) -> ApiError | No
 # ---------------------------------------------------------------- the guide (forced calls)
 
 
-def _call_schema(tool: dict) -> dict:
-    fn = tool["function"]
-    return {"type": "object",
-            "properties": {"name": {"const": fn["name"]}, "arguments": fn.get("parameters") or {"type": "object"}},
-            "required": ["name", "arguments"], "additionalProperties": False}
+def _rebased(node: Any, base: str) -> Any:
+    """The schema with every local ``$ref`` ("#…") pointing into ``base`` ("#/$defs/…") instead of its own root."""
+    if isinstance(node, list):
+        return [_rebased(v, base) for v in node]
+    if not isinstance(node, dict):
+        return node
+    return {k: (base + v[1:] if k == "$ref" and isinstance(v, str) and v.startswith("#")
+                else v if k in ("enum", "const", "examples", "default") else _rebased(v, base))
+            for k, v in node.items()}
 
 
 def call_schema(use: ToolUse) -> dict | None:
-    """The JSON schema a forced choice constrains the output to; None when the output is free."""
+    """The JSON schema a forced choice constrains the output to; None when the output is free.
+
+    A function's parameters sit inside the call's object, so their own ``$ref``s ("#/$defs/x", written against the
+    parameters' root) would resolve against the call's root: parameters that use any move into the root's
+    ``$defs`` (as ``tool_<name>``), their references rebased there."""
     if not use.forced:
         return None
+    defs: dict[str, Any] = {}
+
+    def one(tool: dict) -> dict:
+        name, params = tool["function"]["name"], tool["function"].get("parameters") or {"type": "object"}
+        if '"$ref"' in json.dumps(params):
+            defs[f"tool_{name}"] = _rebased(params, f"#/$defs/tool_{name}")
+            params = {"$ref": f"#/$defs/tool_{name}"}
+        return {"type": "object", "properties": {"name": {"const": name}, "arguments": params},
+                "required": ["name", "arguments"], "additionalProperties": False}
+
     if use.choice == "function":
-        return _call_schema(next(t for t in use.tools if t["function"]["name"] == use.named))
-    one = [_call_schema(t) for t in use.tools]
-    call = one[0] if len(one) == 1 else {"anyOf": one}
-    return {"type": "array", "items": call, "minItems": 1} if use.parallel else call
+        schema = one(next(t for t in use.tools if t["function"]["name"] == use.named))
+    else:
+        calls = [one(t) for t in use.tools]
+        call = calls[0] if len(calls) == 1 else {"anyOf": calls}
+        schema = {"type": "array", "items": call, "minItems": 1} if use.parallel else call
+    return {**schema, "$defs": defs} if defs else schema
 
 
 def guide(use: ToolUse | None, response_guide: Guide | None, llmapi: bool = False) -> Guide | None:
@@ -193,7 +213,8 @@ def guide(use: ToolUse | None, response_guide: Guide | None, llmapi: bool = Fals
         raise bad_request(f"'tool_choice' {use.named or use.choice!r} is not supported by this deployment: it serves "
                           "TensorRT-LLM's LLM-API model (target: pytorch), which has no per-request guide input to "
                           "force a call; use 'auto'.", "tool_choice", "unsupported_value")
-    return Guide("json_schema", _compact(schema), "tools")
+    # Compact, key order kept (the order properties are generated in), as structured.py sends response_format's.
+    return Guide("json_schema", json.dumps(schema, ensure_ascii=False, separators=(",", ":")), "tools")
 
 
 # ---------------------------------------------------------------- messages

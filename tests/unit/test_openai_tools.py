@@ -341,3 +341,16 @@ def test_both_targets_prompts_carry_the_tools():
     text = model.chat_prompt(tools.messages(req), use.template_tools())
     assert '"get_time"' in text and "<tool_response>sunny, 21</tool_response>" in text
     assert model.encode(text, add_special_tokens=False) == model.chat_ids(tools.messages(req), use.template_tools())
+
+
+def test_a_functions_own_refs_still_resolve_inside_the_call():
+    point = {"type": "function", "function": {"name": "move", "parameters": {
+        "type": "object", "properties": {"to": {"$ref": "#/$defs/pt"}, "path": {"type": "array", "items": {
+            "$ref": "#/$defs/pt"}, "maxItems": 2}}, "required": ["to"], "additionalProperties": False,
+        "$defs": {"pt": {"type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"],
+                         "additionalProperties": False}}}}}
+    for choice, wrap in (({"type": "function", "function": {"name": "move"}}, lambda c: c), ("required", lambda c: [c])):
+        schema = tools.call_schema(_use(tools=[point, TIME], tool_choice=choice))
+        assert tools.ref_problem(schema) is None
+        accepts = _accepts(schema)
+        assert accepts(wrap(_call("move", to={"x": 1}, path=[{"x": 2}]))) and not accepts(wrap(_call("move", to={})))
