@@ -4,7 +4,7 @@ Pure.
     OpenAI                                  here
     tools [{"type": "function",              validated (name ^[A-Za-z0-9_-]{1,64}$, unique; parameters an object
        "function": {name, description,       schema), then handed to the model's own chat template as ``tools``, as
-       parameters}}]                          OpenAI sends them (400 when the template never mentions tools)
+       parameters}}]                         OpenAI sends them (400 when the template never mentions tools)
     tool_choice "auto" (default)             the output is free; a tool call in the model's own format is parsed
                                              out of it (``parse``), else the output is plain content
     tool_choice "none"                       the template gets no tools; the output is plain content
@@ -20,6 +20,10 @@ with parallel calls): one shape for every model family, whatever its template te
 The response: ``message.tool_calls`` [{"id", "type": "function", "function": {"name", "arguments": JSON text}}],
 ``content`` null (or the text before the calls), ``finish_reason`` "tool_calls". ``functions``/``function_call``
 (OpenAI's deprecated spelling) stay refused (mapping.UNSUPPORTED): one spelling to get right.
+
+Streamed, an answer with tools in play is read whole, then parsed and sent (app._tool_answer): a call is never sent
+half as content before it is recognised. The LLM-API target renders the template in this service too, so "auto"
+works there; a forced choice needs a guide, which that target cannot take (a 400).
 """
 
 from __future__ import annotations
