@@ -280,38 +280,45 @@ def _event_stream(g: Generating, head: m.Head, obj: str, usage_on: bool, opening
 
 async def _tool_answer(g: Generating, head: m.Head, req: m.ChatRequest, use: tools.ToolUse, template: str | None,
                        chat_logprobs: Callable) -> Response:
-    """A chat answer that may hold tool calls: the whole output is read, then parsed (tools.parse), so a call goes
-    out whole (streamed: its opening delta, then its arguments), never half of one read as content."""
+    """A chat answer that may hold tool calls (tools.parse). Streamed, text goes out as content once it cannot be
+    part of a call, and a call goes out whole at the end (tools.Holding): its opening delta, then its arguments."""
     usage_on = _usage_on(req)
-
-    async def reply() -> tuple[str | None, list[dict], str, dict]:
+    if not req.stream:
         text = "".join([*g.ready(), *[p async for p in g.pieces()]])
         content, calls = tools.parse(text, use, template)
-        return content, tools.tool_calls(calls, template), g.finish, m.usage(len(g.gen.input_ids),
-                                                                           g.completion_tokens)
+        body = m.chat_response(head, content, g.finish, m.usage(len(g.gen.input_ids), g.completion_tokens),
+                               chat_logprobs(g.take_scored()))
+        return JSONResponse(tools.attach(body, content, tools.tool_calls(calls, template)))
+    holding = tools.Holding(use, template)
 
-    if not req.stream:
-        content, calls, finish, use_ = await reply()
-        return JSONResponse(tools.attach(m.chat_response(head, content, finish, use_, chat_logprobs(g.take_scored())),
-                                         content, calls))
+    def content(piece: str) -> bytes:
+        out = holding.push(piece)
+        return m.sse(m.chat_chunk(head, {"content": out}, None, usage_on)) if out else b""
+
     opening = m.sse(m.chat_chunk(head, {"role": "assistant", "content": ""}, None, usage_on))
 
     async def rest() -> AsyncGenerator[bytes, None]:
         try:
-            content, calls, finish, use_ = await reply()
-            for delta in tools.deltas(content, calls):
+            async for piece in g.pieces():
+                if sent := content(piece):
+                    yield sent
+            last, calls = holding.finish()
+            calls_ = tools.tool_calls(calls, template)
+            for delta in tools.deltas(last, calls_):
                 yield m.sse(m.chat_chunk(head, delta, None, usage_on))
-            yield m.sse(m.chat_chunk(head, {}, "tool_calls" if calls else finish, usage_on,
+            # The log probs of every token go with the finish: the content chunks before it may lag the tokens.
+            yield m.sse(m.chat_chunk(head, {}, "tool_calls" if calls_ else g.finish, usage_on,
                                      chat_logprobs(g.take_scored())))
             if usage_on:
-                yield m.sse(m.usage_chunk(head, "chat.completion.chunk", use_))
+                yield m.sse(m.usage_chunk(head, "chat.completion.chunk",
+                                          m.usage(len(g.gen.input_ids), g.completion_tokens)))
         except m.ApiError as err:
             yield m.sse(err.body())
         finally:
             g.close()
         yield m.DONE
 
-    return EventStream(opening, rest())
+    return EventStream(opening + b"".join(content(p) for p in g.ready()), rest())
 
 
 def create_app(settings: Settings, live: LiveModel) -> FastAPI:

@@ -351,6 +351,58 @@ def parse(text: str, use: ToolUse, template: str | None) -> tuple[str | None, li
     return (None, calls) if calls else (text, [])
 
 
+# What a free output that holds a call starts with (after whitespace): JSON, or a format's own marker.
+_OPENERS = ("{", "[", "<tool_call>", "[TOOL_CALLS]", "<|python_tag|>")
+_HERMES_OPEN = "<tool_call>"
+
+
+class Holding:
+    """A streamed output with tools in play: ``push`` each piece of text, send what it returns as content, and at the
+    end ``finish`` gives the rest of the content and the calls, as ``parse`` reads the whole.
+
+    A forced output is held whole (it is the call). A free one is held only while it may be a call: until its start
+    shows it cannot open one (the formats vLLM reads put a call first), then it streams as content; in Hermes'
+    family a call may follow text, so there the text streams up to a ``<tool_call>`` (a partial tag at the end is
+    held back a moment) and the rest is held."""
+
+    def __init__(self, use: ToolUse, template: str | None) -> None:
+        self.use, self.template = use, template
+        self.hermes = family(template) == HERMES
+        self.held = ""
+        self.holding = use.forced  # from here to the end, everything is held
+        self.started = use.forced  # the start is decided
+
+    def push(self, piece: str) -> str:
+        self.held += piece
+        if self.holding:
+            return ""
+        if not self.started:
+            start = self.held.lstrip()
+            if not start or any(o.startswith(start) for o in _OPENERS):
+                return ""  # whitespace, or the beginning of an opener: not decided yet
+            self.started = True
+            if start.startswith(_OPENERS):
+                self.holding = True
+                return ""
+        if not self.hermes:
+            out, self.held = self.held, ""
+            return out
+        if _HERMES_OPEN in self.held:
+            cut = self.held.index(_HERMES_OPEN)
+            out, self.held, self.holding = self.held[:cut], self.held[cut:], True
+            return out
+        keep = next((n for n in range(len(_HERMES_OPEN) - 1, 0, -1) if self.held.endswith(_HERMES_OPEN[:n])), 0)
+        out, self.held = self.held[:len(self.held) - keep], self.held[len(self.held) - keep:]
+        return out
+
+    def finish(self) -> tuple[str | None, list[Call]]:
+        """(content not yet sent, calls)."""
+        if not self.holding:
+            return self.held or None, []
+        content, calls = parse(self.held, self.use, self.template)
+        return (content or None), calls
+
+
 _ALNUM = string.ascii_letters + string.digits
 
 

@@ -354,3 +354,42 @@ def test_a_functions_own_refs_still_resolve_inside_the_call():
         assert tools.ref_problem(schema) is None
         accepts = _accepts(schema)
         assert accepts(wrap(_call("move", to={"x": 1}, path=[{"x": 2}]))) and not accepts(wrap(_call("move", to={})))
+
+
+def _hold(text: str, use: tools.ToolUse, template: str, step: int = 1):
+    """(content sent while streaming, per piece; the rest and the calls at the end)."""
+    h = tools.Holding(use, template)
+    sent = [h.push(text[i:i + step]) for i in range(0, len(text), step)]
+    return sent, h.finish()
+
+
+@pytest.mark.parametrize("template", [LLAMA, QWEN, MISTRAL, PLAIN])
+@pytest.mark.parametrize("text", [
+    "It is sunny in Oslo.", "  <b>bold</b> {not a call}", "{not json at all", '{"name": "get_weather"}',
+    '{"name": "get_weather", "parameters": {"city": "Oslo", "unit": "c"}}',
+    '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Oslo", "unit": "c"}}]',
+    'Let me look. <tool_call>{"name": "get_weather", "arguments": {"city": "Oslo", "unit": "c"}}</tool_call>',
+    "a < b, and <tool_c is no tag", "ends with <tool_",
+])
+@pytest.mark.parametrize("step", [1, 4, 1000])
+def test_a_streamed_free_output_says_what_the_whole_one_says(template, text, step):
+    use = _use(tools=[WEATHER])
+    sent, (rest, calls) = _hold(text, use, template, step)
+    content, want = tools.parse(text, use, template)
+    assert calls == want
+    streamed = "".join(sent) + (rest or "")
+    assert streamed.strip() == (content or "").strip() or (not calls and streamed == text)
+
+
+def test_plain_text_streams_at_once_and_a_call_is_held():
+    use = _use(tools=[WEATHER])
+    sent, _ = _hold("Sunny today.", use, LLAMA)
+    assert sent[0] == "S"  # the first character shows it opens no call
+    sent, (rest, calls) = _hold('{"name": "get_weather", "parameters": {"city": "Oslo", "unit": "c"}}', use, LLAMA)
+    assert not any(sent) and rest is None and len(calls) == 1
+    sent, (rest, calls) = _hold('Let me look. <tool_call>{"name": "get_weather", "arguments": {}}</tool_call>', use,
+                                QWEN)
+    assert "".join(sent) == "Let me look. " and rest is None and calls == [tools.Call("get_weather", {})]
+    forced = _use(tools=[WEATHER], tool_choice="required")
+    sent, (rest, calls) = _hold('[{"name": "get_weather", "arguments": {"city": "x", "unit": "f"}}]', forced, PLAIN)
+    assert not any(sent) and len(calls) == 1

@@ -104,6 +104,9 @@ def test_auto_renders_the_tools_into_the_prompt_and_free_text_stays_content(clie
     assert "guided_decoding_guide" not in sent
     choice = resp.json()["choices"][0]
     assert choice["finish_reason"] in ("stop", "length") and isinstance(choice["message"]["content"], str)
+    chunks = _events(_post(c, tools=[TIME], max_tokens=6, stream=True).text)  # greedy: the same text, streamed
+    assert "".join(ch["choices"][0]["delta"].get("content") or "" for ch in chunks) == choice["message"]["content"]
+    assert chunks[-1]["choices"][0]["finish_reason"] == choice["finish_reason"]
 
 
 def test_tools_for_a_template_that_never_reads_them_are_a_400_before_the_backend(client):
