@@ -119,7 +119,8 @@ def parse_tools(obj: dict) -> ToolUse | None:
     """The request body's tool fields, checked; None when it has none (``tools`` absent or empty)."""
     tools = obj.get("tools")
     choice = obj.get("tool_choice")
-    parallel = obj.get("parallel_tool_calls", True)
+    parallel = obj.get("parallel_tool_calls")
+    parallel = True if parallel is None else parallel  # null: the default, as an omitted field
     if tools is not None and not isinstance(tools, list):
         raise bad_request("Invalid type for 'tools': expected an array of tools.", "tools", "invalid_type")
     if not isinstance(parallel, bool):

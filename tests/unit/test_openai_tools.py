@@ -116,6 +116,7 @@ def test_tool_use_defaults_and_choices():
     assert tools.parse_tools(_chat()) is None and tools.parse_tools(_chat(tools=[])) is None
     auto = _use(tools=[WEATHER])
     assert (auto.choice, auto.parallel, auto.active, auto.forced) == ("auto", True, True, False)
+    assert _use(tools=[WEATHER], parallel_tool_calls=None, tool_choice=None) == auto
     assert _use(tools=[WEATHER], tool_choice="none").template_tools() is None
     named = _use(tools=[WEATHER, TIME], tool_choice={"type": "function", "function": {"name": "get_time"}},
                  parallel_tool_calls=False)
