@@ -119,3 +119,18 @@ def test_tools_for_a_template_that_never_reads_them_are_a_400_before_the_backend
         assert resp.status_code == 400 and resp.json()["error"]["param"] == param, resp.text
     assert _post(plain, tools=[TIME], tool_choice="none").status_code == 200  # no tools reach the template
     assert len(backend.requests) == before + 1
+
+
+def test_the_official_client_over_http_gets_the_call_whole_and_streamed(client):
+    c, _, _, _ = client
+    api = openai.OpenAI(base_url=f"{c.base_url}/v1", api_key="unused", http_client=c)
+    kw = {"model": "tiny", "messages": ASK, "temperature": 0, "max_tokens": 60, "tools": [SIZE, TIME],
+          "tool_choice": {"type": "function", "function": {"name": "size"}}}
+    whole = api.chat.completions.create(**kw).choices[0]
+    with api.chat.completions.stream(**kw) as stream:
+        streamed = stream.get_final_completion().choices[0]
+    for choice in (whole, streamed):
+        assert choice.finish_reason == "tool_calls"
+        [call] = choice.message.tool_calls
+        assert call.function.name == "size" and isinstance(json.loads(call.function.arguments)["big"], bool)
+    assert whole.message.tool_calls[0].function.arguments == streamed.message.tool_calls[0].function.arguments
