@@ -28,7 +28,7 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from . import logprobs as lp
 from . import mapping as m
-from . import structured, triton_stream
+from . import structured, tools, triton_stream
 from .served_model import LiveModel, ServedModel
 from .sse import EventStream
 
@@ -278,6 +278,49 @@ def _event_stream(g: Generating, head: m.Head, obj: str, usage_on: bool, opening
     return EventStream(first, rest())
 
 
+async def _tool_answer(g: Generating, head: m.Head, req: m.ChatRequest, use: tools.ToolUse, template: str | None,
+                       chat_logprobs: Callable) -> Response:
+    """A chat answer that may hold tool calls (tools.parse). Streamed, text goes out as content once it cannot be
+    part of a call, and a call goes out whole at the end (tools.Holding): its opening delta, then its arguments."""
+    usage_on = _usage_on(req)
+    if not req.stream:
+        text = "".join([*g.ready(), *[p async for p in g.pieces()]])
+        content, calls = tools.parse(text, use, template)
+        body = m.chat_response(head, content, g.finish, m.usage(len(g.gen.input_ids), g.completion_tokens),
+                               chat_logprobs(g.take_scored()))
+        return JSONResponse(tools.attach(body, content, tools.tool_calls(calls, template)))
+    holding = tools.Holding(use, template)
+
+    def content(piece: str) -> bytes:
+        out = holding.push(piece)
+        return m.sse(m.chat_chunk(head, {"content": out}, None, usage_on)) if out else b""
+
+    opening = m.sse(m.chat_chunk(head, {"role": "assistant", "content": ""}, None, usage_on))
+
+    async def rest() -> AsyncGenerator[bytes, None]:
+        try:
+            async for piece in g.pieces():
+                if sent := content(piece):
+                    yield sent
+            last, calls = holding.finish()
+            calls_ = tools.tool_calls(calls, template)
+            for delta in tools.deltas(last, calls_):
+                yield m.sse(m.chat_chunk(head, delta, None, usage_on))
+            # The log probs of every token go with the finish: the content chunks before it may lag the tokens.
+            yield m.sse(m.chat_chunk(head, {}, "tool_calls" if calls_ else g.finish, usage_on,
+                                     chat_logprobs(g.take_scored())))
+            if usage_on:
+                yield m.sse(m.usage_chunk(head, "chat.completion.chunk",
+                                          m.usage(len(g.gen.input_ids), g.completion_tokens)))
+        except m.ApiError as err:
+            yield m.sse(err.body())
+        finally:
+            g.close()
+        yield m.DONE
+
+    return EventStream(opening + b"".join(content(p) for p in g.ready()), rest())
+
+
 def create_app(settings: Settings, live: LiveModel) -> FastAPI:
     triton = Triton(settings.grpc_url)
     created = int(time.time())
@@ -369,15 +412,20 @@ def create_app(settings: Settings, live: LiveModel) -> FastAPI:
     async def chat(request: Request) -> Response:
         obj = m.parse_json(await _body(request, settings.max_body_bytes))
         req = m.parse_chat(obj)
+        use = tools.parse_tools(obj)
         model, adapter = await live_for(req.model)
         interface = interface_of(model)
         guide = structured.guide_for(obj, llmapi=interface == triton_stream.LLMAPI)
+        guide = tools.guide(use, guide, llmapi=interface == triton_stream.LLMAPI)
+        if (refused := tools.template_refusal(use, model.chat_template)) is not None:
+            raise refused
+        messages, listed = tools.messages(req), use.template_tools() if use else None
         if interface == triton_stream.LLMAPI:
             # The model takes text and tokenizes it itself: the template rendered here, its tokens counted here.
-            text = model.chat_prompt(m.chat_messages(req))
+            text = model.chat_prompt(messages, listed)
             ids = model.encode(text)
         else:
-            text, ids = None, model.chat_ids(m.chat_messages(req))
+            text, ids = None, model.chat_ids(messages, listed)
         gen = triton_stream.plan(req, ids, model.context_len, seed=secrets.randbits(63), interface=interface,
                                  prompt_text=text, max_input_len=model.max_input_len)
         gen = dataclasses.replace(gen, guide=guide)
@@ -386,6 +434,8 @@ def create_app(settings: Settings, live: LiveModel) -> FastAPI:
         def chat_logprobs(scored: list[lp.Scored] | None) -> dict | None:
             return None if scored is None else lp.chat_logprobs(scored, model)
 
+        if use is not None and use.active:
+            return await _tool_answer(g, head, req, use, model.chat_template, chat_logprobs)
         if not req.stream:
             text = "".join([p async for p in g.pieces()])
             return JSONResponse(m.chat_response(head, text, g.finish,

@@ -18,6 +18,7 @@ stoker_runtime.json), exactly as through the ensemble.
     logprobs, top_logprobs    return_log_probs BOOL [1, 1] → output_log_probs; k alternatives: return_top_log_probs
                               INT32 [1, 1] → top_log_prob_ids, top_log_probs (the reference model's own: logprobs.py)
     response_format           guided_decoding_guide_type, guided_decoding_guide BYTES [1, 1] (structured.py)
+    tools, tool_choice        the chat template's tools; a forced call: a guide as response_format's (tools.py)
     usage                     len(input_ids), number of output_ids received
 
 With TensorRT-LLM's LLM-API model (`llmapi` layout, triton_stream.llmapi_request) the prompt goes as text:
@@ -64,9 +65,7 @@ UNSUPPORTED = {
     "frequency_penalty": (None, 0),
     "presence_penalty": (None, 0),
     "logit_bias": (None, {}),
-    "tools": (None, []),
     "functions": (None, []),
-    "tool_choice": (None, "none"),
     "function_call": (None, "none"),
     "best_of": (None, 1),
     "echo": (None, False),
@@ -128,6 +127,7 @@ class Message(_Loose):
     content: StrictStr | list[ContentPart] | None = None
     name: StrictStr | None = None
     tool_calls: list[Any] | None = None
+    tool_call_id: StrictStr | None = None  # a tool message's (tools.messages)
 
 
 class _Request(_Loose):
@@ -238,9 +238,6 @@ def parse_chat(obj: dict) -> ChatRequest:
         if m.role not in ROLES:
             raise bad_request(f"Invalid value: '{m.role}'. Supported values are: "
                               + ", ".join(f"'{r}'" for r in ROLES) + ".", f"messages[{i}].role")
-        if m.tool_calls:
-            raise bad_request("tool calls are not supported by this server.", f"messages[{i}].tool_calls",
-                              "unsupported_parameter")
         if m.content is None and m.role != "assistant":
             raise bad_request(f"Missing required parameter: 'messages[{i}].content'.", f"messages[{i}].content",
                               "missing_required_parameter")

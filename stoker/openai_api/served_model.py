@@ -71,14 +71,15 @@ def context_length(config: dict) -> int | None:
     return None
 
 
-def render_chat(template: str, messages: list[dict], special: dict[str, str]) -> str:
-    """``messages`` through ``template`` with the generation prompt, as transformers' apply_chat_template renders."""
+def render_chat(template: str, messages: list[dict], special: dict[str, str], tools: list[dict] | None = None) -> str:
+    """``messages`` through ``template`` with the generation prompt, as transformers' apply_chat_template renders;
+    ``tools``: the request's tools as OpenAI sends them (tools.py), which the template renders its own way."""
     import jinja2
     from transformers.utils.chat_template_utils import render_jinja_template
 
     try:
-        rendered, _ = render_jinja_template([messages], chat_template=template, add_generation_prompt=True,
-                                            **special)
+        rendered, _ = render_jinja_template([messages], tools=tools, chat_template=template,
+                                            add_generation_prompt=True, **special)
     except jinja2.TemplateError as err:  # the template's own raise_exception, or a message it cannot take
         raise bad_request(f"the model's chat template refused the messages: {err}", "messages") from None
     return rendered[0]
@@ -149,20 +150,20 @@ class ServedModel:
             self._bytes = TokenBytes(self.tokenizer)
         return self._bytes(token, self.token_text(token))
 
-    def chat_ids(self, messages: list[dict]) -> list[int]:
+    def chat_ids(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
         """The prompt's token ids for ``messages``: the chat template, rendered and tokenized."""
         if self.chat_template is None:
             return self.encode(render_chat(FALLBACK_CHAT_TEMPLATE, messages, self.special), add_special_tokens=True)
-        return self.encode(render_chat(self.chat_template, messages, self.special), add_special_tokens=False)
+        return self.encode(render_chat(self.chat_template, messages, self.special, tools), add_special_tokens=False)
 
-    def chat_prompt(self, messages: list[dict]) -> str:
+    def chat_prompt(self, messages: list[dict], tools: list[dict] | None = None) -> str:
         """The prompt for ``messages`` as text, for a model that tokenizes it itself with its tokenizer's special
         tokens (TensorRT-LLM's LLM API: add_special_tokens defaults to true, and its Triton model has no input
         that changes it). A template that writes the BOS itself loses that BOS here when the tokenizer adds one,
         so the model reads one BOS, as ``chat_ids`` gives; ``encode`` of the result is what the model reads."""
         if self.chat_template is None:
             return render_chat(FALLBACK_CHAT_TEMPLATE, messages, self.special)
-        text = render_chat(self.chat_template, messages, self.special)
+        text = render_chat(self.chat_template, messages, self.special, tools)
         bos = self.special.get("bos_token")
         if bos and text.startswith(bos) and self._adds_bos(bos):
             text = text[len(bos):]

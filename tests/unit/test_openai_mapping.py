@@ -72,7 +72,8 @@ def test_valid_chat_request_and_messages():
     (_chat(top_p=1.5), "top_p", "invalid_value"),
     (_chat(stop=["a", "b", "c", "d", "e"]), "stop", "invalid_value"),
     (_chat(stream_options={"include_usage": True}), "stream_options", "invalid_value"),
-    (_chat(tools=[{"type": "function"}]), "tools", "unsupported_parameter"),
+    # tools are served now (tests/unit/test_openai_tools.py); OpenAI's deprecated spelling stays refused
+    (_chat(functions=[{"name": "f"}]), "functions", "unsupported_parameter"),
     (_chat(logprobs="yes"), "logprobs", "invalid_type"),  # served now: tests/unit/test_openai_logprobs_shapes.py
     (_chat(presence_penalty=0.5), "presence_penalty", "unsupported_parameter"),
 ])
