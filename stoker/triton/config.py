@@ -47,6 +47,11 @@ MODEL_IN: tuple[Tensor, ...] = (
     ("exclude_input_in_output", "TYPE_BOOL", (1,), True),
     ("min_tokens", "TYPE_INT32", (1,), True),
     ("stop_words_list", "TYPE_INT32", (2, -1), True),
+    # OpenAI's presence/frequency penalties and logit_bias (a [vocab] bias added to the logits), by TensorRT-LLM's
+    # names and kernel semantics (stoker_runtime.generate's docstring).
+    ("presence_penalty", "TYPE_FP32", (1,), True),
+    ("frequency_penalty", "TYPE_FP32", (1,), True),
+    ("embedding_bias", "TYPE_FP32", (-1,), True),
     ("return_log_probs", "TYPE_BOOL", (1,), True),
     ("return_context_logits", "TYPE_BOOL", (1,), True),
     ("lora_task_id", "TYPE_UINT64", (1,), True),  # TensorRT-LLM's per-request adapter: one the repository carries
