@@ -96,3 +96,282 @@ def test_off_values_leave_greedy_output_as_it_was(ours) -> None:
 def test_invalid_bias_or_penalty_fails_before_compute(ours, kwargs, message) -> None:
     with pytest.raises(ValueError, match=message):
         generate(ours, PROMPT, 4, end_id=NO_END, **kwargs)
+
+
+# ---------------------------------------------------------------- the OpenAI service: requests and their 400s
+
+import asyncio  # noqa: E402
+import json  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+openai = pytest.importorskip("openai")
+import httpx  # noqa: E402
+from openai.lib.streaming.chat import ChatCompletionStreamState  # noqa: E402
+from openai.types import Completion  # noqa: E402
+from openai.types.chat import ChatCompletion  # noqa: E402
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers  # noqa: E402
+
+from stoker.openai_api import app as app_module  # noqa: E402
+from stoker.openai_api import choices  # noqa: E402
+from stoker.openai_api import mapping as m  # noqa: E402
+from stoker.openai_api import triton_stream  # noqa: E402
+from stoker.openai_api.served_model import LiveModel  # noqa: E402
+
+WORDS = ["<unk>", "<s>", "</s>", "user", ":", "assistant", "hi", "red", "green", "blue", "sky", "is"]
+VOCAB = len(WORDS)
+
+
+def _chat(**kw) -> dict:
+    return {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], **kw}
+
+
+def _cmpl(**kw) -> dict:
+    return {"model": "tiny", "prompt": "hi", **kw}
+
+
+def _gens(body: dict, interface: str = triton_stream.ENSEMBLE, seed: int = 100) -> list[triton_stream.Generation]:
+    req = m.parse_chat(body) if "messages" in body else m.parse_completion(body)
+    gen = triton_stream.plan(req, [1, 6], 64, seed=seed, interface=interface, prompt_text="hi")
+    return choices.generations(req, gen, VOCAB, interface)
+
+
+def _inputs(r) -> dict:
+    kinds = {"INT32": "<i4", "FP32": "<f4", "UINT64": "<u8", "BOOL": "?"}
+    return {t.name: (list(t.shape), np.frombuffer(raw, kinds[t.datatype]).tolist())
+            for t, raw in zip(r.inputs, r.raw_input_contents) if t.datatype in kinds}
+
+
+@pytest.mark.parametrize("body, param, code", [
+    (_chat(presence_penalty=2.01), "presence_penalty", "invalid_value"),
+    (_cmpl(frequency_penalty=-3), "frequency_penalty", "invalid_value"),
+    (_chat(frequency_penalty="a lot"), "frequency_penalty", "invalid_value"),
+    (_chat(logit_bias={"7": 100.5}), "logit_bias", "invalid_value"),
+    (_chat(logit_bias={"red": 5}), "logit_bias", "invalid_value"),  # a key must be a token id
+    (_chat(logit_bias={"-1": 5}), "logit_bias", "invalid_value"),
+    (_cmpl(logit_bias={str(VOCAB): 5}), "logit_bias", "invalid_value"),  # outside the vocabulary
+    (_chat(logit_bias=[7]), "logit_bias", "invalid_type"),
+    (_chat(n=0), "n", "invalid_value"),
+    (_cmpl(n=m.MAX_CHOICES + 1), "n", "unsupported_value"),
+    (_chat(n="2"), "n", "invalid_type"),
+])
+def test_bad_sampling_requests_are_one_line_400s_naming_the_field(body, param, code):
+    with pytest.raises(m.ApiError) as err:
+        _gens(body)
+    e = err.value
+    assert (e.status, e.param, e.code, e.type) == (400, param, code, "invalid_request_error"), e.message
+    assert "\n" not in e.message and param in e.message
+
+
+def test_the_llm_api_target_takes_the_penalties_and_refuses_logit_bias():
+    with pytest.raises(m.ApiError) as err:
+        _gens(_chat(logit_bias={"7": 1}), triton_stream.LLMAPI)
+    assert (err.value.status, err.value.param, err.value.code) == (400, "logit_bias", "unsupported_parameter")
+    gen = _gens(_chat(presence_penalty=0.5, frequency_penalty=-1.5, temperature=0.8), triton_stream.LLMAPI)[0]
+    sent = _inputs(triton_stream.llmapi_request(gen, "r"))
+    assert sent["sampling_param_presence_penalty"] == ([1], [0.5])
+    assert sent["sampling_param_frequency_penalty"] == ([1], [-1.5])
+    plain = _inputs(triton_stream.llmapi_request(_gens(_chat(temperature=0.8), triton_stream.LLMAPI)[0], "r"))
+    assert not {"sampling_param_presence_penalty", "sampling_param_frequency_penalty"} & set(plain)
+
+
+def test_the_triton_request_carries_tensorrt_llms_inputs_with_their_types_and_shapes():
+    gen = _gens(_chat(presence_penalty=0.5, frequency_penalty=1.25, logit_bias={"7": -100, "9": 2.5}))[0]
+    r = triton_stream.triton_request(gen, "a")
+    types = {t.name: t.datatype for t in r.inputs}
+    assert types["presence_penalty"] == types["frequency_penalty"] == types["embedding_bias"] == "FP32"
+    sent = _inputs(r)
+    assert sent["presence_penalty"] == ([1, 1], [0.5]) and sent["frequency_penalty"] == ([1, 1], [1.25])
+    shape, bias = sent["embedding_bias"]
+    assert shape == [1, VOCAB] and bias[7] == -100 and bias[9] == 2.5 and sum(map(abs, bias)) == 102.5
+    assert types["seed"] == "UINT64" and sent["seed"] == ([1, 1], [100])
+    plain = _inputs(triton_stream.triton_request(_gens(_chat(presence_penalty=0, logit_bias={}))[0], "b"))
+    assert not {"presence_penalty", "frequency_penalty", "embedding_bias"} & set(plain)
+
+
+def test_each_choice_samples_with_seed_plus_its_index():
+    assert [g.seed for g in _gens(_chat(n=3), seed=100)] == [100, 101, 102]  # no seed: the drawn one, + index
+    seeded = _gens(_chat(n=4, seed=7, presence_penalty=1.0), seed=123)
+    assert [g.seed for g in seeded] == [7, 8, 9, 10] and {g.presence_penalty for g in seeded} == {1.0}
+    assert [g.seed for g in _gens(_chat(n=2, seed=(1 << 64) - 1))] == [(1 << 64) - 1, 0]  # UINT64 wraps
+    assert len(_gens(_chat())) == 1
+
+
+# ---------------------------------------------------------------- the OpenAI service: n choices, over a scripted Triton
+
+TOKENS = [7, 8, 9, 10]  # red green blue sky
+
+
+def _response(ids: list[int], scores: list[float] | None = None, final: bool = False):
+    from tritonclient.grpc import service_pb2
+
+    resp = service_pb2.ModelStreamInferResponse()
+    r = resp.infer_response
+    for name, datatype, raw, n in (("output_ids", "INT32", np.asarray(ids, "<i4").tobytes(), len(ids)),
+                                   ("output_log_probs", "FP32", np.asarray(scores or [], "<f4").tobytes(),
+                                    len(scores or []))):
+        if name == "output_ids" and not ids or name == "output_log_probs" and scores is None:
+            continue
+        out = r.outputs.add()
+        out.name, out.datatype = name, datatype
+        out.shape.extend([1, 1, n])
+        r.raw_output_contents.append(raw)
+    r.parameters["triton_final_response"].bool_param = final
+    return resp
+
+
+def _scripted(request) -> list:
+    """As the reference model streams a sampled answer: the tokens depend on the seed (greedy ones do not), one
+    response per token, its log prob when asked; seed % 3 tokens, so choices end at different lengths."""
+    inputs = _inputs(request)
+    seed = inputs["seed"][1][0]
+    greedy = "temperature" not in inputs
+    n = 4 if greedy else 1 + seed % 3
+    tokens = TOKENS[:n] if greedy else [TOKENS[(seed + j) % 4] for j in range(n)]
+    scored = "return_log_probs" in inputs
+    return [_response([t], [-0.5 * (j + 1)] if scored else None) for j, t in enumerate(tokens)] + [
+        _response([], final=True)]
+
+
+class _Call:
+    def __init__(self, responses) -> None:
+        self.responses = list(responses)
+
+    async def read(self):
+        import grpc
+
+        await asyncio.sleep(0)  # the choices' streams interleave, as real ones do
+        return self.responses.pop(0) if self.responses else grpc.aio.EOF
+
+    def done(self) -> bool:
+        return not self.responses
+
+    def cancel(self) -> None:
+        self.responses = []
+
+
+class _Triton:
+    requests: list = []
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+
+    def open(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+    def stream(self, request, authorization=None) -> _Call:
+        type(self).requests.append(request)
+        return _Call(_scripted(request))
+
+    async def outputs(self, model: str, authorization=None) -> frozenset[str]:
+        return frozenset({"output_ids", "output_log_probs"})
+
+
+@pytest.fixture
+def client(tmp_path, monkeypatch):
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(WORDS)}, unk_token="<unk>"))
+    tok.pre_tokenizer, tok.decoder = pre_tokenizers.WhitespaceSplit(), decoders.WordPiece()
+    tok.save(str(tmp_path / "tokenizer.json"))
+    (tmp_path / "config.json").write_text(json.dumps({"vocab_size": VOCAB, "max_position_embeddings": 64}))
+    monkeypatch.setattr(app_module, "Triton", _Triton)
+    monkeypatch.setattr(_Triton, "requests", [])
+    app = app_module.create_app(app_module.Settings("tiny", "unused:0"), LiveModel(folder=tmp_path))
+    transport = httpx.ASGITransport(app=app)
+    http = httpx.AsyncClient(transport=transport, base_url="http://test/v1")
+    return openai.AsyncOpenAI(base_url="http://test/v1", api_key="none", max_retries=0, http_client=http), http
+
+
+def _words(seed: int) -> str:
+    return " ".join(WORDS[TOKENS[(seed + j) % 4]] for j in range(1 + seed % 3))
+
+
+def test_n_chat_choices_each_with_its_seed_in_one_body(client):
+    oai, http = client
+    raw = asyncio.run(http.post("/chat/completions", json=_chat(n=3, seed=5, temperature=1, logprobs=True,
+                                                                logit_bias={"8": 3})))
+    body = ChatCompletion.model_validate(raw.json())
+    assert [c.index for c in body.choices] == [0, 1, 2]
+    assert [c.message.content for c in body.choices] == [_words(5), _words(6), _words(7)]
+    assert [len(c.logprobs.content) for c in body.choices] == [3, 1, 2]
+    prompt = _inputs(_Triton.requests[0])["input_lengths"][1][0]  # counted once, not per choice
+    assert (body.usage.prompt_tokens, body.usage.completion_tokens, body.usage.total_tokens) == (prompt, 6, prompt + 6)
+    assert [c.finish_reason for c in body.choices] == ["stop"] * 3
+    sent = [_inputs(r) for r in _Triton.requests]
+    assert [s["seed"][1] for s in sent] == [[5], [6], [7]] and all(s["embedding_bias"][1][8] == 3 for s in sent)
+    assert len({r.id for r in _Triton.requests}) == 3  # each choice its own Triton request (its own sequence)
+    # The seed reproduces every choice.
+    again = asyncio.run(oai.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], n=3,
+                                                    seed=5, temperature=1))
+    assert [c.message.content for c in again.choices] == [c.message.content for c in body.choices]
+
+
+def test_greedy_n_gives_n_equal_choices(client):
+    oai, _ = client
+    out = asyncio.run(oai.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], n=2,
+                                                  temperature=0, max_tokens=4))
+    assert [c.message.content for c in out.choices] == ["red green blue sky"] * 2
+    assert [c.finish_reason for c in out.choices] == ["length"] * 2 and out.usage.completion_tokens == 8
+
+
+def test_n_chat_choices_stream_by_index_and_the_client_assembles_them(client):
+    oai, _ = client
+
+    async def go():
+        stream = await oai.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], n=3,
+                                                   seed=5, temperature=1, logprobs=True, stream=True,
+                                                   stream_options={"include_usage": True})
+        return [c async for c in stream]
+
+    chunks = asyncio.run(go())
+    state = ChatCompletionStreamState()
+    for chunk in chunks:
+        state.handle_chunk(chunk)
+    final = state.get_final_completion()
+    assert [c.index for c in final.choices] == [0, 1, 2]
+    assert [c.message.content for c in final.choices] == [_words(5), _words(6), _words(7)]
+    assert [[t.logprob for t in c.logprobs.content] for c in final.choices] == [[-0.5, -1.0, -1.5], [-0.5],
+                                                                                [-0.5, -1.0]]
+    assert [c.finish_reason for c in final.choices] == ["stop"] * 3
+    assert all(len(c.choices) == 1 for c in chunks[:-1])  # one choice per chunk
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 6
+    roles = [c.choices[0].index for c in chunks if c.choices and c.choices[0].delta.role == "assistant"]
+    assert sorted(roles) == [0, 1, 2]
+
+
+def test_n_completions_streamed_and_not(client):
+    oai, http = client
+    raw = asyncio.run(http.post("/completions", json=_cmpl(n=2, seed=1, temperature=1, logprobs=0)))
+    body = Completion.model_validate(raw.json())
+    assert [(c.index, c.text) for c in body.choices] == [(0, _words(1)), (1, _words(2))]
+    assert [c.logprobs.token_logprobs for c in body.choices] == [[-0.5, -1.0], [-0.5, -1.0, -1.5]]
+    assert [c.logprobs.text_offset for c in body.choices] == [[0, 5], [0, 4, 7]]  # logprobs.py's offsets, per choice
+    assert body.usage.completion_tokens == 5
+
+    async def go():
+        stream = await oai.completions.create(model="tiny", prompt="hi", n=2, seed=1, temperature=1, logprobs=0,
+                                              stream=True)
+        return [c async for c in stream]
+
+    texts, offsets, finish = {0: "", 1: ""}, {0: [], 1: []}, {}
+    for chunk in asyncio.run(go()):
+        assert isinstance(chunk, Completion)  # as the client parsed it (a chunk's finish_reason is None until its end)
+        (choice,) = chunk.choices
+        texts[choice.index] += choice.text
+        if choice.logprobs is not None:
+            offsets[choice.index] += choice.logprobs.text_offset
+        if choice.finish_reason:
+            finish[choice.index] = choice.finish_reason
+    assert texts == {0: _words(1), 1: _words(2)} and offsets == {0: [0, 5], 1: [0, 4, 7]}
+    assert finish == {0: "stop", 1: "stop"}
+
+
+def test_n_is_refused_before_any_stream_opens(client):
+    oai, _ = client
+    with pytest.raises(openai.BadRequestError) as err:
+        asyncio.run(oai.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], n=9))
+    assert err.value.body["param"] == "n" and not _Triton.requests
+    with pytest.raises(openai.BadRequestError) as err:
+        asyncio.run(oai.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], n=2,
+                                                logit_bias={"12": 1}))
+    assert err.value.body["param"] == "logit_bias" and not _Triton.requests
