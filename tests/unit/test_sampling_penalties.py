@@ -375,3 +375,42 @@ def test_n_is_refused_before_any_stream_opens(client):
         asyncio.run(oai.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], n=2,
                                                 logit_bias={"12": 1}))
     assert err.value.body["param"] == "logit_bias" and not _Triton.requests
+
+
+# ---------------------------------------------------------------- the reference `tensorrt_llm` model reads them
+
+from test_reference_top_log_probs import _Request, _Sender, served  # noqa: E402,F401 -- the installed model.py
+
+
+def _model_request(n: int, streaming: bool = False, **extra) -> _Request:
+    return _Request(input_ids=np.array([PROMPT], np.int32), input_lengths=np.array([[len(PROMPT)]], np.int32),
+                    request_output_len=np.array([[n]], np.int32), streaming=np.array([[streaming]]),
+                    end_id=np.array([[NO_END]], np.int32), **extra)
+
+
+def test_the_reference_model_reads_tensorrt_llms_penalty_and_bias_inputs(served):
+    module, triton, _ = served
+    bias = np.zeros((1, 2048), np.float32)
+    bias[0, 777] = 100.0
+    request = _model_request(5, presence_penalty=np.array([[0.25]], np.float32),
+                             frequency_penalty=np.array([[-0.5]], np.float32), embedding_bias=bias)
+    (job,) = module._parse(request, (NO_END, 0, []), True, {})
+    assert job.kwargs["presence_penalty"] == 0.25 and job.kwargs["frequency_penalty"] == -0.5
+    assert job.kwargs["embedding_bias"].tolist() == bias[0].tolist()
+    out = {t.name: t.value for t in triton._full_output(request, [job])}
+    assert out["output_ids"].reshape(-1).tolist() == [777] * 5
+    sender = _Sender()
+    triton._stream(request, module._parse(_model_request(3, True, embedding_bias=bias), (NO_END, 0, []), True,
+                                          {})[0], sender)
+    assert [int(r.tensors["output_ids"].reshape(-1)[0]) for r in sender.responses] == [777] * 3
+    plain = module._parse(_model_request(5), (NO_END, 0, []), True, {})[0].kwargs
+    assert (plain["presence_penalty"], plain["frequency_penalty"], plain["embedding_bias"]) == (0.0, 0.0, None)
+
+
+def test_the_reference_model_refuses_a_bias_of_the_wrong_shape(served):
+    module, triton, _ = served
+    with pytest.raises(module.RequestError, match="embedding_bias has shape"):
+        module._parse(_model_request(2, embedding_bias=np.zeros((2, 2048), np.float32)), (NO_END, 0, []), True, {})
+    request = _model_request(2, embedding_bias=np.zeros((1, 5), np.float32))
+    with pytest.raises(module.RequestError, match="embedding_bias has 5 values"):
+        triton._full_output(request, module._parse(request, (NO_END, 0, []), True, {}))
