@@ -414,3 +414,25 @@ def test_the_reference_model_refuses_a_bias_of_the_wrong_shape(served):
     request = _model_request(2, embedding_bias=np.zeros((1, 5), np.float32))
     with pytest.raises(module.RequestError, match="embedding_bias has 5 values"):
         triton._full_output(request, module._parse(request, (NO_END, 0, []), True, {}))
+
+
+def test_the_llmapi_stand_in_hands_the_penalties_to_the_runtime(monkeypatch):
+    """The pytorch target's CPU stand-in (STAND-IN, not TensorRT-LLM) serves what the service now sends it."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    from test_reference_top_log_probs import _pb_utils
+
+    import stoker.triton.models as models
+
+    monkeypatch.setitem(sys.modules, "triton_python_backend_utils", _pb_utils())
+    monkeypatch.setattr(sys, "path", list(sys.path))  # the model puts its own folder first
+    spec = importlib.util.spec_from_file_location("llmapi_standin", Path(models.__file__).parent / "llmapi.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    got = module._runtime_kwargs({"frequency_penalty": 0.5, "presence_penalty": -1.0, "top_k": 1})
+    assert (got["frequency_penalty"], got["presence_penalty"]) == (0.5, -1.0)
+    assert module._runtime_kwargs({})["presence_penalty"] == 0.0
+    with pytest.raises(module.RequestError, match="best_of"):
+        module._runtime_kwargs({"best_of": 2})
