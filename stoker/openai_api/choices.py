@@ -64,10 +64,15 @@ async def _texts(gs: list[Any]) -> list[str]:
         return "".join([p async for p in g.pieces()])
 
     try:
-        return list(await asyncio.gather(*(whole(g) for g in gs)))
+        # Every choice runs to its end (or failure) before one failure is raised: none is left reading unwatched.
+        results = await asyncio.gather(*(whole(g) for g in gs), return_exceptions=True)
     finally:
         for g in gs:
             g.close()
+    failed = next((r for r in results if isinstance(r, BaseException)), None)
+    if failed is not None:
+        raise failed
+    return list(results)
 
 
 def _usage_on(req: m._Request) -> bool:
@@ -90,7 +95,7 @@ def _event_stream(gs: list[Any], head: m.Head, obj: str, usage_on: bool, opening
                 # Taken here, while the choice's stream waits at this piece, so its log probs go with its text.
                 await queue.put((i, piece, g.take_scored()))
             await queue.put((i, None, g.take_scored()))
-        except m.ApiError as err:
+        except Exception as err:  # noqa: BLE001 -- handed to the reader, which ends the stream with it
             await queue.put((i, err, None))
 
     async def rest() -> AsyncGenerator[bytes, None]:
@@ -99,8 +104,8 @@ def _event_stream(gs: list[Any], head: m.Head, obj: str, usage_on: bool, opening
             left = len(gs)
             while left:
                 i, item, scored = await queue.get()
-                if isinstance(item, m.ApiError):
-                    raise item
+                if isinstance(item, Exception):
+                    raise item  # an ApiError becomes the error event below, as in app._event_stream
                 if item is None:
                     left -= 1
                     yield m.sse(_indexed(chunks[i](None, gs[i].finish, scored), i))

@@ -436,3 +436,27 @@ def test_the_llmapi_stand_in_hands_the_penalties_to_the_runtime(monkeypatch):
     assert module._runtime_kwargs({})["presence_penalty"] == 0.0
     with pytest.raises(module.RequestError, match="best_of"):
         module._runtime_kwargs({"best_of": 2})
+
+
+def test_a_choice_that_fails_fails_the_answer_and_closes_the_others(client, monkeypatch):
+    from tritonclient.grpc import service_pb2
+
+    oai, http = client
+    calls: list[_Call] = []
+
+    def stream(self, request, authorization=None):
+        type(self).requests.append(request)
+        responses = _scripted(request)
+        if _inputs(request)["seed"][1][0] == 41:  # choice 1 of seed 40: its second response is the backend's error
+            failed = service_pb2.ModelStreamInferResponse(error_message="boom")
+            responses = responses[:1] + [failed]
+        calls.append(_Call(responses))
+        return calls[-1]
+
+    monkeypatch.setattr(_Triton, "stream", stream)
+    whole = asyncio.run(http.post("/chat/completions", json=_chat(n=3, seed=40, temperature=1)))
+    assert whole.status_code == 500 and "boom" in whole.json()["error"]["message"]
+    assert all(call.done() for call in calls)
+    streamed = asyncio.run(http.post("/chat/completions", json=_chat(n=3, seed=40, temperature=1, stream=True)))
+    events = [line.removeprefix("data: ") for line in streamed.text.split("\n\n") if line]
+    assert events[-1] == "[DONE]" and "boom" in json.loads(events[-2])["error"]["message"]
