@@ -63,16 +63,19 @@ async def _texts(gs: list[Any]) -> list[str]:
     async def whole(g) -> str:
         return "".join([p async for p in g.pieces()])
 
+    tasks = [asyncio.ensure_future(whole(g)) for g in gs]
     try:
-        # Every choice runs to its end (or failure) before one failure is raised: none is left reading unwatched.
-        results = await asyncio.gather(*(whole(g) for g in gs), return_exceptions=True)
+        # The first failure ends the answer: the other choices' streams are cancelled, not run to their end.
+        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
     finally:
+        for task in tasks:
+            task.cancel()
         for g in gs:
             g.close()
-    failed = next((r for r in results if isinstance(r, BaseException)), None)
+    failed = next((t.exception() for t in tasks if t in done and t.exception() is not None), None)
     if failed is not None:
         raise failed
-    return list(results)
+    return [t.result() for t in tasks]
 
 
 def _usage_on(req: m._Request) -> bool:
