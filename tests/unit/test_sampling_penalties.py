@@ -4,15 +4,31 @@ stoker/runtime/generate.py's docstring)."""
 
 from __future__ import annotations
 
+import asyncio
+import json
+
+import numpy as np
 import pytest
 import torch
 
 transformers = pytest.importorskip("transformers")
+openai = pytest.importorskip("openai")
 
-from test_runtime import NO_END, PROMPT, hf_model, our_logits, write_artifact
+import httpx  # noqa: E402
+from openai.lib.streaming.chat import ChatCompletionStreamState  # noqa: E402
+from openai.types import Completion  # noqa: E402
+from openai.types.chat import ChatCompletion  # noqa: E402
+from test_reference_top_log_probs import _Request, _Sender, served  # noqa: E402,F401 -- the installed model.py
+from test_runtime import NO_END, PROMPT, hf_model, our_logits, write_artifact  # noqa: E402
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers  # noqa: E402
 
-from stoker.runtime.generate import Record, generate
-from stoker.runtime.model import load_model
+from stoker.openai_api import app as app_module  # noqa: E402
+from stoker.openai_api import choices  # noqa: E402
+from stoker.openai_api import mapping as m  # noqa: E402
+from stoker.openai_api import triton_stream  # noqa: E402
+from stoker.openai_api.served_model import LiveModel  # noqa: E402
+from stoker.runtime.generate import Record, generate  # noqa: E402
+from stoker.runtime.model import load_model  # noqa: E402
 
 TOL = 1e-4
 
@@ -99,24 +115,6 @@ def test_invalid_bias_or_penalty_fails_before_compute(ours, kwargs, message) -> 
 
 
 # ---------------------------------------------------------------- the OpenAI service: requests and their 400s
-
-import asyncio  # noqa: E402
-import json  # noqa: E402
-
-import numpy as np  # noqa: E402
-
-openai = pytest.importorskip("openai")
-import httpx  # noqa: E402
-from openai.lib.streaming.chat import ChatCompletionStreamState  # noqa: E402
-from openai.types import Completion  # noqa: E402
-from openai.types.chat import ChatCompletion  # noqa: E402
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers  # noqa: E402
-
-from stoker.openai_api import app as app_module  # noqa: E402
-from stoker.openai_api import choices  # noqa: E402
-from stoker.openai_api import mapping as m  # noqa: E402
-from stoker.openai_api import triton_stream  # noqa: E402
-from stoker.openai_api.served_model import LiveModel  # noqa: E402
 
 WORDS = ["<unk>", "<s>", "</s>", "user", ":", "assistant", "hi", "red", "green", "blue", "sky", "is"]
 VOCAB = len(WORDS)
@@ -379,8 +377,6 @@ def test_n_is_refused_before_any_stream_opens(client):
 
 # ---------------------------------------------------------------- the reference `tensorrt_llm` model reads them
 
-from test_reference_top_log_probs import _Request, _Sender, served  # noqa: E402,F401 -- the installed model.py
-
 
 def _model_request(n: int, streaming: bool = False, **extra) -> _Request:
     return _Request(input_ids=np.array([PROMPT], np.int32), input_lengths=np.array([[len(PROMPT)]], np.int32),
@@ -388,7 +384,7 @@ def _model_request(n: int, streaming: bool = False, **extra) -> _Request:
                     end_id=np.array([[NO_END]], np.int32), **extra)
 
 
-def test_the_reference_model_reads_tensorrt_llms_penalty_and_bias_inputs(served):
+def test_the_reference_model_reads_tensorrt_llms_penalty_and_bias_inputs(served):  # noqa: F811
     module, triton, _ = served
     bias = np.zeros((1, 2048), np.float32)
     bias[0, 777] = 100.0
@@ -407,7 +403,7 @@ def test_the_reference_model_reads_tensorrt_llms_penalty_and_bias_inputs(served)
     assert (plain["presence_penalty"], plain["frequency_penalty"], plain["embedding_bias"]) == (0.0, 0.0, None)
 
 
-def test_the_reference_model_refuses_a_bias_of_the_wrong_shape(served):
+def test_the_reference_model_refuses_a_bias_of_the_wrong_shape(served):  # noqa: F811
     module, triton, _ = served
     with pytest.raises(module.RequestError, match="embedding_bias has shape"):
         module._parse(_model_request(2, embedding_bias=np.zeros((2, 2048), np.float32)), (NO_END, 0, []), True, {})
