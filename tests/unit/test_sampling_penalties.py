@@ -104,6 +104,23 @@ def test_off_values_leave_greedy_output_as_it_was(ours) -> None:
     assert off == plain and off_record.log_probs == plain_record.log_probs
 
 
+def test_in_the_in_flight_batch_each_sequence_keeps_its_own_penalties_and_bias(ours) -> None:
+    """A penalised, a biased and a plain sequence decoded together give what each gives alone (greedy)."""
+    from stoker.runtime.batch import Batcher
+
+    bias = torch.zeros(ours.vocab_size)
+    bias[5] = 4.0
+    asks = [{"presence_penalty": 1.5, "frequency_penalty": 0.5}, {"embedding_bias": bias}, {}]
+    alone = [list(generate(ours, PROMPT, 10, end_id=NO_END, **kw)) for kw in asks]
+    batcher = Batcher(ours, max_batch=3).start()
+    try:
+        streams = [batcher.submit(PROMPT, 10, NO_END, **kw) for kw in asks]
+        assert [list(s) for s in streams] == alone
+    finally:
+        batcher.stop()
+    assert len({tuple(a) for a in alone}) == 3
+
+
 @pytest.mark.parametrize("kwargs, message", [
     ({"embedding_bias": [0.0] * 5}, "embedding_bias has 5 values"),
     ({"embedding_bias": [float("nan")] * 2048}, "not finite"),
