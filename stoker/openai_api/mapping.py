@@ -1,6 +1,6 @@
 """OpenAI's API ⇄ Triton's `tensorrt_llm` model: requests, streamed token ids, text, response bodies. Pure.
 
-A request maps 1:1 onto one streamed request to `tensorrt_llm` (TensorRT-LLM's tensor interface,
+A request maps onto one streamed request to `tensorrt_llm` per choice (TensorRT-LLM's tensor interface,
 stoker/triton/models/tensorrt_llm.py): the prompt's token ids in, one response per generated token
 out. Token ids travel both ways, so ``usage`` counts what the model read and wrote, with no text
 round trip; the end ids and stop ids of the build are the model's own defaults (its
