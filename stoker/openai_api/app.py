@@ -28,7 +28,7 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from . import logprobs as lp
 from . import mapping as m
-from . import structured, tools, triton_stream
+from . import choices, structured, tools, triton_stream
 from .served_model import LiveModel, ServedModel
 from .sse import EventStream
 
@@ -429,6 +429,15 @@ def create_app(settings: Settings, live: LiveModel) -> FastAPI:
         gen = triton_stream.plan(req, ids, model.context_len, seed=secrets.randbits(63), interface=interface,
                                  prompt_text=text, max_input_len=model.max_input_len)
         gen = dataclasses.replace(gen, guide=guide)
+        if use is not None and use.active and (req.n or 1) > 1:
+            raise m.bad_request(f"n = {req.n} with tools is not supported: a tool call is answered as one choice "
+                                "(n = 1).", "n", "unsupported_value")
+        # Penalties, logit_bias and a seed per choice (choices.py); n > 1 is answered there.
+        gens = choices.generations(req, gen, model.vocab_size, interface)
+        gen = gens[0]
+        if len(gens) > 1:
+            return await choices.chat(req, gens, lambda one: run(req, one, model, "chatcmpl", request, adapter,
+                                                                 req.model), model)
         g, head = await run(req, gen, model, "chatcmpl", request, adapter, req.model)
 
         def chat_logprobs(scored: list[lp.Scored] | None) -> dict | None:
@@ -464,6 +473,12 @@ def create_app(settings: Settings, live: LiveModel) -> FastAPI:
                                  interface=interface, prompt_text=prompt if isinstance(prompt, str) else None,
                                  max_input_len=model.max_input_len)
         gen = dataclasses.replace(gen, guide=guide)
+        # Penalties, logit_bias and a seed per choice (choices.py); n > 1 is answered there.
+        gens = choices.generations(req, gen, model.vocab_size, interface)
+        gen = gens[0]
+        if len(gens) > 1:
+            return await choices.completions(req, gens, lambda one: run(req, one, model, "cmpl", request, adapter,
+                                                                        req.model), model)
         g, head = await run(req, gen, model, "cmpl", request, adapter, req.model)
         if not req.stream:
             text = "".join([p async for p in g.pieces()])

@@ -1,6 +1,6 @@
 """OpenAI's API ⇄ Triton's `tensorrt_llm` model: requests, streamed token ids, text, response bodies. Pure.
 
-A request maps 1:1 onto one streamed request to `tensorrt_llm` (TensorRT-LLM's tensor interface,
+A request maps onto one streamed request to `tensorrt_llm` per choice (TensorRT-LLM's tensor interface,
 stoker/triton/models/tensorrt_llm.py): the prompt's token ids in, one response per generated token
 out. Token ids travel both ways, so ``usage`` counts what the model read and wrote, with no text
 round trip; the end ids and stop ids of the build are the model's own defaults (its
@@ -14,7 +14,10 @@ stoker_runtime.json), exactly as through the ensemble.
     stop                      matched in the detokenized text here; the stream is cancelled at a match
     min_tokens, ignore_eos    min_tokens INT32 [1, 1] (vLLM's extra fields; ignore_eos: min_tokens = max_tokens):
                               the end id cannot end the output sooner; stop ids and stop sequences still do
-    n                         1 only
+    n                         1..MAX_CHOICES: one such request per choice (choices.py), seed + index each
+    presence_penalty,         presence_penalty, frequency_penalty FP32 [1, 1] (TensorRT-LLM's kernel: the prompt's
+    frequency_penalty         tokens count too, unlike OpenAI's definition; sampling.py)
+    logit_bias                embedding_bias FP32 [1, vocab]: each named token's bias, 0 elsewhere (sampling.py)
     logprobs, top_logprobs    return_log_probs BOOL [1, 1] → output_log_probs; k alternatives: return_top_log_probs
                               INT32 [1, 1] → top_log_prob_ids, top_log_probs (the reference model's own: logprobs.py)
     response_format           guided_decoding_guide_type, guided_decoding_guide BYTES [1, 1] (structured.py)
@@ -28,6 +31,10 @@ With TensorRT-LLM's LLM-API model (`llmapi` layout, triton_stream.llmapi_request
     max_tokens                sampling_param_max_tokens INT32
     temperature, top_p, seed  sampling_param_temperature FP32, sampling_param_top_p FP32, sampling_param_seed UINT64;
                               greedy (temperature or top_p 0): sampling_param_top_k INT32 = 1 and none of them
+    presence_penalty,         sampling_param_presence_penalty, sampling_param_frequency_penalty FP32
+    frequency_penalty
+    logit_bias                refused (400): the model (1.2.1) has no bias input
+    n                         one request per choice, as for the ensemble
     (always)                  streaming, sampling_param_exclude_input_from_output, return_finish_reason: true
     stop                      cut here from the text (not sent: see llmapi_request)
     min_tokens, ignore_eos    refused (400): the model has no such input
@@ -58,13 +65,13 @@ DEFAULT_CHAT_MAX_TOKENS = 1024
 MAX_STOP_SEQUENCES = 4
 ROLES = ("system", "developer", "user", "assistant", "tool")
 UINT64_MASK = (1 << 64) - 1
+# The most choices (`n`) one request may ask for: each is a sequence of its own in the backend's in-flight batch
+# (choices.py), and 8 is the reference model's default batch, so one request cannot queue behind itself there.
+MAX_CHOICES = 8
 
 # Parameters of OpenAI's API this server does not implement: refused unless they carry a value that
 # means "off", so a client never silently gets something other than what it asked for.
 UNSUPPORTED = {
-    "frequency_penalty": (None, 0),
-    "presence_penalty": (None, 0),
-    "logit_bias": (None, {}),
     "functions": (None, []),
     "function_call": (None, "none"),
     "best_of": (None, 1),
@@ -140,6 +147,10 @@ class _Request(_Loose):
     n: StrictInt | None = None
     stream: StrictBool | None = False
     stream_options: StreamOptions | None = None
+    # OpenAI's ranges; mapped onto TensorRT-LLM's presence_penalty / frequency_penalty / embedding_bias (sampling.py).
+    frequency_penalty: Annotated[float, Field(ge=-2, le=2)] | None = None
+    presence_penalty: Annotated[float, Field(ge=-2, le=2)] | None = None
+    logit_bias: dict[StrictStr, Annotated[float, Field(ge=-100, le=100)]] | None = None
     # vLLM's extensions, honoured because benchmarks (AIPerf, stoker bench) send them for an exact output length.
     min_tokens: StrictInt | None = None
     ignore_eos: StrictBool | None = None
@@ -217,8 +228,9 @@ def _common_checks(obj: dict, req: _Request) -> None:
     if req.n is not None and req.n != 1:
         if req.n < 1:
             raise bad_request(f"Invalid value for 'n': {req.n} is less than the minimum of 1.", "n")
-        raise bad_request(f"n = {req.n} is not supported: this server returns one choice per request (n = 1).",
-                          "n", "unsupported_value")
+        if req.n > MAX_CHOICES:
+            raise bad_request(f"n = {req.n} is not supported: this server returns at most {MAX_CHOICES} choices per "
+                              "request.", "n", "unsupported_value")
     stops = [req.stop] if isinstance(req.stop, str) else (req.stop or [])
     if len(stops) > MAX_STOP_SEQUENCES:
         raise bad_request(f"'stop' has {len(stops)} sequences; at most {MAX_STOP_SEQUENCES} are allowed.", "stop")

@@ -47,6 +47,10 @@ class Generation:
     lora_task_id: int | None = None  # a LoRA adapter of the build (its task id); None: the base model
     log_probs: int | None = None  # log probs with this many alternatives per token (logprobs.asked); None: none
     guide: Guide | None = None  # structured output (response_format): TensorRT-LLM's guided-decoding inputs
+    # TensorRT-LLM's penalties (0: off) and embedding_bias, FP32 little-endian [vocab] raw bytes (sampling.py)
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    embedding_bias: bytes | None = None
 
 
 def plan(req: _Request, input_ids: Sequence[int], context_len: int | None, *, seed: int,
@@ -143,6 +147,11 @@ def triton_request(gen: Generation, request_id: str, model: str = MODEL_NAME) ->
         _tensor(r, "min_tokens", "INT32", [1, 1], np.int32(gen.min_tokens).astype("<i4").tobytes())
     if gen.lora_task_id is not None:
         _tensor(r, "lora_task_id", "UINT64", [1, 1], np.uint64(gen.lora_task_id).astype("<u8").tobytes())
+    for name, value in (("presence_penalty", gen.presence_penalty), ("frequency_penalty", gen.frequency_penalty)):
+        if value:
+            _tensor(r, name, "FP32", [1, 1], np.float32(value).astype("<f4").tobytes())
+    if gen.embedding_bias is not None:
+        _tensor(r, "embedding_bias", "FP32", [1, len(gen.embedding_bias) // 4], gen.embedding_bias)
     for name, raw in gen.guide.tensors() if gen.guide is not None else ():
         _tensor(r, name, "BYTES", [1, 1], raw)
     r.outputs.add().name = "output_ids"
@@ -200,6 +209,11 @@ def llmapi_request(gen: Generation, request_id: str, model: str = LLMAPI_MODEL) 
         _scalar(r, i.temperature, "FP32", gen.temperature)
         _scalar(r, i.top_p, "FP32", gen.top_p)
         _scalar(r, i.seed, "UINT64", gen.seed)
+    for name, value in ((i.presence_penalty, gen.presence_penalty), (i.frequency_penalty, gen.frequency_penalty)):
+        if value:
+            _scalar(r, name, "FP32", value)
+    if gen.embedding_bias is not None:
+        raise ValueError(f"the {i.layout} interface has no bias input (sampling.fields refuses logit_bias for it)")
     r.outputs.add().name = i.text_output
     if i.finish_reason:
         r.outputs.add().name = i.finish_reason

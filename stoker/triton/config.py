@@ -47,6 +47,11 @@ MODEL_IN: tuple[Tensor, ...] = (
     ("exclude_input_in_output", "TYPE_BOOL", (1,), True),
     ("min_tokens", "TYPE_INT32", (1,), True),
     ("stop_words_list", "TYPE_INT32", (2, -1), True),
+    # OpenAI's presence/frequency penalties and logit_bias (a [vocab] bias added to the logits), by TensorRT-LLM's
+    # names and kernel semantics (stoker_runtime.generate's docstring).
+    ("presence_penalty", "TYPE_FP32", (1,), True),
+    ("frequency_penalty", "TYPE_FP32", (1,), True),
+    ("embedding_bias", "TYPE_FP32", (-1,), True),
     ("return_log_probs", "TYPE_BOOL", (1,), True),
     ("return_context_logits", "TYPE_BOOL", (1,), True),
     ("lora_task_id", "TYPE_UINT64", (1,), True),  # TensorRT-LLM's per-request adapter: one the repository carries
@@ -89,6 +94,8 @@ ENSEMBLE_IN: tuple[Tensor, ...] = (
     ("top_p", "TYPE_FP32", (1,), True),
     ("temperature", "TYPE_FP32", (1,), True),
     ("repetition_penalty", "TYPE_FP32", (1,), True),
+    ("presence_penalty", "TYPE_FP32", (1,), True),
+    ("frequency_penalty", "TYPE_FP32", (1,), True),
     ("seed", "TYPE_UINT64", (1,), True),
     ("exclude_input_in_output", "TYPE_BOOL", (1,), True),
     ("min_tokens", "TYPE_INT32", (1,), True),  # lets a benchmark ask for an exact OSL (ignore EOS)
@@ -172,6 +179,7 @@ def ensemble(s: RepoSettings) -> mc.ModelConfig:
                           "pad_id": "_PREPROCESSOR_PAD_ID", "streaming": "stream", "runtime_top_k": "top_k",
                           "runtime_top_p": "top_p", "temperature": "temperature",
                           "repetition_penalty": "repetition_penalty", "seed": "seed",
+                          "presence_penalty": "presence_penalty", "frequency_penalty": "frequency_penalty",
                           # Like TensorRT-LLM, a non-streamed answer includes the prompt unless asked not to.
                           "exclude_input_in_output": "exclude_input_in_output", "min_tokens": "min_tokens",
                           "stop_words_list": "_STOP_WORDS_IDS", "return_log_probs": "return_log_probs",

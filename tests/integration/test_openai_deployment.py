@@ -130,7 +130,7 @@ def test_openai_api_on_the_stable_address_follows_a_switch(local_stack, triton_i
         with pytest.raises(openai.NotFoundError):
             api.chat.completions.create(model="gpt-4o", messages=MESSAGES)
         with pytest.raises(openai.BadRequestError):
-            api.chat.completions.create(model=target.name, messages=MESSAGES, n=2)
+            api.chat.completions.create(model=target.name, messages=MESSAGES, n=9)  # above 8 (MAX_CHOICES)
         # The same port still serves Triton's own API.
         req = urllib.request.Request(f"{target.endpoint['http']}/v2/models/ensemble/generate_stream",
                                      data=json.dumps({"text_input": "Hi", "max_tokens": 2}).encode(), headers=AUTH)

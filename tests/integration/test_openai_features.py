@@ -326,9 +326,86 @@ def test_bad_tool_requests_are_400s_naming_the_field(deployed) -> None:
     cases = [(dict(tools=TOOLS, tool_choice={"type": "function", "function": {"name": "fly"}}), "tool_choice"),
              (dict(tool_choice="required"), "tool_choice"),
              (dict(tools=[PAINT, PAINT]), "tools[1].function.name"),
-             (dict(tools=TOOLS, tool_choice="required", response_format=FORMAT), "tool_choice")]
+             (dict(tools=TOOLS, tool_choice="required", response_format=FORMAT), "tool_choice"),
+             (dict(tools=TOOLS, n=2), "n")]
     for extra, param in cases:
         with pytest.raises(openai.BadRequestError) as err:
             d["api"].chat.completions.create(model=d["name"], messages=ASK_TOOL, max_tokens=2, **extra)
         assert err.value.body["param"] == param, (extra, err.value.body)
         assert "\n" not in err.value.body["message"]
+
+
+# ---------------------------------------------------------------- penalties, logit_bias, n, seed (issue 50 item 4)
+
+
+def test_n_choices_each_reproduced_by_its_own_seed(deployed) -> None:
+    """Choice i samples with seed + i: the same request repeats every choice, and an n = 1 request with seed + i
+    is choice i (each choice its own sequence in the in-flight batch)."""
+    d = deployed
+    ask = dict(model=d["name"], prompt=PROMPT, max_tokens=8, temperature=1.0, seed=1234)
+    many = d["api"].completions.create(n=3, **ask)
+    assert [c.index for c in many.choices] == [0, 1, 2]
+    texts = [c.text for c in many.choices]
+    assert [c.text for c in d["api"].completions.create(n=3, **ask).choices] == texts
+    assert [d["api"].completions.create(**{**ask, "seed": 1234 + i}).choices[0].text for i in range(3)] == texts
+    single = [d["api"].completions.create(**{**ask, "seed": 1234 + i}) for i in range(3)]
+    assert many.usage.completion_tokens == sum(s.usage.completion_tokens for s in single)
+    assert many.usage.prompt_tokens == single[0].usage.prompt_tokens
+    # Streamed: every chunk names its choice; put together per index they are the same texts.
+    got: dict[int, str] = {}
+    finished = set()
+    for chunk in d["api"].chat.completions.create(model=d["name"], messages=MESSAGES, max_tokens=6, temperature=1.0,
+                                                  seed=99, n=2, stream=True):
+        for c in chunk.choices:
+            got[c.index] = got.get(c.index, "") + (c.delta.content or "")
+            if c.finish_reason:
+                finished.add(c.index)
+    whole = d["api"].chat.completions.create(model=d["name"], messages=MESSAGES, max_tokens=6, temperature=1.0,
+                                             seed=99, n=2)
+    assert finished == {0, 1} and [got[0], got[1]] == [c.message.content for c in whole.choices]
+
+
+def _greedy_with(d, prompt_ids: list[int], n: int, bias: dict[int, float], presence: float, frequency: float):
+    """Greedy tokens from transformers' logits with TensorRT-LLM's rule (penaltyKernels.cu, as the reference runtime
+    follows it): bias added, then each token seen c > 0 times in prompt and output loses presence + c * frequency."""
+    ids = list(prompt_ids)
+    for _ in range(n):
+        with torch.no_grad():
+            logits = d["model"](input_ids=torch.tensor([ids])).logits[0, -1].float()
+        for token, value in bias.items():
+            logits[token] += value
+        counts = torch.bincount(torch.tensor(ids), minlength=logits.shape[0]).float()
+        logits -= (counts > 0).float() * presence + counts * frequency
+        ids.append(int(torch.argmax(logits)))
+    return ids[len(prompt_ids):]
+
+
+def test_penalties_and_logit_bias_follow_the_engines_rule(deployed) -> None:
+    d = deployed
+    prompt = d["tok"].encode(PROMPT).ids
+    ask = dict(model=d["name"], prompt=prompt, max_tokens=6, temperature=0, logprobs=0, extra_body={"min_tokens": 6})
+
+    def tokens(**extra) -> list[str]:  # each token's text, as the legacy log probs name them
+        return d["api"].completions.create(**{**ask, **extra}).choices[0].logprobs.tokens
+
+    def texts(ids: list[int]) -> list[str]:
+        return [_text(d, t) for t in ids]
+
+    expected = _greedy_with(d, prompt, 6, {}, 0.0, 0.0)
+    assert tokens() == texts(expected)
+    banned = expected[0]
+    assert tokens(logit_bias={str(banned): -100}) == texts(_greedy_with(d, prompt, 6, {banned: -100.0}, 0.0, 0.0))
+    assert tokens(logit_bias={str(banned): -100})[0] != _text(d, banned)
+    forced = 300  # any id of the tiny vocabulary (2048)
+    assert tokens(logit_bias={str(forced): 100}) == texts([forced] * 6)
+    assert tokens(presence_penalty=1.5, frequency_penalty=0.5) == texts(_greedy_with(d, prompt, 6, {}, 1.5, 0.5))
+    assert tokens(presence_penalty=1.5, frequency_penalty=0.5) != tokens()  # the penalty changed the answer here
+
+
+def test_bad_sampling_requests_are_400s_naming_the_field(deployed) -> None:
+    d = deployed
+    for extra, param in [(dict(n=9), "n"), (dict(presence_penalty=2.5), "presence_penalty"),
+                         (dict(logit_bias={"999999": 1}), "logit_bias"), (dict(logit_bias={"1": 101}), "logit_bias")]:
+        with pytest.raises(openai.BadRequestError) as err:
+            d["api"].completions.create(model=d["name"], prompt=PROMPT, max_tokens=2, **extra)
+        assert err.value.body["param"] == param, (extra, err.value.body)

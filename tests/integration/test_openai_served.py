@@ -239,7 +239,7 @@ def test_model_chat_template(served):
 
 
 @pytest.mark.parametrize("kwargs, param", [
-    (dict(n=2), "n"),
+    (dict(n=9), "n"),  # above MAX_CHOICES (8)
     (dict(max_tokens=0), "max_tokens"),
     (dict(max_tokens=-3), "max_tokens"),
     (dict(max_tokens=10**6), "max_tokens"),

@@ -9,6 +9,8 @@ and our token-by-token loop.
 Inputs (leading batch dim): input_ids INT32 [-1], input_lengths INT32 [1], request_output_len
 INT32 [1]; optional end_id, pad_id INT32 [1], streaming BOOL [1], temperature FP32 [1],
 runtime_top_k INT32 [1], runtime_top_p FP32 [1], repetition_penalty FP32 [1], seed UINT64 [1],
+presence_penalty FP32 [1], frequency_penalty FP32 [1], embedding_bias FP32 [vocab] (added to the logits; penalties
+and bias as TensorRT-LLM's kernel applies them: stoker_runtime.generate's docstring),
 exclude_input_in_output BOOL [1], min_tokens INT32 [1] (end_id cannot end the output before that many tokens),
 stop_words_list INT32 [2, -1] (TensorRT-LLM's layout, see stoker_stop_words.py),
 return_log_probs BOOL [1], return_context_logits BOOL [1], return_top_log_probs INT32 [1] (stoker's own, the
@@ -166,6 +168,20 @@ def _stop_words(request: Any, batch: int, index: int) -> list[list[int]] | None:
         raise RequestError(f"stop_words_list: {exc}") from None
 
 
+def _embedding_bias(request: Any, batch: int, index: int) -> Any:
+    """Row `index` of the optional embedding_bias input (FP32 [batch, vocab]: added to the logits); None when absent
+    or empty (TensorRT-LLM's backend skips an empty one). The runtime checks its length against the vocabulary."""
+    tensor = pb_utils.get_input_tensor_by_name(request, "embedding_bias")
+    if tensor is None:
+        return None
+    values = tensor.as_numpy()
+    if values.size == 0:
+        return None
+    if values.ndim != 2 or values.shape[0] != batch:
+        raise RequestError(f"embedding_bias has shape {list(values.shape)}; expected [{batch}, vocab]")
+    return np.ascontiguousarray(values[index], np.float32)
+
+
 class _Job:
     """One sequence of a request, parsed and validated."""
 
@@ -211,6 +227,7 @@ class _Job:
             raise RequestError(str(exc)) from None
         seed = _scalar(request, "seed", batch, index)
         penalty = _scalar(request, "repetition_penalty", batch, index)
+        presence, frequency = (_scalar(request, name, batch, index) for name in ("presence_penalty", "frequency_penalty"))
         min_tokens = _scalar(request, "min_tokens", batch, index)
         self.kwargs = {
             **sampling_kwargs(
@@ -221,6 +238,9 @@ class _Job:
             "repetition_penalty": 1.0 if penalty is None else float(penalty),
             "seed": 0 if seed is None else int(seed),
             "min_new_tokens": 0 if min_tokens is None else max(0, int(min_tokens)),
+            "presence_penalty": 0.0 if presence is None else float(presence),
+            "frequency_penalty": 0.0 if frequency is None else float(frequency),
+            "embedding_bias": _embedding_bias(request, batch, index),
         }
 
     def submit(self, batcher: Batcher, grammars: Grammars) -> Stream:
