@@ -10,7 +10,10 @@ its container) in front of Triton's gRPC port, asked through the official `opena
   token's and the alternatives' log probs against transformers' log_softmax at the same positions;
 - the constraint's cost: output tokens/s per request (after its first token) and TTFT p50, json_schema vs the same
   request without it, at concurrency 1 and 4, the two kinds interleaved round by round so both see the same machine;
-- tool calls: not built yet (issue 50 item 2), reported as such.
+- tool calls (`tools` with `tool_choice` "required", with and without parallel calls, and a named function),
+  greedy and sampled: requests, share whose every call parses, names a declared function and has arguments valid
+  against that function's schema. The tiny Llama has no chat template: it is given openai_process.TOOLS_TEMPLATE
+  (the Hermes family's format, written for the tests), as test_openai_features does.
 
     python benchmarks/openai_features.py --out benchmarks/results/openai_features.json
 """
@@ -104,6 +107,47 @@ def _validity(api, model: str, n: int) -> dict:
     return out
 
 
+TOOLS = [
+    {"type": "function", "function": {"name": "get_weather", "description": "Weather in a city.", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string", "maxLength": 16},
+                                         "unit": {"enum": ["c", "f"]}},
+        "required": ["city", "unit"], "additionalProperties": False}}},
+    {"type": "function", "function": {"name": "set_alarm", "parameters": {
+        "type": "object", "properties": {"hour": {"type": "integer", "minimum": 0, "maximum": 23},
+                                         "label": {"type": "string", "maxLength": 12}},
+        "required": ["hour"]}}},
+]
+CHOICES = [("required", True), ("required", False), ({"type": "function", "function": {"name": "set_alarm"}}, True)]
+
+
+def _tool_calls(api, model: str, n: int) -> dict:
+    import jsonschema
+
+    declared = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+    valid, calls, finishes = 0, 0, {}
+    for i in range(n):
+        choice, parallel = CHOICES[i % len(CHOICES)]
+        sampling = {"temperature": 0} if i % 2 == 0 else {"temperature": 1.0, "seed": i}
+        out = api.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": PROMPTS[i % len(PROMPTS)]}], tools=TOOLS,
+            tool_choice=choice, parallel_tool_calls=parallel, max_tokens=160, **sampling).choices[0]
+        finishes[out.finish_reason] = finishes.get(out.finish_reason, 0) + 1
+        try:
+            assert out.finish_reason == "tool_calls" and out.message.tool_calls
+            for call in out.message.tool_calls:
+                jsonschema.validate(json.loads(call.function.arguments), declared[call.function.name])
+            if isinstance(choice, dict):
+                assert {c.function.name for c in out.message.tool_calls} == {choice["function"]["name"]}
+            valid += 1
+            calls += len(out.message.tool_calls)
+        except Exception:  # noqa: BLE001 -- any call that does not parse, name a tool or validate counts as invalid
+            pass
+    return {"requests": n, "valid": valid, "share_valid": round(valid / n, 4), "calls_in_valid_answers": calls,
+            "finish_reasons": finishes,
+            "tool_choices": ["required (parallel)", "required (one call)", "named set_alarm"],
+            "goal": "100 % parse and name a declared function"}
+
+
 def _logprob_error(api, model: str, ckpt: Path, tokenizer, n: int) -> dict:
     import torch
     import transformers
@@ -179,21 +223,22 @@ def main() -> int:
     import openai
     from tokenizers import Tokenizer
 
-    from openai_process import tiny_model_served
+    from openai_process import TOOLS_TEMPLATE, tiny_model_served
 
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        with tiny_model_served(root) as (_server, artifact, base):
+        with tiny_model_served(root, chat_template=TOOLS_TEMPLATE) as (_server, artifact, base):
             api = openai.OpenAI(base_url=base, api_key="unused", max_retries=0, timeout=120)
             tokenizer = Tokenizer.from_file(str(artifact / "tokenizer.json"))
             api.completions.create(model="tiny", prompt="warm", max_tokens=2, extra_body={"response_format": FORMAT})
             features = {"structured_outputs": _validity(api, "tiny", args.valid),
                         "logprobs": _logprob_error(api, "tiny", root / "ckpt", tokenizer, args.logprob_requests),
-                        "tool_calls": "not built (issue 50 item 2)"}
+                        "tool_calls": _tool_calls(api, "tiny", args.valid)}
             cost = {f"concurrency_{c}": _cost(base, "tiny", args.rounds, c) for c in (1, 4)}
     result = {
-        "what": "issue 50's OpenAI features on the reference target: schema-valid share, log-prob error vs "
-                "transformers, and a json_schema constraint's cost vs the same requests without it, interleaved",
+        "what": "issue 50's OpenAI features on the reference target: schema-valid share, forced tool calls' valid "
+                "share, log-prob error vs transformers, and a json_schema constraint's cost vs the same requests "
+                "without it, interleaved",
         "model": "stoker tiny Llama (make_tiny_model seed 0), reference build, local tritonserver 2.51.0, "
                  "OpenAI service process, no proxy",
         "machine": f"{platform.machine()}, {os.cpu_count()} cores (CPU; no GPU)", "date": time.strftime("%Y-%m-%d"),

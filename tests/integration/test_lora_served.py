@@ -55,7 +55,11 @@ def _greedy(base: Path, adapter: Path | None) -> tuple[str, list[float]]:
         out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=N, do_sample=False,
                              min_new_tokens=N, pad_token_id=tok.pad_token_id)
         new = out[0, ids.shape[1]:]
-        rows = torch.log_softmax(model(input_ids=out).logits[0, ids.shape[1] - 1: -1].float(), -1)
+        logits = model(input_ids=out).logits[0, ids.shape[1] - 1: -1].float()
+        # min_tokens = N holds the end id off at every one of these positions: the distribution drawn from (whose
+        # log-softmax the service reports, docs/serving.md) has it masked, as transformers' min_new_tokens does.
+        logits[:, tok.eos_token_id] = float("-inf")
+        rows = torch.log_softmax(logits, -1)
     return tok.decode(new, skip_special_tokens=True), rows[torch.arange(len(new)), new].tolist()
 
 
