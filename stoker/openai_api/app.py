@@ -298,17 +298,7 @@ def create_app(settings: Settings, live: LiveModel) -> FastAPI:
                 head, text, g.finish, m.usage(len(gen.input_ids), g.completion_tokens),
                 None if scored is None else lp.completion_logprobs(scored, model)))
         usage_on = _usage_on(req)
-        offset = 0  # text_offset runs on across chunks
-
-        def chunk(piece: str | None, finish: str | None, scored: list[lp.Scored] | None) -> dict:
-            nonlocal offset
-            logprobs = None
-            if scored is not None:
-                logprobs = lp.completion_logprobs(scored, model, offset)
-                offset += lp.text_length(scored, model)
-            return m.completion_chunk(head, piece or "", finish, usage_on, logprobs)
-
-        return _event_stream(g, head, "text_completion", usage_on, [], chunk)
+        return _event_stream(g, head, "text_completion", usage_on, [], lp.completion_chunker(head, usage_on, model))
 
     # Plain Starlette routes, not FastAPI's: they take the Request as it is, without FastAPI's dependency
     # resolution on the way in (tens of microseconds before the backend is asked, on every request).

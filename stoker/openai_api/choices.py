@@ -167,17 +167,5 @@ async def completions(req: m.CompletionRequest, gens: list[triton_stream.Generat
         return JSONResponse(body)
     usage_on = _usage_on(req)
 
-    def chunk_for() -> Chunk:
-        offset = 0  # text_offset runs on across one choice's chunks
-
-        def chunk(piece: str | None, finish: str | None, scored: list[lp.Scored] | None) -> dict:
-            nonlocal offset
-            logprobs = None
-            if scored is not None:
-                logprobs = lp.completion_logprobs(scored, model, offset)
-                offset += lp.text_length(scored, model)
-            return m.completion_chunk(head, piece or "", finish, usage_on, logprobs)
-
-        return chunk
-
-    return _event_stream(gs, head, "text_completion", usage_on, lambda: [], chunk_for)
+    return _event_stream(gs, head, "text_completion", usage_on, lambda: [],
+                         lambda: lp.completion_chunker(head, usage_on, model))

@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from .mapping import ApiError, ChatRequest, CompletionRequest, bad_request
+from .mapping import ApiError, ChatRequest, CompletionRequest, bad_request, completion_chunk
 
 MAX_TOP_LOGPROBS = 20  # chat's top_logprobs, as OpenAI's
 MAX_COMPLETION_LOGPROBS = 5  # the legacy completions' logprobs, as OpenAI's
@@ -139,3 +139,20 @@ def completion_logprobs(scored: Sequence[Scored], vocab: Vocabulary, offset: int
 def text_length(scored: Sequence[Scored], vocab: Vocabulary) -> int:
     """How far these tokens move ``text_offset``."""
     return sum(len(vocab.token_text(s.token)) for s in scored)
+
+
+def completion_chunker(head, usage_on: bool, vocab: Vocabulary):
+    """A maker of one completion stream's chunks (mapping.completion_chunk) whose log probs' ``text_offset`` runs
+    on across the chunks, as a whole answer's would. One per stream (per choice, with n > 1)."""
+    offset = 0
+
+    def chunk(piece: str | None, finish: str | None, scored: Sequence[Scored] | None) -> dict:
+        nonlocal offset
+        logprobs = None
+        if scored is not None:
+            logprobs = completion_logprobs(scored, vocab, offset)
+            offset += text_length(scored, vocab)
+        return completion_chunk(head, piece or "", finish, usage_on, logprobs)
+
+    return chunk
+

@@ -15,6 +15,8 @@ from tritonclient.grpc import service_pb2
 openai = pytest.importorskip("openai")
 import httpx
 
+from scripted_triton import scripted_triton
+
 from stoker.openai_api import app as app_module
 from stoker.openai_api import logprobs as lp
 from stoker.openai_api import mapping as m
@@ -156,41 +158,8 @@ def _scripted(request: service_pb2.ModelInferRequest) -> list[service_pb2.ModelS
     return out + [_response([], final=True)]
 
 
-class _Call:
-    def __init__(self, responses) -> None:
-        self.responses = list(responses)
-
-    async def read(self):
-        import grpc
-
-        return self.responses.pop(0) if self.responses else grpc.aio.EOF
-
-    def done(self) -> bool:
-        return not self.responses
-
-    def cancel(self) -> None:
-        self.responses = []
-
-
-class _Triton:
-    """What the app asks of Triton: streams, and the model's declared outputs (the reference's, or the engine's)."""
-
-    declared = frozenset({"output_ids", "output_log_probs", "top_log_prob_ids", "top_log_probs"})
-    requests: list = []
-
-    def __init__(self, url: str) -> None:
-        self.url = url
-
-    def open(self) -> None: ...
-
-    async def close(self) -> None: ...
-
-    def stream(self, request, authorization=None) -> _Call:
-        type(self).requests.append(request)
-        return _Call(_scripted(request))
-
-    async def outputs(self, model: str, authorization=None) -> frozenset[str]:
-        return type(self).declared
+# What the app asks of Triton: streams, and the model's declared outputs.
+_Triton = scripted_triton(_scripted, frozenset({"output_ids", "output_log_probs", "top_log_prob_ids", "top_log_probs"}))
 
 
 @pytest.fixture
@@ -267,7 +236,7 @@ def test_without_log_probs_nothing_changes(client):
 
 
 def test_a_backend_without_alternatives_refuses_top_logprobs_before_generating(client, monkeypatch):
-    monkeypatch.setattr(_Triton, "declared", frozenset({"output_ids", "output_log_probs"}))  # the engine's
+    monkeypatch.setattr(_Triton, "outputs_declared", frozenset({"output_ids", "output_log_probs"}))  # the engine's
     with pytest.raises(openai.BadRequestError) as err:
         _run(client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}],
                                             logprobs=True, top_logprobs=1))

@@ -22,6 +22,8 @@ from test_reference_top_log_probs import _Request, _Sender, served  # noqa: E402
 from test_runtime import NO_END, PROMPT, hf_model, our_logits, write_artifact  # noqa: E402
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers  # noqa: E402
 
+from scripted_triton import ScriptedCall, scripted_triton
+
 from stoker.openai_api import app as app_module  # noqa: E402
 from stoker.openai_api import choices  # noqa: E402
 from stoker.openai_api import mapping as m  # noqa: E402
@@ -248,39 +250,8 @@ def _scripted(request) -> list:
         _response([], final=True)]
 
 
-class _Call:
-    def __init__(self, responses) -> None:
-        self.responses = list(responses)
-
-    async def read(self):
-        import grpc
-
-        await asyncio.sleep(0)  # the choices' streams interleave, as real ones do
-        return self.responses.pop(0) if self.responses else grpc.aio.EOF
-
-    def done(self) -> bool:
-        return not self.responses
-
-    def cancel(self) -> None:
-        self.responses = []
-
-
-class _Triton:
-    requests: list = []
-
-    def __init__(self, url: str) -> None:
-        self.url = url
-
-    def open(self) -> None: ...
-
-    async def close(self) -> None: ...
-
-    def stream(self, request, authorization=None) -> _Call:
-        type(self).requests.append(request)
-        return _Call(_scripted(request))
-
-    async def outputs(self, model: str, authorization=None) -> frozenset[str]:
-        return frozenset({"output_ids", "output_log_probs"})
+# What the app asks of Triton: streams, and the model's declared outputs.
+_Triton = scripted_triton(_scripted, frozenset({"output_ids", "output_log_probs"}))
 
 
 @pytest.fixture
@@ -455,7 +426,7 @@ def test_a_choice_that_fails_fails_the_answer_and_closes_the_others(client, monk
     from tritonclient.grpc import service_pb2
 
     oai, http = client
-    calls: list[_Call] = []
+    calls: list[ScriptedCall] = []
 
     def stream(self, request, authorization=None):
         type(self).requests.append(request)
@@ -463,7 +434,7 @@ def test_a_choice_that_fails_fails_the_answer_and_closes_the_others(client, monk
         if _inputs(request)["seed"][1][0] == 41:  # choice 1 of seed 40: its second response is the backend's error
             failed = service_pb2.ModelStreamInferResponse(error_message="boom")
             responses = responses[:1] + [failed]
-        calls.append(_Call(responses))
+        calls.append(ScriptedCall(responses))
         return calls[-1]
 
     monkeypatch.setattr(_Triton, "stream", stream)
