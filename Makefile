@@ -37,8 +37,12 @@ $(VENV)/.pip:
 # are left out (-x). compileall's status is ignored, as pip ignores it: some wheels ship files for newer Pythons
 # (torch's py312_intrinsics.py), and a file left uncompiled is only compiled at import. Python checks each .pyc
 # against its source, so an edit after this is compiled afresh, never served stale.
-$(VENV)/.installed: pyproject.toml $(VENV)/.pip
+# xgrammar and its FFI layer without dependencies: its `triton` requirement is a GPU kernel compiler it never uses
+# on CPU (infra/image/rootfs-setup.sh says the same for the image; both read infra/image/versions.env).
+$(VENV)/.installed: pyproject.toml infra/image/versions.env $(VENV)/.pip
 	$(PY) -m pip install -q --no-compile -e '.[heavy,stack]'
+	. infra/image/versions.env && $(PY) -m pip install -q --no-compile --no-deps \
+	  "xgrammar==$$XGRAMMAR_VERSION" "apache-tvm-ffi==$$APACHE_TVM_FFI_VERSION"
 	$(PY) -m compileall -q -j 0 -x '/tests/' "$$($(PY) -c 'import sysconfig; print(sysconfig.get_path("purelib"))')" \
 	  stoker flows tasks > /dev/null || true
 	touch $@

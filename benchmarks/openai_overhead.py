@@ -85,48 +85,42 @@ def main() -> int:
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "openai_overhead.json")
     args = p.parse_args()
 
-    from grpc_stream import serve_checkpoint
-
-    from openai_process import openai_service
-    from stoker.workers.tinymodel import make_tiny_model
+    from openai_process import tiny_model_served
 
     with tempfile.TemporaryDirectory() as tmp:
-        root = Path(tmp)
-        make_tiny_model(root / "ckpt", seed=0)
-        with serve_checkpoint(root / "ckpt", root) as (server, artifact):
-            with openai_service("tiny", server.grpc_url, artifact) as (base, _service):
-                routes = {
-                    "generate_stream": (f"{server.http_url}/v2/models/ensemble/generate_stream",
-                                        {"text_input": PROMPT, "max_tokens": TOKENS, "stream": True},
-                                        lambda e: e.get("text_output", "")),
-                    "openai_completions": (f"{base}/completions",
-                                           {"model": "tiny", "prompt": PROMPT, "max_tokens": TOKENS,
-                                            "temperature": 0, "stream": True},
-                                           lambda e: e["choices"][0]["text"] if e.get("choices") else ""),
-                }
-                with httpx.Client(timeout=60) as client:
-                    for name, (url, body, text_of) in routes.items():  # warm-up, and the same answer on both
-                        texts = {_events(client, url, body, text_of)[2] for _ in range(3)}
-                        routes[name] += (texts,)
-                    ttft = {n: [] for n in routes}
-                    gaps = {n: [] for n in routes}
-                    for i in range(args.requests):
-                        # Which route goes first flips every round, so neither always follows the other.
-                        for name in list(routes)[:: 1 if i % 2 == 0 else -1]:
-                            url, body, text_of, _texts = routes[name]
-                            first, between, _ = _events(client, url, body, text_of)
-                            ttft[name].append(first)
-                            gaps[name] += between
-                    alone, after = [], []
-                    for i in range(args.after_disconnect):
-                        # Side by side, the order flipping every round; a fresh client per left stream.
-                        for kind in ("alone", "after")[:: 1 if i % 2 == 0 else -1]:
-                            if kind == "after":
-                                with httpx.Client(timeout=60) as leaver:
-                                    _leave_a_long_stream(leaver, base)
-                                after.append(_short_answer(client, base))
-                            else:
-                                alone.append(_short_answer(client, base))
+        with tiny_model_served(Path(tmp)) as (server, _artifact, base):
+            routes = {
+                "generate_stream": (f"{server.http_url}/v2/models/ensemble/generate_stream",
+                                    {"text_input": PROMPT, "max_tokens": TOKENS, "stream": True},
+                                    lambda e: e.get("text_output", "")),
+                "openai_completions": (f"{base}/completions",
+                                       {"model": "tiny", "prompt": PROMPT, "max_tokens": TOKENS,
+                                        "temperature": 0, "stream": True},
+                                       lambda e: e["choices"][0]["text"] if e.get("choices") else ""),
+            }
+            with httpx.Client(timeout=60) as client:
+                for name, (url, body, text_of) in routes.items():  # warm-up, and the same answer on both
+                    texts = {_events(client, url, body, text_of)[2] for _ in range(3)}
+                    routes[name] += (texts,)
+                ttft = {n: [] for n in routes}
+                gaps = {n: [] for n in routes}
+                for i in range(args.requests):
+                    # Which route goes first flips every round, so neither always follows the other.
+                    for name in list(routes)[:: 1 if i % 2 == 0 else -1]:
+                        url, body, text_of, _texts = routes[name]
+                        first, between, _ = _events(client, url, body, text_of)
+                        ttft[name].append(first)
+                        gaps[name] += between
+                alone, after = [], []
+                for i in range(args.after_disconnect):
+                    # Side by side, the order flipping every round; a fresh client per left stream.
+                    for kind in ("alone", "after")[:: 1 if i % 2 == 0 else -1]:
+                        if kind == "after":
+                            with httpx.Client(timeout=60) as leaver:
+                                _leave_a_long_stream(leaver, base)
+                            after.append(_short_answer(client, base))
+                        else:
+                            alone.append(_short_answer(client, base))
     same = routes["generate_stream"][3] == routes["openai_completions"][3]
     result = {
         "what": "streamed greedy request, one at a time, no proxy: Triton generate_stream (ensemble) vs the OpenAI "

@@ -134,6 +134,8 @@ class Interface:
     top_k: str | None = None
     top_p: str | None = None
     seed: str | None = None
+    presence_penalty: str | None = None
+    frequency_penalty: str | None = None
     # Each streamed response carries the whole output so far (the LLM API's RequestOutput.text), not the new part.
     cumulative_text: bool = False
     # The served repository has a model that takes and returns token ids (the ensemble's `tensorrt_llm`): the
@@ -186,7 +188,9 @@ LLMAPI = Interface(layout="llmapi", model="tensorrt_llm", max_tokens="sampling_p
                    stream_always=True,
                    always=(("sampling_param_exclude_input_from_output", True), ("return_finish_reason", True)),
                    finish_reason="finish_reason", cumulative_text=True, temperature="sampling_param_temperature",
-                   top_k="sampling_param_top_k", top_p="sampling_param_top_p", seed="sampling_param_seed")
+                   top_k="sampling_param_top_k", top_p="sampling_param_top_p", seed="sampling_param_seed",
+                   presence_penalty="sampling_param_presence_penalty",
+                   frequency_penalty="sampling_param_frequency_penalty")
 INTERFACES = {i.layout: i for i in (ENSEMBLE, LLMAPI)}
 
 

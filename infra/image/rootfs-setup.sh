@@ -35,6 +35,21 @@ else
     pip_install
 fi
 
+# xgrammar (guided decoding, stoker/runtime/guided.py) goes in without its dependencies: it requires `triton`, the
+# GPU kernel compiler (a 285 MB wheel) that it uses only to apply token masks to CUDA logits; on CPU it applies them
+# with its own kernel and imports without triton (checked with 0.2.8). Its other requirements (numpy, pydantic via
+# fastapi, torch, transformers, typing-extensions) are installed above; apache-tvm-ffi is its FFI layer.
+guided=("xgrammar==${XGRAMMAR_VERSION}" "apache-tvm-ffi==${APACHE_TVM_FFI_VERSION}")
+guided_install() {
+    /opt/venv/bin/pip install --quiet --no-input --only-binary=:all: --no-index --no-deps \
+        --find-links="$wheels" "${guided[@]}"
+}
+if ! guided_install 2>/dev/null; then
+    echo "[chroot] downloading xgrammar==${XGRAMMAR_VERSION}, apache-tvm-ffi==${APACHE_TVM_FFI_VERSION} (no dependencies)"
+    /opt/venv/bin/pip download --quiet --no-input --only-binary=:all: --no-deps -d "$wheels" "${guided[@]}"
+    guided_install
+fi
+
 # A CUDA torch would drag nvidia-* runtime wheels in; refuse to ship that.
 if /opt/venv/bin/pip list --format=freeze | grep -i '^nvidia-' | grep -v -i '^nvidia-pytriton=='; then
     echo "[chroot] ERROR: CUDA packages were installed" >&2
@@ -56,8 +71,8 @@ echo "$site" > "/usr/lib/python3/dist-packages/stoker-venv.pth"
 
 echo "[chroot] verifying the system interpreter (what the stub embeds) sees the venv"
 /usr/bin/python3 -c '
-import torch, numpy, safetensors, tokenizers, transformers, fastapi, uvicorn
-print("[chroot] torch", torch.__version__, "numpy", numpy.__version__,
+import importlib.metadata, torch, numpy, safetensors, tokenizers, transformers, fastapi, uvicorn, xgrammar
+print("[chroot] torch", torch.__version__, "numpy", numpy.__version__, "xgrammar", importlib.metadata.version("xgrammar"),
       "safetensors", safetensors.__version__, "tokenizers", tokenizers.__version__,
       "transformers", transformers.__version__, "fastapi", fastapi.__version__, "uvicorn", uvicorn.__version__)'
 # --help exits 1 by design; the usage text proves the binary and its libraries load.

@@ -68,11 +68,14 @@ class BenchConfig:
     http_streaming: bool = True  # HTTP: generate_stream (SSE); False: /generate, one response (TTFT = e2e)
     extra_inputs: Mapping[str, int | float | bool] = field(default_factory=dict)
     interface: Interface = ENSEMBLE  # how the served layout names its inputs (stoker.protocol)
+    # OpenAI's response_format sent with every request (openai protocol only): a workload under a constraint.
+    response_format: Mapping[str, Any] | None = None
 
     def transport_spec(self) -> TransportSpec:
         return TransportSpec(protocol=self.protocol, url=self.url, model=self.model,
                              extra_inputs=dict(self.extra_inputs), min_tokens=self.ignore_eos,
-                             streaming=self.http_streaming or self.protocol == "grpc", interface=self.interface)
+                             streaming=self.http_streaming or self.protocol == "grpc", interface=self.interface,
+                             response_format=self.response_format)
 
     def settings(self) -> LoadSettings:
         return LoadSettings(max_tokens=self.max_tokens, timeout_s=self.timeout_s,
@@ -116,6 +119,9 @@ def validate(config: BenchConfig, prompts: Sequence[Prompt]) -> None:
         raise InvalidBenchmarkConfig(f"warm-up requests must be >= 0, got {config.warmup_requests}")
     if config.workers < 1:
         raise InvalidBenchmarkConfig(f"workers must be >= 1, got {config.workers}")
+    if config.response_format is not None and config.protocol != "openai":
+        raise InvalidBenchmarkConfig(f"a response format (--json-schema, --response-format) is an OpenAI request "
+                                     f"field: use --protocol openai (a /v1 URL), not {config.protocol}")
 
 
 def count_output(sent: Sequence[Sent], count_tokens: CountTokens | None) -> list[RequestRecord]:

@@ -45,6 +45,8 @@ def request_body(spec: TransportSpec, text: str, max_tokens: int) -> dict[str, A
     body: dict[str, Any] = {"model": spec.model, "prompt": text, "max_tokens": max_tokens, **spec.extra_inputs}
     if spec.min_tokens:
         body["min_tokens"] = max_tokens
+    if spec.response_format is not None:
+        body["response_format"] = dict(spec.response_format)
     body["stream"] = spec.streaming
     if spec.streaming:
         body["stream_options"] = {"include_usage": True}

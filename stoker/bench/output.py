@@ -78,6 +78,19 @@ def level_label(level: dict[str, Any]) -> str:
     return f"concurrency {level['concurrency']}"
 
 
+def cost_lines(constrained: dict, free: dict) -> list[str]:
+    """Per level: the constrained run's output tok/s and TTFT p50 as a share of the free run's (the same workload)."""
+    out = []
+    for c, f in zip(constrained["levels"], free["levels"]):
+        ratio = c["output_tokens_per_s"] / f["output_tokens_per_s"] if f["output_tokens_per_s"] else float("nan")
+        ttft = [lv.get("ttft_ms", {}) or {} for lv in (c, f)]
+        p50 = [t.get("p50") for t in ttft]
+        ttft_text = f"; TTFT p50 {p50[0]:.1f} ms vs {p50[1]:.1f} ms" if None not in p50 else ""
+        out.append(f"{level_label(c)}: constrained {ratio:.3f}x the free output tok/s "
+                   f"({c['output_tokens_per_s']:.1f} vs {f['output_tokens_per_s']:.1f}){ttft_text}")
+    return out
+
+
 def markdown_table(levels: Sequence[dict[str, Any]], output_unit: str = "tokens") -> str:
     """One row per level; `output_unit` "chunks" (no tokenizer) puts CHUNKS in every header that is not tokens."""
     if output_unit == "chunks":

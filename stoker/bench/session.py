@@ -49,8 +49,11 @@ def fingerprint(config: BenchConfig, workload: Workload) -> dict[str, Any]:
                    "osl": workload.output_tokens, "osl_stddev": workload.output_stddev, "seed": workload.seed}
     if workload.prompt_file is not None:
         source = {"prompt_file_sha256": hashlib.sha256(Path(workload.prompt_file).read_bytes()).hexdigest()}
-    return {"prompts": source, "protocol": config.protocol, "ignore_eos": config.ignore_eos,
-            "arrival": config.arrival, "model": config.model}
+    out = {"prompts": source, "protocol": config.protocol, "ignore_eos": config.ignore_eos,
+           "arrival": config.arrival, "model": config.model}
+    if config.response_format is not None:  # only then: earlier records stay comparable to free runs
+        out["response_format"] = dict(config.response_format)
+    return out
 
 
 def prompt_count(config: BenchConfig) -> int:

@@ -67,6 +67,7 @@ class TransportSpec:
     streaming: bool = True  # HTTP only: False uses /generate (one response)
     inputs: Mapping[str, tuple[str, tuple[int, ...]]] = field(default_factory=dict)
     interface: Interface = ENSEMBLE  # the layout's input names (stoker.protocol); OpenAI ignores it
+    response_format: Mapping[str, Any] | None = None  # OpenAI only: sent as the request's response_format
 
     def request_values(self, text: str, max_tokens: int) -> dict[str, Any]:
         return self.interface.request(text, max_tokens, streaming=self.streaming,

@@ -103,9 +103,10 @@ def gpu_package_key(spec: Spec, build_digest: str, adapters_digest: str | None =
                     config={"target": spec.target, "triton": spec.triton.model_dump(mode="json"),
                             "runtime": spec.runtime.model_dump(mode="json"), "build": spec.build.model_dump(mode="json"),
                             "parallel": spec.parallel.model_dump(mode="json")},
-                    versions=pick("tritonclient") | {"code": code_digest("gpu", "triton/models", "triton/config.py",
-                                                                     "runtime/lora_trtllm.py", "targets/tensorrt.py",
-                                                                     "targets/pytorch.py", "target_traits.py")})
+                    # tokenizers: it serializes tokenizer_str of the xgrammar tokenizer info (gpu/tokenizer_info.py).
+                    versions=pick("tritonclient", "tokenizers") | {"code": code_digest(
+                        "gpu", "triton/models", "triton/config.py", "runtime/lora_trtllm.py", "targets/tensorrt.py",
+                        "targets/pytorch.py", "target_traits.py")})
 
 
 # ---- evaluation: measurements are cached; the verdict (thresholds) is judged again every run ----

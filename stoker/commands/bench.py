@@ -41,6 +41,29 @@ def _extra(text: str) -> tuple[str, int | float | bool]:
             raise argparse.ArgumentTypeError(f"{text!r}: VALUE must be a number or true/false") from None
 
 
+def _response_format(args: argparse.Namespace) -> dict | None:
+    """OpenAI's response_format for every request: --json-schema FILE (strict), or --response-format json_object."""
+    import json
+
+    if args.json_schema is not None and args.response_format is not None:
+        raise InvalidBenchmarkConfig("give --json-schema or --response-format, not both")
+    if args.response_format is not None:
+        return {"type": args.response_format}
+    if args.json_schema is None:
+        return None
+    try:
+        schema = json.loads(args.json_schema.read_text())
+    except OSError as err:
+        raise InvalidBenchmarkConfig(f"--json-schema {args.json_schema}: {err.strerror or err}") from None
+    except ValueError as err:
+        raise InvalidBenchmarkConfig(f"--json-schema {args.json_schema}: not JSON ({err})") from None
+    if not isinstance(schema, dict):
+        raise InvalidBenchmarkConfig(f"--json-schema {args.json_schema}: a JSON schema is an object, "
+                                     f"not {type(schema).__name__}")
+    name = "".join(c if c.isalnum() or c in "_-" else "_" for c in args.json_schema.stem)[:64] or "schema"
+    return {"type": "json_schema", "json_schema": {"name": name, "schema": schema, "strict": True}}
+
+
 def _tokenizer(path: Path | None) -> Path | None:
     if path is None:
         return None
@@ -100,7 +123,7 @@ def _bench(args: argparse.Namespace) -> int:
         requests_per_level=None if args.duration else args.requests, duration_s=args.duration,
         warmup_requests=args.warmup, timeout_s=args.timeout, protocol=protocol, arrival=args.arrival,
         seed=args.seed, workers=args.workers, ignore_eos=args.ignore_eos, http_streaming=not args.no_stream,
-        extra_inputs=dict(args.extra_input or []), interface=interface)
+        extra_inputs=dict(args.extra_input or []), interface=interface, response_format=_response_format(args))
     # Bad settings and a bad prompt file are refused before the deployment is looked up.
     validate(config, [Prompt("-", 1)])  # the real prompts are checked again when they are made
     adapters = {name: for_adapter(config, name, task_id(name)) for name in args.adapter or []}
@@ -114,12 +137,24 @@ def _bench(args: argparse.Namespace) -> int:
     say = (lambda msg: print(msg, file=sys.stderr)) if not args.quiet else None
     _, summary, files = execute(config, workload, out, progress=say, progress_bar=not args.quiet and sys.stderr.isatty(),
                                 meta={"counting": counting.to_dict()})
-    from ..bench.output import markdown_table
+    from ..bench.output import cost_lines, markdown_table
 
     # The unit of every figure in the table: said above it (and in its caption when chunks).
     print(f"{CHUNKS_WARNING}" if counting.chunks else f"tokens counted with {counting.tokenizer_json} "
           f"({counting.source})")
     print(markdown_table(summary["levels"], summary["units"]["output"]), end="")
+    if config.response_format is not None:
+        # The constraint's cost: the same prompts and levels again without it, side by side in one command.
+        from dataclasses import replace
+
+        _, free, more = execute(replace(config, response_format=None), workload, out / "unconstrained",
+                                progress=say, progress_bar=not args.quiet and sys.stderr.isatty(),
+                                meta={"counting": counting.to_dict()})
+        print("unconstrained (the same workload without response_format):")
+        print(markdown_table(free["levels"], free["units"]["output"]), end="")
+        for line in cost_lines(summary, free):
+            print(line)
+        files = [*files, *more]
     for name, adapter_config in adapters.items():
         _, s, more = execute(adapter_config, workload, out / "adapters" / name, progress=say,
                              progress_bar=not args.quiet and sys.stderr.isatty(),
@@ -172,6 +207,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     wl.add_argument("--seed", type=int, default=0)
     wl.add_argument("--extra-input", type=_extra, action="append",
                     help="NAME=VALUE model input, e.g. end_id=2 (openai: a request field, e.g. temperature=0)")
+    wl.add_argument("--json-schema", type=Path, metavar="FILE",
+                    help="openai: every request constrained to this JSON schema (response_format json_schema, "
+                         "strict); the same workload is then measured without it and the cost printed per level")
+    wl.add_argument("--response-format", choices=("json_object",),
+                    help="openai: every request's response_format (then measured without it too, as --json-schema)")
     p.add_argument("--adapter", action="append", metavar="NAME",
                    help="also measure LoRA adapter NAME under the same load (repeatable): its model id over openai, "
                         "its lora_task_id (stoker's, from the name) over Triton")

@@ -14,9 +14,12 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from ..triton import config as triton_config
 from ..triton.config import RepoSettings
+from . import tokenizer_info
 
 ENGINE_DIR = "/models/tensorrt_llm/1/engine"  # where the serve step mounts the repository
 LORA_DIR = "/models/tensorrt_llm/1/lora"  # lora_prefetch_dir: the package's converted adapters (stoker/gpu/lora.py)
+# xgrammar_tokenizer_info_path: the package step writes it from the model's tokenizer (stoker/gpu/tokenizer_info.py).
+TOKENIZER_INFO_PATH = f"/models/tensorrt_llm/1/{tokenizer_info.FILE}"
 EXECUTOR_WORKER = "/opt/tritonserver/backends/tensorrtllm/trtllmExecutorWorker"
 LOGITS_DTYPE = "TYPE_FP32"
 ENCODER_FEATURES_DTYPE = "TYPE_FP16"
@@ -115,6 +118,11 @@ def backend_parameters(spec) -> dict[str, str]:
         "enable_context_fmha_fp32_acc": _b(r.enable_context_fmha_fp32_acc),
         "multi_block_mode": _b(r.multi_block_mode),
         "cuda_graph_mode": _b(r.cuda_graph_mode),
+        # Without both, the C++ backend builds no guided decoder (model_instance_state.cc,
+        # getGuidedDecodingConfigFromParams) and a request's guided_decoding_guide is not enforced; no
+        # trtllm-build option is needed (tensorrtllm_backend docs/guided_decoding.md, "C++ Backend").
+        "guided_decoding_backend": tokenizer_info.BACKEND,
+        "xgrammar_tokenizer_info_path": TOKENIZER_INFO_PATH,
     }
     if r.max_tokens_in_paged_kv_cache is not None:
         p["max_tokens_in_paged_kv_cache"] = str(r.max_tokens_in_paged_kv_cache)

@@ -7,10 +7,12 @@ import shutil
 from pathlib import Path
 
 from .. import target_traits
+from ..atomic import write_atomic
+from ..errors import StepError
 from ..openai_api.layout import LIMITS_FILE
 from ..triton import config as triton_config
 from ..triton.models import install_step
-from . import inflight, llmapi
+from . import inflight, llmapi, tokenizer_info
 from .facts import ModelFacts
 from .rules import max_seq_len
 
@@ -52,9 +54,17 @@ def write_repository(spec, facts: ModelFacts | None, out: Path, tokenizer_src: P
             # Read first by preprocessing: the end id (Llama 3 Instruct: <|eot_id|>) and every other eos id
             # as stop words (STOP_WORDS_IDS → stop_words_list), so generation stops wherever the model ends.
             (tok / "stoker_runtime.json").write_text(json.dumps(ids, indent=2) + "\n")
+    info_rel = inflight.TOKENIZER_INFO_PATH.removeprefix("/models/")
+    if tokenizer_src is not None:
+        # What the engine's guided decoder is built from (xgrammar_tokenizer_info_path); the stop id is the end id
+        # preprocessing sends, so the grammar's way out is the token the engine ends on.
+        if not (tokenizer_src / "tokenizer.json").is_file():
+            raise StepError(f"guided decoding: {tokenizer_src} has no tokenizer.json to write {info_rel} from")
+        text = tokenizer_info.render((tokenizer_src / "tokenizer.json").read_text(encoding="utf-8"), ids["end_id"])
+        write_atomic(out / info_rel, text)
     pending = ["tensorrt_llm/1/engine/"]
     if tokenizer_src is None:
-        pending += ["preprocessing/1/tokenizer/", "postprocessing/1/tokenizer/"]
+        pending += ["preprocessing/1/tokenizer/", "postprocessing/1/tokenizer/", info_rel]
     return {"layout": "inflight_batcher_llm", "models": ["preprocessing", "tensorrt_llm", "postprocessing",
                                                           "ensemble"], "special_ids": ids, "pending": pending}
 

@@ -3,6 +3,8 @@ TensorRT-LLM's LLM-API model (text).
 
     mapping       pure: OpenAI JSON ⇄ Triton tensors, incremental detokenization with stop strings,
                   response bodies, SSE chunks, error bodies
+    logprobs      pure: what a request asks of log probs, what each target can answer, OpenAI's log-prob shapes
+    token_bytes   pure: a token's own bytes (byte-level BPE, byte fallback) for log probs
     served_model  the live build's tokenizer, chat template and context length, loaded from its files
                   and followed across blue/green switches (live.json, written by stoker)
     app           the ASGI service (FastAPI): one persistent gRPC channel to Triton, one stream per request

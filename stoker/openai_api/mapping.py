@@ -1,6 +1,6 @@
 """OpenAI's API ⇄ Triton's `tensorrt_llm` model: requests, streamed token ids, text, response bodies. Pure.
 
-A request maps 1:1 onto one streamed request to `tensorrt_llm` (TensorRT-LLM's tensor interface,
+A request maps onto one streamed request to `tensorrt_llm` per choice (TensorRT-LLM's tensor interface,
 stoker/triton/models/tensorrt_llm.py): the prompt's token ids in, one response per generated token
 out. Token ids travel both ways, so ``usage`` counts what the model read and wrote, with no text
 round trip; the end ids and stop ids of the build are the model's own defaults (its
@@ -14,7 +14,14 @@ stoker_runtime.json), exactly as through the ensemble.
     stop                      matched in the detokenized text here; the stream is cancelled at a match
     min_tokens, ignore_eos    min_tokens INT32 [1, 1] (vLLM's extra fields; ignore_eos: min_tokens = max_tokens):
                               the end id cannot end the output sooner; stop ids and stop sequences still do
-    n                         1 only
+    n                         1..MAX_CHOICES: one such request per choice (choices.py), seed + index each
+    presence_penalty,         presence_penalty, frequency_penalty FP32 [1, 1] (TensorRT-LLM's kernel: the prompt's
+    frequency_penalty         tokens count too, unlike OpenAI's definition; sampling.py)
+    logit_bias                embedding_bias FP32 [1, vocab]: each named token's bias, 0 elsewhere (sampling.py)
+    logprobs, top_logprobs    return_log_probs BOOL [1, 1] → output_log_probs; k alternatives: return_top_log_probs
+                              INT32 [1, 1] → top_log_prob_ids, top_log_probs (the reference model's own: logprobs.py)
+    response_format           guided_decoding_guide_type, guided_decoding_guide BYTES [1, 1] (structured.py)
+    tools, tool_choice        the chat template's tools; a forced call: a guide as response_format's (tools.py)
     usage                     len(input_ids), number of output_ids received
 
 With TensorRT-LLM's LLM-API model (`llmapi` layout, triton_stream.llmapi_request) the prompt goes as text:
@@ -24,9 +31,15 @@ With TensorRT-LLM's LLM-API model (`llmapi` layout, triton_stream.llmapi_request
     max_tokens                sampling_param_max_tokens INT32
     temperature, top_p, seed  sampling_param_temperature FP32, sampling_param_top_p FP32, sampling_param_seed UINT64;
                               greedy (temperature or top_p 0): sampling_param_top_k INT32 = 1 and none of them
+    presence_penalty,         sampling_param_presence_penalty, sampling_param_frequency_penalty FP32
+    frequency_penalty
+    logit_bias                refused (400): the model (1.2.1) has no bias input
+    n                         one request per choice, as for the ensemble
     (always)                  streaming, sampling_param_exclude_input_from_output, return_finish_reason: true
     stop                      cut here from the text (not sent: see llmapi_request)
     min_tokens, ignore_eos    refused (400): the model has no such input
+    logprobs, top_logprobs    refused (400): the model returns only a cumulative log prob (logprobs.py)
+    response_format           refused (400) unless text: the model (1.2.1) has no guide input (structured.py)
     response                  text_output: the whole output so far (its new part taken); finish_reason
     usage                     completion tokens: the returned text encoded (the model returns no token ids)
 
@@ -52,20 +65,15 @@ DEFAULT_CHAT_MAX_TOKENS = 1024
 MAX_STOP_SEQUENCES = 4
 ROLES = ("system", "developer", "user", "assistant", "tool")
 UINT64_MASK = (1 << 64) - 1
+# The most choices (`n`) one request may ask for: each is a sequence of its own in the backend's in-flight batch
+# (choices.py), and 8 is the reference model's default batch, so one request cannot queue behind itself there.
+MAX_CHOICES = 8
 
 # Parameters of OpenAI's API this server does not implement: refused unless they carry a value that
 # means "off", so a client never silently gets something other than what it asked for.
 UNSUPPORTED = {
-    "logprobs": (None, False),
-    "top_logprobs": (None, 0),
-    "frequency_penalty": (None, 0),
-    "presence_penalty": (None, 0),
-    "logit_bias": (None, {}),
-    "tools": (None, []),
     "functions": (None, []),
-    "tool_choice": (None, "none"),
     "function_call": (None, "none"),
-    "response_format": (None, {"type": "text"}),
     "best_of": (None, 1),
     "echo": (None, False),
     "suffix": (None, ""),
@@ -126,6 +134,7 @@ class Message(_Loose):
     content: StrictStr | list[ContentPart] | None = None
     name: StrictStr | None = None
     tool_calls: list[Any] | None = None
+    tool_call_id: StrictStr | None = None  # a tool message's (tools.messages)
 
 
 class _Request(_Loose):
@@ -138,6 +147,10 @@ class _Request(_Loose):
     n: StrictInt | None = None
     stream: StrictBool | None = False
     stream_options: StreamOptions | None = None
+    # OpenAI's ranges; mapped onto TensorRT-LLM's presence_penalty / frequency_penalty / embedding_bias (sampling.py).
+    frequency_penalty: Annotated[float, Field(ge=-2, le=2)] | None = None
+    presence_penalty: Annotated[float, Field(ge=-2, le=2)] | None = None
+    logit_bias: dict[StrictStr, Annotated[float, Field(ge=-100, le=100)]] | None = None
     # vLLM's extensions, honoured because benchmarks (AIPerf, stoker bench) send them for an exact output length.
     min_tokens: StrictInt | None = None
     ignore_eos: StrictBool | None = None
@@ -146,10 +159,13 @@ class _Request(_Loose):
 class ChatRequest(_Request):
     messages: list[Message]
     max_completion_tokens: StrictInt | None = None
+    logprobs: StrictBool | None = None
+    top_logprobs: StrictInt | None = None  # 0..20, with logprobs (logprobs.asked)
 
 
 class CompletionRequest(_Request):
     prompt: StrictStr | list[StrictStr] | list[StrictInt] | list[list[StrictInt]]
+    logprobs: StrictInt | None = None  # the legacy API's: 0..5 alternatives per token (logprobs.asked)
 
 
 _TYPE_TAGS = frozenset({"str", "int", "float", "bool", "list", "dict", "none"})
@@ -212,8 +228,9 @@ def _common_checks(obj: dict, req: _Request) -> None:
     if req.n is not None and req.n != 1:
         if req.n < 1:
             raise bad_request(f"Invalid value for 'n': {req.n} is less than the minimum of 1.", "n")
-        raise bad_request(f"n = {req.n} is not supported: this server returns one choice per request (n = 1).",
-                          "n", "unsupported_value")
+        if req.n > MAX_CHOICES:
+            raise bad_request(f"n = {req.n} is not supported: this server returns at most {MAX_CHOICES} choices per "
+                              "request.", "n", "unsupported_value")
     stops = [req.stop] if isinstance(req.stop, str) else (req.stop or [])
     if len(stops) > MAX_STOP_SEQUENCES:
         raise bad_request(f"'stop' has {len(stops)} sequences; at most {MAX_STOP_SEQUENCES} are allowed.", "stop")
@@ -233,9 +250,6 @@ def parse_chat(obj: dict) -> ChatRequest:
         if m.role not in ROLES:
             raise bad_request(f"Invalid value: '{m.role}'. Supported values are: "
                               + ", ".join(f"'{r}'" for r in ROLES) + ".", f"messages[{i}].role")
-        if m.tool_calls:
-            raise bad_request("tool calls are not supported by this server.", f"messages[{i}].tool_calls",
-                              "unsupported_parameter")
         if m.content is None and m.role != "assistant":
             raise bad_request(f"Missing required parameter: 'messages[{i}].content'.", f"messages[{i}].content",
                               "missing_required_parameter")
@@ -306,30 +320,34 @@ class Head:
                 "system_fingerprint": self.fingerprint}
 
 
-def chat_response(head: Head, text: str, finish: str, use: dict) -> dict:
+# ``logprobs`` below: the choice's log probs in OpenAI's shape (logprobs.py), None when not asked for.
+
+
+def chat_response(head: Head, text: str, finish: str, use: dict, logprobs: dict | None = None) -> dict:
     return {**head.fields("chat.completion"),
             "choices": [{"index": 0, "message": {"role": "assistant", "content": text, "refusal": None},
-                         "logprobs": None, "finish_reason": finish}],
+                         "logprobs": logprobs, "finish_reason": finish}],
             "usage": use}
 
 
-def chat_chunk(head: Head, delta: dict, finish: str | None, with_usage: bool) -> dict:
+def chat_chunk(head: Head, delta: dict, finish: str | None, with_usage: bool, logprobs: dict | None = None) -> dict:
     out = {**head.fields("chat.completion.chunk"),
-           "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]}
+           "choices": [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]}
     if with_usage:
         out["usage"] = None
     return out
 
 
-def completion_response(head: Head, text: str, finish: str, use: dict) -> dict:
+def completion_response(head: Head, text: str, finish: str, use: dict, logprobs: dict | None = None) -> dict:
     return {**head.fields("text_completion"),
-            "choices": [{"text": text, "index": 0, "logprobs": None, "finish_reason": finish}],
+            "choices": [{"text": text, "index": 0, "logprobs": logprobs, "finish_reason": finish}],
             "usage": use}
 
 
-def completion_chunk(head: Head, text: str, finish: str | None, with_usage: bool) -> dict:
+def completion_chunk(head: Head, text: str, finish: str | None, with_usage: bool,
+                     logprobs: dict | None = None) -> dict:
     out = {**head.fields("text_completion"),
-           "choices": [{"text": text, "index": 0, "logprobs": None, "finish_reason": finish}]}
+           "choices": [{"text": text, "index": 0, "logprobs": logprobs, "finish_reason": finish}]}
     if with_usage:
         out["usage"] = None
     return out

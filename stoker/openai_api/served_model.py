@@ -28,6 +28,7 @@ from tokenizers import Tokenizer
 
 from .layout import ASSET_FILES, LIMITS_FILE, LIVE_FILE
 from .mapping import ApiError, bad_request, unavailable
+from .token_bytes import TokenBytes
 from .triton_stream import INTERFACES
 
 __all__ = ["ASSET_FILES", "LIVE_FILE", "FALLBACK_CHAT_TEMPLATE", "LiveModel", "ServedModel"]
@@ -70,14 +71,15 @@ def context_length(config: dict) -> int | None:
     return None
 
 
-def render_chat(template: str, messages: list[dict], special: dict[str, str]) -> str:
-    """``messages`` through ``template`` with the generation prompt, as transformers' apply_chat_template renders."""
+def render_chat(template: str, messages: list[dict], special: dict[str, str], tools: list[dict] | None = None) -> str:
+    """``messages`` through ``template`` with the generation prompt, as transformers' apply_chat_template renders;
+    ``tools``: the request's tools as OpenAI sends them (tools.py), which the template renders its own way."""
     import jinja2
     from transformers.utils.chat_template_utils import render_jinja_template
 
     try:
-        rendered, _ = render_jinja_template([messages], chat_template=template, add_generation_prompt=True,
-                                            **special)
+        rendered, _ = render_jinja_template([messages], tools=tools, chat_template=template,
+                                            add_generation_prompt=True, **special)
     except jinja2.TemplateError as err:  # the template's own raise_exception, or a message it cannot take
         raise bad_request(f"the model's chat template refused the messages: {err}", "messages") from None
     return rendered[0]
@@ -101,6 +103,7 @@ class ServedModel:
     interface: str | None = None
     # The build's LoRA adapters: name → {"task_id": …, "repo_id": …, …} (adapters.json beside the tokenizer files).
     adapters: dict[str, dict] = field(default_factory=dict)
+    _bytes: TokenBytes | None = field(default=None, repr=False, compare=False)  # made on first use
 
     @classmethod
     def load(cls, folder: Path, key: str | None = None) -> ServedModel:
@@ -137,20 +140,30 @@ class ServedModel:
         # As the repository's postprocessing model: special tokens (a returned stop id) are not text.
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
-    def chat_ids(self, messages: list[dict]) -> list[int]:
+    def token_text(self, token: int) -> str:
+        """One token as log probs name it: decoded alone, special tokens shown (logprobs.py)."""
+        return self.tokenizer.decode([int(token)], skip_special_tokens=False)
+
+    def token_bytes(self, token: int) -> bytes:
+        """One token's own bytes (token_bytes.py): part of a character where its text alone reads U+FFFD."""
+        if self._bytes is None:
+            self._bytes = TokenBytes(self.tokenizer)
+        return self._bytes(token, self.token_text(token))
+
+    def chat_ids(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
         """The prompt's token ids for ``messages``: the chat template, rendered and tokenized."""
         if self.chat_template is None:
             return self.encode(render_chat(FALLBACK_CHAT_TEMPLATE, messages, self.special), add_special_tokens=True)
-        return self.encode(render_chat(self.chat_template, messages, self.special), add_special_tokens=False)
+        return self.encode(render_chat(self.chat_template, messages, self.special, tools), add_special_tokens=False)
 
-    def chat_prompt(self, messages: list[dict]) -> str:
+    def chat_prompt(self, messages: list[dict], tools: list[dict] | None = None) -> str:
         """The prompt for ``messages`` as text, for a model that tokenizes it itself with its tokenizer's special
         tokens (TensorRT-LLM's LLM API: add_special_tokens defaults to true, and its Triton model has no input
         that changes it). A template that writes the BOS itself loses that BOS here when the tokenizer adds one,
         so the model reads one BOS, as ``chat_ids`` gives; ``encode`` of the result is what the model reads."""
         if self.chat_template is None:
             return render_chat(FALLBACK_CHAT_TEMPLATE, messages, self.special)
-        text = render_chat(self.chat_template, messages, self.special)
+        text = render_chat(self.chat_template, messages, self.special, tools)
         bos = self.special.get("bos_token")
         if bos and text.startswith(bos) and self._adds_bos(bos):
             text = text[len(bos):]

@@ -20,8 +20,10 @@ from tritonclient.grpc import service_pb2
 # stoker.protocol itself: this package runs where stoker is not installed, so it reads that file through a link
 # beside it (_protocol.py -> ../protocol.py), which its copy in the container holds as a file.
 from . import _protocol as protocol
+from . import logprobs
 from .mapping import (DEFAULT_CHAT_MAX_TOKENS, DEFAULT_COMPLETION_MAX_TOKENS, MODEL_NAME, UINT64_MASK, ChatRequest,
                       _Request, bad_request, stop_sequences)
+from .structured import Guide
 
 # The serving interfaces by layout name, as live.json and --interface give them.
 ENSEMBLE, LLMAPI = protocol.ENSEMBLE.layout, protocol.LLMAPI.layout
@@ -43,6 +45,12 @@ class Generation:
     min_tokens: int = 0  # the end id is held back this long (0: may end at once)
     prompt_text: str | None = None  # the prompt as text (the LLM API's model takes text; input_ids then count it)
     lora_task_id: int | None = None  # a LoRA adapter of the build (its task id); None: the base model
+    log_probs: int | None = None  # log probs with this many alternatives per token (logprobs.asked); None: none
+    guide: Guide | None = None  # structured output (response_format): TensorRT-LLM's guided-decoding inputs
+    # TensorRT-LLM's penalties (0: off) and embedding_bias, FP32 little-endian [vocab] raw bytes (sampling.py)
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    embedding_bias: bytes | None = None
 
 
 def plan(req: _Request, input_ids: Sequence[int], context_len: int | None, *, seed: int,
@@ -54,8 +62,12 @@ def plan(req: _Request, input_ids: Sequence[int], context_len: int | None, *, se
     ``interface``: the backend's (``ensemble`` or ``llmapi``); the LLM API's model has no input that holds the
     end id back, so min_tokens / ignore_eos asked of it are refused rather than ignored.
     """
+    k = logprobs.asked(req)
     if interface == LLMAPI:
         _refuse_min_tokens(req)
+        refused = logprobs.refusal(req, k, llmapi=True, top_served=False)
+        if refused is not None:
+            raise refused
     chat = isinstance(req, ChatRequest)
     where = "messages" if chat else "prompt"
     n_prompt = len(input_ids)
@@ -90,7 +102,7 @@ def plan(req: _Request, input_ids: Sequence[int], context_len: int | None, *, se
     return Generation(input_ids=tuple(int(t) for t in input_ids), max_tokens=int(asked),
                       greedy=temperature == 0.0 or top_p == 0.0, temperature=temperature, top_p=top_p,
                       seed=(seed if req.seed is None else req.seed) & UINT64_MASK, stop=stop_sequences(req),
-                      min_tokens=_min_tokens(req, int(asked)), prompt_text=prompt_text)
+                      min_tokens=_min_tokens(req, int(asked)), prompt_text=prompt_text, log_probs=k)
 
 
 def _refuse_min_tokens(req: _Request) -> None:
@@ -135,7 +147,21 @@ def triton_request(gen: Generation, request_id: str, model: str = MODEL_NAME) ->
         _tensor(r, "min_tokens", "INT32", [1, 1], np.int32(gen.min_tokens).astype("<i4").tobytes())
     if gen.lora_task_id is not None:
         _tensor(r, "lora_task_id", "UINT64", [1, 1], np.uint64(gen.lora_task_id).astype("<u8").tobytes())
+    for name, value in (("presence_penalty", gen.presence_penalty), ("frequency_penalty", gen.frequency_penalty)):
+        if value:
+            _tensor(r, name, "FP32", [1, 1], np.float32(value).astype("<f4").tobytes())
+    if gen.embedding_bias is not None:
+        _tensor(r, "embedding_bias", "FP32", [1, len(gen.embedding_bias) // 4], gen.embedding_bias)
+    for name, raw in gen.guide.tensors() if gen.guide is not None else ():
+        _tensor(r, name, "BYTES", [1, 1], raw)
     r.outputs.add().name = "output_ids"
+    if gen.log_probs is not None:
+        _tensor(r, "return_log_probs", "BOOL", [1, 1], b"\x01")
+        r.outputs.add().name = "output_log_probs"
+    if gen.log_probs:  # only the reference model declares these (logprobs.py): the app checked it does
+        _tensor(r, "return_top_log_probs", "INT32", [1, 1], np.int32(gen.log_probs).astype("<i4").tobytes())
+        r.outputs.add().name = "top_log_prob_ids"
+        r.outputs.add().name = logprobs.TOP_OUTPUT
     # The stream ends with an empty response flagged final, so the end is seen even without tokens.
     r.parameters["triton_enable_empty_final_response"].bool_param = True
     return r
@@ -183,6 +209,11 @@ def llmapi_request(gen: Generation, request_id: str, model: str = LLMAPI_MODEL) 
         _scalar(r, i.temperature, "FP32", gen.temperature)
         _scalar(r, i.top_p, "FP32", gen.top_p)
         _scalar(r, i.seed, "UINT64", gen.seed)
+    for name, value in ((i.presence_penalty, gen.presence_penalty), (i.frequency_penalty, gen.frequency_penalty)):
+        if value:
+            _scalar(r, name, "FP32", value)
+    if gen.embedding_bias is not None:
+        raise ValueError(f"the {i.layout} interface has no bias input (sampling.fields refuses logit_bias for it)")
     r.outputs.add().name = i.text_output
     if i.finish_reason:
         r.outputs.add().name = i.finish_reason
@@ -203,6 +234,8 @@ class Step:
     error: str | None = None
     text: str | None = None
     finish: str | None = None
+    log_probs: tuple[float, ...] | None = None  # per token, when asked (output_log_probs)
+    top: tuple[tuple[tuple[int, float], ...], ...] = ()  # per token, its alternatives (id, log prob), when asked
 
 
 def _final(r) -> bool:
@@ -215,15 +248,31 @@ def parse_response(resp: service_pb2.ModelStreamInferResponse) -> Step:
     r = resp.infer_response
     final = _final(r)
     ids: tuple[int, ...] = ()
-    lengths = None
+    lengths = scores = top_ids = top_values = None
     for i, out in enumerate(r.outputs):
+        raw = r.raw_output_contents[i]
         if out.name == "output_ids":
-            ids = tuple(np.frombuffer(r.raw_output_contents[i], "<i4").reshape(-1).tolist())
+            ids = tuple(np.frombuffer(raw, "<i4").reshape(-1).tolist())
         elif out.name == "sequence_length":
-            lengths = np.frombuffer(r.raw_output_contents[i], "<i4").reshape(-1)
+            lengths = np.frombuffer(raw, "<i4").reshape(-1)
+        elif out.name == "output_log_probs":
+            scores = np.frombuffer(raw, "<f4").reshape(-1)
+        elif out.name == "top_log_prob_ids":
+            top_ids = np.frombuffer(raw, "<i4").reshape(-1, out.shape[-1])
+        elif out.name == logprobs.TOP_OUTPUT:
+            top_values = np.frombuffer(raw, "<f4").reshape(-1, out.shape[-1])
     if lengths is not None and lengths.size == 1:
         ids = ids[: int(lengths[0])]
-    return Step(ids, final)
+    n = len(ids)
+    # A streamed response scores its own tokens; the last n values, should a backend send the output's so far.
+    log_probs = None
+    if scores is not None:  # fewer values than tokens stays visible: Generating refuses such a response
+        log_probs = tuple(float(v) for v in scores[-n:]) if n else ()
+    top: tuple = ()
+    if top_ids is not None and top_values is not None and n:
+        top = tuple(tuple(zip(row_ids.tolist(), (float(v) for v in row_values)))
+                    for row_ids, row_values in zip(top_ids[-n:], top_values[-n:]))
+    return Step(ids, final, log_probs=log_probs, top=top)
 
 
 def _first_string(raw: bytes) -> str:

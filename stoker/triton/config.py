@@ -47,9 +47,26 @@ MODEL_IN: tuple[Tensor, ...] = (
     ("exclude_input_in_output", "TYPE_BOOL", (1,), True),
     ("min_tokens", "TYPE_INT32", (1,), True),
     ("stop_words_list", "TYPE_INT32", (2, -1), True),
+    # OpenAI's presence/frequency penalties and logit_bias (a [vocab] bias added to the logits), by TensorRT-LLM's
+    # names and kernel semantics (stoker_runtime.generate's docstring).
+    ("presence_penalty", "TYPE_FP32", (1,), True),
+    ("frequency_penalty", "TYPE_FP32", (1,), True),
+    ("embedding_bias", "TYPE_FP32", (-1,), True),
     ("return_log_probs", "TYPE_BOOL", (1,), True),
     ("return_context_logits", "TYPE_BOOL", (1,), True),
     ("lora_task_id", "TYPE_UINT64", (1,), True),  # TensorRT-LLM's per-request adapter: one the repository carries
+    # TensorRT-LLM's guided decoding (json / json_schema / regex / ebnf_grammar, and the guide): stoker_runtime.guided
+    ("guided_decoding_guide_type", "TYPE_STRING", (1,), True),
+    ("guided_decoding_guide", "TYPE_STRING", (1,), True),
+)
+# The reference model's own tensors, beyond TensorRT-LLM's interface: k alternatives per generated token, for the
+# OpenAI service's top_logprobs. TensorRT-LLM 1.2.1's `tensorrt_llm` model returns only the sampled token's
+# output_log_probs (stoker/gpu/inflight.py TRTLLM_OUT, upstream's full list), so only this model declares them,
+# and the service reads their presence in the model's metadata as "top_logprobs is served here".
+TOP_LOG_PROBS_IN: tuple[Tensor, ...] = (("return_top_log_probs", "TYPE_INT32", (1,), True),)
+TOP_LOG_PROBS_OUT: tuple[Tensor, ...] = (
+    ("top_log_prob_ids", "TYPE_INT32", (-1, -1), False),  # generated tokens, k
+    ("top_log_probs", "TYPE_FP32", (-1, -1), False),  # generated tokens, k; most likely first
 )
 # TensorRT-LLM's optional outputs, sent only when the request asks (return_log_probs, return_context_logits).
 SCORE_OUT: tuple[Tensor, ...] = (
@@ -77,6 +94,8 @@ ENSEMBLE_IN: tuple[Tensor, ...] = (
     ("top_p", "TYPE_FP32", (1,), True),
     ("temperature", "TYPE_FP32", (1,), True),
     ("repetition_penalty", "TYPE_FP32", (1,), True),
+    ("presence_penalty", "TYPE_FP32", (1,), True),
+    ("frequency_penalty", "TYPE_FP32", (1,), True),
     ("seed", "TYPE_UINT64", (1,), True),
     ("exclude_input_in_output", "TYPE_BOOL", (1,), True),
     ("min_tokens", "TYPE_INT32", (1,), True),  # lets a benchmark ask for an exact OSL (ignore EOS)
@@ -125,7 +144,7 @@ def preprocessing(s: RepoSettings) -> mc.ModelConfig:
 
 
 def model(s: RepoSettings) -> mc.ModelConfig:
-    cfg = _python_model(MODEL_NAME, s, MODEL_IN, MODEL_OUT, s.model_instances,
+    cfg = _python_model(MODEL_NAME, s, MODEL_IN + TOP_LOG_PROBS_IN, MODEL_OUT + TOP_LOG_PROBS_OUT, s.model_instances,
                         {"gpt_model_path": s.weights_dir, "num_threads": str(s.model_threads)})
     # Streaming sends one response per token: only a decoupled model may do that.
     cfg.model_transaction_policy.decoupled = True
@@ -160,6 +179,7 @@ def ensemble(s: RepoSettings) -> mc.ModelConfig:
                           "pad_id": "_PREPROCESSOR_PAD_ID", "streaming": "stream", "runtime_top_k": "top_k",
                           "runtime_top_p": "top_p", "temperature": "temperature",
                           "repetition_penalty": "repetition_penalty", "seed": "seed",
+                          "presence_penalty": "presence_penalty", "frequency_penalty": "frequency_penalty",
                           # Like TensorRT-LLM, a non-streamed answer includes the prompt unless asked not to.
                           "exclude_input_in_output": "exclude_input_in_output", "min_tokens": "min_tokens",
                           "stop_words_list": "_STOP_WORDS_IDS", "return_log_probs": "return_log_probs",

@@ -23,7 +23,8 @@ _PKG = Path(__file__).resolve().parents[1]  # stoker/
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                    "generation_config.json", "stoker_runtime.json")
 # Runtime modules the model step imports inside Triton (dequantization happened at build time).
-RUNTIME_MODULES = ("__init__.py", "model.py", "generate.py", "kvquant.py", "batch.py", "lora.py", "lora_config.py", "lora_trtllm.py")
+RUNTIME_MODULES = ("__init__.py", "model.py", "generate.py", "kvquant.py", "batch.py", "lora.py", "lora_config.py", "lora_trtllm.py",
+                   "guided.py")
 EMPTY_DIRS = ("ensemble/1",)
 
 

@@ -103,6 +103,23 @@ def test_every_eos_id_stops_the_engine(rendered):
     assert steps["tensorrt_llm"].input_map["stop_words_list"] == wire
 
 
+@pytest.mark.targets("tensorrt")
+def test_engine_enables_guided_decoding_with_upstreams_parameters(rendered, ibl):
+    """tensorrtllm_backend docs/guided_decoding.md ("C++ Backend"): the C++ backend builds its guided decoder only
+    when guided_decoding_backend is xgrammar and xgrammar_tokenizer_info_path names the tokenizer info file; without
+    them a guide is not enforced. Both are upstream's parameter names, the file is one the package step writes
+    inside the repository (pending at render: no tokenizer here), at the path the serve step mounts it."""
+    repo = rendered["repo"]
+    params = {k: v.string_value for k, v in _load(repo, "tensorrt_llm").parameters.items()}
+    assert {"guided_decoding_backend", "xgrammar_tokenizer_info_path"} <= set(ibl["tensorrt_llm"]["parameters"])
+    assert {"guided_decoding_backend", "xgrammar_tokenizer_info_path"} <= set(ibl["tensorrt_llm"]["placeholders"])
+    assert params["guided_decoding_backend"] == "xgrammar"
+    path = params["xgrammar_tokenizer_info_path"]
+    assert path.startswith("/models/tensorrt_llm/1/") and path.endswith(".json")
+    assert path.removeprefix("/models/") in rendered["doc"]["repository"]["pending"]
+    assert {"guided_decoding_guide_type", "guided_decoding_guide"} <= {t.name for t in _load(repo, "tensorrt_llm").input}
+
+
 @pytest.mark.targets("pytorch")
 def test_llmapi_stops_on_every_eos_id(rendered):
     import json
@@ -176,7 +193,11 @@ def test_reference_repository_speaks_upstreams_log_prob_interface(ibl):
     _check_scores_wiring(ens, model, ibl)
     up_trt_in = _upstream_io(ibl["tensorrt_llm"]["inputs"])
     up_trt_out = {k: v[0] for k, v in _upstream_io(ibl["tensorrt_llm"]["outputs"]).items()}
-    assert all(up_trt_in[k] == v for k, v in _io(model.input).items() if k != "input_ids")  # upstream: optional
-    assert all(up_trt_out[k] == v[0] for k, v in _io(model.output).items())
+    # Besides upstream's: the reference model's own top-k tensors (top_logprobs), under names upstream does not use.
+    own_in = {t[0] for t in triton_config.TOP_LOG_PROBS_IN}
+    own_out = {t[0] for t in triton_config.TOP_LOG_PROBS_OUT}
+    assert not own_in & set(up_trt_in) and not own_out & set(up_trt_out)
+    assert all(up_trt_in[k] == v for k, v in _io(model.input).items() if k not in {"input_ids", *own_in})
+    assert all(up_trt_out[k] == v[0] for k, v in _io(model.output).items() if k not in own_out)
     up_ens_out = {k: v[0] for k, v in _upstream_io(ibl["ensemble"]["outputs"]).items()}
     assert all(up_ens_out[k] == v[0] for k, v in _io(ens.output).items())

@@ -54,3 +54,36 @@ def openai_service(model: str, grpc_url: str, assets: Path, log: Path | None = N
     finally:
         service.terminate()
         service.wait(timeout=30)
+
+
+# A chat template in the Hermes (Qwen2) family for the tiny Llama, which has none: written for these tests (data in
+# that family's format: the tools inside <tools>, a call as <tool_call>{"name", "arguments"}</tool_call>, as vLLM's
+# hermes tool parser reads it), so tool calls run end to end. Without tools it renders exactly what the service's
+# fallback template does, BOS included (transformers renders with trim_blocks: the newline after a block is
+# written as an expression).
+TOOLS_TEMPLATE = (
+    "{{ bos_token }}{% if tools %}system: you may call <tools>{% for t in tools %}{{ t.function | tojson }}"
+    "{% endfor %}</tools> as <tool_call>{\"name\": …, \"arguments\": …}</tool_call>\n{% endif %}"
+    "{% for m in messages %}{% if m.tool_calls %}{{ m.role }}: {% for c in m.tool_calls %}<tool_call>"
+    "{{ {'name': c.function.name, 'arguments': c.function.arguments} | tojson }}</tool_call>{% endfor %}{{ '\\n' }}"
+    "{% else %}{{ m.role }}: {{ m.content }}\n{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}assistant:{% endif %}"
+)
+
+
+@contextlib.contextmanager
+def tiny_model_served(root: Path, model: str = "tiny",
+                      chat_template: str | None = None) -> Iterator[tuple[object, Path, str]]:
+    """The tiny Llama (seed 0) made under ``root``, served by a local tritonserver with this service in front:
+    yields (the server, the build's artifact folder, the service's base URL). The benchmarks' common start.
+    ``chat_template``: given to the build (its chat_template.jinja) before the service reads it."""
+    from grpc_stream import serve_checkpoint
+
+    from stoker.workers.tinymodel import make_tiny_model
+
+    make_tiny_model(root / "ckpt", seed=0)
+    with serve_checkpoint(root / "ckpt", root) as (server, artifact):
+        if chat_template is not None:
+            (artifact / "chat_template.jinja").write_text(chat_template)
+        with openai_service(model, server.grpc_url, artifact) as (base, _service):
+            yield server, artifact, base

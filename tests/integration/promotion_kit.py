@@ -42,14 +42,20 @@ def client(images):
     return engine.connect(None)
 
 
-@pytest.fixture(scope="module")
-def s3(local_stack):
-    env = local_stack["aws_env"]
+def new_bucket(local_stack, prefix: str):
+    """A fresh bucket on the session's S3: (boto3 client, bucket name, the credentials' environment)."""
+    env = {**local_stack["aws_env"], "AWS_DEFAULT_REGION": "us-east-1"}
     c = boto3.client("s3", endpoint_url=local_stack["s3"], region_name="us-east-1",
                      aws_access_key_id=env["AWS_ACCESS_KEY_ID"], aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"])
-    bucket = f"promo-{uuid.uuid4().hex[:10]}"
+    bucket = f"{prefix}-{uuid.uuid4().hex[:10]}"
     c.create_bucket(Bucket=bucket)
-    return c, bucket, local_stack["s3"], env
+    return c, bucket, env
+
+
+@pytest.fixture(scope="module")
+def s3(local_stack):
+    c, bucket, _env = new_bucket(local_stack, "promo")
+    return c, bucket, local_stack["s3"], local_stack["aws_env"]
 
 
 def listen_ports() -> Ports:

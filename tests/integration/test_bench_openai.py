@@ -92,3 +92,51 @@ def test_preflight_errors_are_one_line(openai_url, tmp_path):
     gone = _bench("--protocol", "openai", "--url", f"http://127.0.0.1:{free_port()}/v1", "--model", MODEL,
                   "--tokenizer", str(tokenizer), "--requests", "1", "--out", str(tmp_path / "b"), "--quiet")
     assert gone.returncode == 1 and "is unreachable" in gone.stderr and len(gone.stderr.strip().splitlines()) == 1
+
+
+def test_a_schema_workload_measures_the_constraints_cost_side_by_side(openai_url, tmp_path):
+    """`--json-schema`: every request carries the schema (a schema the server refuses fails every one of them with
+    its 400), and the same workload runs again without it, the cost printed per level."""
+    base, tokenizer = openai_url
+    schema = tmp_path / "answer.json"
+    schema.write_text(json.dumps({"type": "object", "properties": {"answer": {"type": "string", "maxLength": 8}},
+                                  "required": ["answer"]}))
+    common = ("--url", base, "--model", MODEL, "--tokenizer", str(tokenizer), "--output-tokens", "16",
+              "--extra-input", "temperature=0", "--concurrency", "1", "--requests", "3", "--warmup", "1", "--quiet")
+    out = tmp_path / "bench"
+    run = _bench(*common, "--json-schema", str(schema), "--out", str(out))
+    assert run.returncode == 0, run.stderr
+    constrained = json.loads((out / "summary.json").read_text())
+    free = json.loads((out / "unconstrained" / "summary.json").read_text())
+    assert constrained["workload"]["response_format"] == {
+        "type": "json_schema", "json_schema": {"name": "answer", "schema": json.loads(schema.read_text()),
+                                               "strict": True}}
+    assert "response_format" not in free["workload"]
+    for s in (constrained, free):
+        assert [(lv["requests"], lv["completed"], lv["errors"]) for lv in s["levels"]] == [(3, 3, 0)]
+    cost = [line for line in run.stdout.splitlines() if "x the free output tok/s" in line]
+    assert len(cost) == 1 and cost[0].startswith("concurrency 1: constrained "), run.stdout
+
+    loops = tmp_path / "loops.json"  # a $ref to itself: refused by the service before any token is generated
+    loops.write_text(json.dumps({"$ref": "#"}))
+    bad = _bench(*common, "--warmup", "0", "--json-schema", str(loops), "--out", str(tmp_path / "bad"))
+    # The first request is the preflight's: the service's 400 is the command's one-line error.
+    assert bad.returncode == 1 and bad.stderr.startswith("stoker: error: first request to model 'tiny' failed: "
+                                                         "HTTP 400: Invalid schema for response_format 'loops'")
+    assert len(bad.stderr.strip().splitlines()) == 1
+
+
+def test_a_schema_workload_refuses_bad_settings_in_one_line(openai_url, tmp_path):
+    base, tokenizer = openai_url
+    cases = {
+        ("--json-schema", str(tmp_path / "none.json")): "--json-schema",
+        ("--json-schema", str(ROOT / "README.md")): "not JSON",
+        ("--json-schema", str(ROOT / "pyproject.toml"), "--protocol", "grpc"): "not JSON",
+        ("--response-format", "json_object", "--protocol", "http"): "use --protocol openai",
+    }
+    for extra, words in cases.items():
+        run = _bench("--url", base, "--tokenizer", str(tokenizer), "--requests", "1", "--quiet",
+                     "--out", str(tmp_path / "x"), *extra)
+        assert run.returncode == 1 and len(run.stderr.strip().splitlines()) == 1 and words in run.stderr, (extra,
+                                                                                                          run.stderr)
+    assert not (tmp_path / "x").exists()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import urllib.request
 import uuid
@@ -25,6 +26,7 @@ from stoker.demo import DEMO_SPEC
 
 pytestmark = [pytest.mark.docker, pytest.mark.s3, pytest.mark.hub, pytest.mark.prefect, pytest.mark.slow]
 
+ROOT = Path(__file__).resolve().parents[2]
 HEAVY_STEPS = ("fetch", "quantize", "build", "package", "upload")
 
 
@@ -132,6 +134,16 @@ def test_demo_spec_end_to_end_then_a_rerun_of_cache_hits(tmp_path, local_stack, 
     answers = {model: client.completions.create(model=model, prompt="The quick brown fox", max_tokens=8, temperature=0,
                                                 extra_body={"min_tokens": 8}).choices[0].text for model in cards}
     assert answers["demo-lora"] != answers[data["deploy"]["name"]], answers  # the adapter changes the answer
+    # The README's OpenAI example, verbatim but for the address and the name (the demo's are 8000 and "demo").
+    block = re.search(r"```python\n(from openai import OpenAI\n.*?)```", (ROOT / "README.md").read_text(), re.S)[1]
+    block = block.replace("http://127.0.0.1:8000", m1["endpoint"]["http"])
+    scope: dict = {}
+    exec(block.replace('model="demo"', f'model="{data["deploy"]["name"]}"'), scope)  # noqa: S102 -- our README
+    assert len(scope["shaped"].choices) == 2
+    for choice in scope["shaped"].choices:
+        assert choice.finish_reason == "stop" and json.loads(choice.message.content)["colour"] in ("red", "green",
+                                                                                                   "blue")
+        assert len(choice.logprobs.content) >= 1
 
     second = stoker(["run", str(path)], env)
     assert second.returncode == 0, second.stderr[-4000:]

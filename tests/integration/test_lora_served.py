@@ -41,8 +41,9 @@ def _adapter(base: Path, out: Path, seed: int) -> Path:
     return out
 
 
-def _greedy_text(base: Path, adapter: Path | None) -> str:
-    """transformers (+ PEFT with ``adapter``) greedy on the unquantized base, decoded as the service decodes."""
+def _greedy(base: Path, adapter: Path | None) -> tuple[str, list[float]]:
+    """transformers (+ PEFT with ``adapter``) greedy on the unquantized base, decoded as the service decodes, and
+    each generated token's log-softmax."""
     import torch
 
     tok = transformers.AutoTokenizer.from_pretrained(str(base))
@@ -53,7 +54,17 @@ def _greedy_text(base: Path, adapter: Path | None) -> str:
     with torch.no_grad():
         out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=N, do_sample=False,
                              min_new_tokens=N, pad_token_id=tok.pad_token_id)
-    return tok.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
+        new = out[0, ids.shape[1]:]
+        logits = model(input_ids=out).logits[0, ids.shape[1] - 1: -1].float()
+        # min_tokens = N holds the end id off at every one of these positions: the distribution drawn from (whose
+        # log-softmax the service reports, docs/serving.md) has it masked, as transformers' min_new_tokens does.
+        logits[:, tok.eos_token_id] = float("-inf")
+        rows = torch.log_softmax(logits, -1)
+    return tok.decode(new, skip_special_tokens=True), rows[torch.arange(len(new)), new].tolist()
+
+
+def _greedy_text(base: Path, adapter: Path | None) -> str:
+    return _greedy(base, adapter)[0]
 
 
 def _run(spec: dict, tmp: Path, env: dict) -> dict:
@@ -106,10 +117,22 @@ def test_an_adapter_is_served_exactly_and_a_new_revision_needs_no_rebuild(tmp_pa
 
         cards = {m.id: m for m in client.models.list().data}
         assert set(cards) == {name, "tiny-lora"} and cards["tiny-lora"].parent == name
-        want_base, want_v1 = _greedy_text(base, None), _greedy_text(base, v1)
+        want_base = _greedy_text(base, None)
+        want_v1, v1_log_probs = _greedy(base, v1)
         assert want_v1 != want_base  # the adapter changes the answer
         assert _complete(client, name) == want_base
         assert _complete(client, "tiny-lora") == want_v1
+        # Issue 50 item 5: the adapter's log probs are PEFT's log-softmax, and a schema constrains its answer.
+        scored = client.completions.create(model="tiny-lora", prompt=PROMPT, max_tokens=N, temperature=0, logprobs=1,
+                                           extra_body={"min_tokens": N}).choices[0]
+        assert scored.text == want_v1
+        assert max(abs(a - b) for a, b in zip(scored.logprobs.token_logprobs, v1_log_probs, strict=True)) < 1e-4
+        shaped = client.chat.completions.create(
+            model="tiny-lora", messages=[{"role": "user", "content": PROMPT}], max_tokens=48, temperature=0,
+            response_format={"type": "json_schema", "json_schema": {"name": "word", "strict": True, "schema": {
+                "type": "object", "properties": {"w": {"type": "string", "maxLength": 4}}, "required": ["w"]}}})
+        assert shaped.choices[0].finish_reason == "stop", shaped
+        assert set(json.loads(shaped.choices[0].message.content)) == {"w"}
 
         # Unknown adapters: a 404 in OpenAI's shape; through Triton, one line naming what is served.
         with pytest.raises(openai.NotFoundError):

@@ -20,15 +20,13 @@ import urllib.error
 import urllib.request
 import uuid
 
-import boto3
 import httpx
 import pytest
 
 from stoker.containers import engine
 from stoker.serving import api_keys, haproxy, promote
-from stoker.containers.ports import Ports
-from stoker.stack.services import free_port
 
+from promotion_kit import listen_ports, new_bucket
 from serving_models import publish
 
 pytestmark = [pytest.mark.docker, pytest.mark.s3, pytest.mark.slow]
@@ -83,15 +81,9 @@ def test_openai_api_on_the_stable_address_follows_a_switch(local_stack, triton_i
 
     image = triton_image
     client = engine.connect(None)
-    env = {**local_stack["aws_env"], "AWS_DEFAULT_REGION": "us-east-1"}
-    s3 = boto3.client("s3", endpoint_url=local_stack["s3"], region_name="us-east-1",
-                      aws_access_key_id=env["AWS_ACCESS_KEY_ID"], aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"])
-    bucket = f"oa-{uuid.uuid4().hex[:10]}"
-    s3.create_bucket(Bucket=bucket)
+    s3, bucket, env = new_bucket(local_stack, "oa")
     repo_a, repo_b, artifact = _repos(tmp_path)
-    http = free_port()
-    grpc = free_port(exclude=(http,))
-    listen = Ports(http, grpc, free_port(exclude=(http, grpc)))
+    listen = listen_ports()
     target = promote.Target(name=f"oa{uuid.uuid4().hex[:6]}", listen=listen, proxy_image="stoker/haproxy:2.6",
                             state_dir=tmp_path / "proxy", openai_image=image,
                             keys=api_keys.parse(f"{KEY}\n", "the test's key"), tls=_certificate(tmp_path))
@@ -126,10 +118,19 @@ def test_openai_api_on_the_stable_address_follows_a_switch(local_stack, triton_i
                                              stream=True, stream_options={"include_usage": True}))
         assert chunks[-1].usage.prompt_tokens == len(tok.encode("Hello").ids)
         assert chunks[-1].usage.completion_tokens >= 1
+        # Issue 50 item 5: structured output and log probs through the stable address, over TLS, with the key.
+        shaped = api.chat.completions.create(
+            model=target.name, messages=MESSAGES, max_tokens=48, temperature=0, logprobs=True, top_logprobs=2,
+            response_format={"type": "json_schema", "json_schema": {"name": "colour", "strict": True, "schema": {
+                "type": "object", "properties": {"c": {"type": "string", "maxLength": 4}}, "required": ["c"]}}})
+        choice = shaped.choices[0]
+        assert choice.finish_reason == "stop" and set(json.loads(choice.message.content)) == {"c"}, shaped
+        assert len(choice.logprobs.content) == shaped.usage.completion_tokens
+        assert all(len(t.top_logprobs) == 2 and t.logprob <= 0 for t in choice.logprobs.content)
         with pytest.raises(openai.NotFoundError):
             api.chat.completions.create(model="gpt-4o", messages=MESSAGES)
         with pytest.raises(openai.BadRequestError):
-            api.chat.completions.create(model=target.name, messages=MESSAGES, n=2)
+            api.chat.completions.create(model=target.name, messages=MESSAGES, n=9)  # above 8 (MAX_CHOICES)
         # The same port still serves Triton's own API.
         req = urllib.request.Request(f"{target.endpoint['http']}/v2/models/ensemble/generate_stream",
                                      data=json.dumps({"text_input": "Hi", "max_tokens": 2}).encode(), headers=AUTH)

@@ -239,14 +239,14 @@ def test_model_chat_template(served):
 
 
 @pytest.mark.parametrize("kwargs, param", [
-    (dict(n=2), "n"),
+    (dict(n=9), "n"),  # above MAX_CHOICES (8)
     (dict(max_tokens=0), "max_tokens"),
     (dict(max_tokens=-3), "max_tokens"),
     (dict(max_tokens=10**6), "max_tokens"),
     (dict(messages=[]), "messages"),
     (dict(messages=[{"role": "bot", "content": "hi"}]), "messages[0].role"),
     (dict(temperature=5), "temperature"),
-    (dict(logprobs=True), "logprobs"),
+    (dict(logprobs=True, top_logprobs=21), "top_logprobs"),  # log probs themselves: test_openai_logprobs.py
 ])
 def test_bad_chat_requests(plain, kwargs, param):
     body = {"model": MODEL, "messages": MESSAGES, **kwargs}

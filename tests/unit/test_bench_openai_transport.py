@@ -105,3 +105,31 @@ def test_open_transport_and_cli_protocol():
     assert type(open_transport(TransportSpec("openai", "http://h:1/v1", "tiny"))).__name__ == "OpenAiTransport"
     assert _protocol_of("http://h:1/v1") == "openai" and _protocol_of("http://h:1") == "http"
     assert _protocol_of("h:8001") == "grpc"
+
+
+def test_a_response_format_goes_with_every_request_and_only_over_openai():
+    from stoker.bench.client import BenchConfig, validate
+    from stoker.bench.errors import InvalidBenchmarkConfig
+    from stoker.bench.session import Level
+    from stoker.bench.workload import Prompt
+
+    fmt = {"type": "json_schema", "json_schema": {"name": "a", "schema": {"type": "object"}, "strict": True}}
+    config = BenchConfig(url="http://h/v1", model="m", levels=[Level(concurrency=1)], max_tokens=8,
+                         protocol="openai", response_format=fmt)
+    body = request_body(config.transport_spec(), "hi", 8)
+    assert body["response_format"] == fmt and body["prompt"] == "hi"
+    assert "response_format" not in request_body(TransportSpec(protocol="openai", url="u", model="m"), "hi", 8)
+    validate(config, [Prompt("hi", 1)])
+    from dataclasses import replace
+
+    with pytest.raises(InvalidBenchmarkConfig, match="use --protocol openai"):
+        validate(replace(config, protocol="grpc"), [Prompt("hi", 1)])
+
+
+def test_the_constraints_cost_line_per_level():
+    from stoker.bench.output import cost_lines
+
+    level = {"mode": "concurrency", "concurrency": 4, "output_tokens_per_s": 90.0, "ttft_ms": {"p50": 30.0}}
+    free = {**level, "output_tokens_per_s": 100.0, "ttft_ms": {"p50": 25.0}}
+    assert cost_lines({"levels": [level]}, {"levels": [free]}) == [
+        "concurrency 4: constrained 0.900x the free output tok/s (90.0 vs 100.0); TTFT p50 30.0 ms vs 25.0 ms"]

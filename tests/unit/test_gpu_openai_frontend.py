@@ -7,9 +7,11 @@ check against are recorded in stoker/gpu/openai_frontend.py with their commits.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
+from tokenizers import Tokenizer, models
 
 from stoker.triton import config as triton_config
 from stoker.gpu import inflight, openai_frontend, repository, rules, trtllm
@@ -143,7 +145,10 @@ def test_ensemble_takes_what_the_frontend_sends():
 def test_package_copies_the_chat_template(tmp_path):
     src = tmp_path / "hf"
     src.mkdir()
-    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+    for name in ("tokenizer_config.json", "chat_template.jinja"):
         (src / name).write_text("{}" if name.endswith(".json") else "{{ messages }}")
-    repository.write_repository(gpu_spec(gpus={"count": 1}), LLAMA, tmp_path / "repo", tokenizer_src=src)
+    # A real tokenizer.json: the package step also writes the engine's xgrammar tokenizer info from it.
+    Tokenizer(models.WordLevel({"<|eot_id|>": 0}, unk_token="<|eot_id|>")).save(str(src / "tokenizer.json"))
+    facts = dataclasses.replace(LLAMA, end_id=0, pad_id=0, stop_ids=())
+    repository.write_repository(gpu_spec(gpus={"count": 1}), facts, tmp_path / "repo", tokenizer_src=src)
     assert (tmp_path / "repo" / "preprocessing/1/tokenizer/chat_template.jinja").read_text() == "{{ messages }}"

@@ -59,3 +59,18 @@ def test_image_pins_the_transformers_the_project_tests_against():
     pinned = re.search(r'"transformers==([^"]+)"', (root / "pyproject.toml").read_text()).group(1)
     assert versions["TRANSFORMERS_VERSION"] == pinned
     assert '"transformers==${TRANSFORMERS_VERSION}"' in (root / "infra/image/rootfs-setup.sh").read_text()
+
+
+def test_image_pins_the_xgrammar_the_project_tests_against():
+    """Guided decoding runs in the image: the xgrammar the runtime's tests ran on (the venv's, which the Makefile
+    installs from the same pins), both installed without `triton`."""
+    from importlib.metadata import version
+
+    root = PROXY_DIR.parents[1]
+    versions = dict(line.split("=", 1) for line in (root / "infra/image/versions.env").read_text().splitlines()
+                    if line and not line.startswith("#"))
+    assert versions["XGRAMMAR_VERSION"] == version("xgrammar")
+    assert versions["APACHE_TVM_FFI_VERSION"] == version("apache-tvm-ffi")
+    assert '"xgrammar==$$XGRAMMAR_VERSION"' in (root / "Makefile").read_text()
+    setup = (root / "infra/image/rootfs-setup.sh").read_text()
+    assert '"xgrammar==${XGRAMMAR_VERSION}"' in setup and "--no-deps" in setup

@@ -87,3 +87,29 @@ def test_token_log_probs_shape_and_values() -> None:
     got = token_log_probs(logits, [1, 0])
     assert got.shape == (2,)
     assert torch.allclose(got, torch.log(torch.tensor([0.5, 1 / (1 + torch.exp(torch.tensor(-2.0)))])))
+
+
+def test_top_log_probs_are_transformers_top_k_of_the_same_rows(tiny) -> None:
+    """The alternatives behind OpenAI's top_logprobs: the k largest of transformers' log-softmax at each position."""
+    ref, ours = tiny
+    k = 5
+    record = Record(top_log_probs=k)
+    tokens = list(generate(ours, PROMPT, 12, end_id=NO_END, record=record))
+    assert tokens == list(generate(ours, PROMPT, 12, end_id=NO_END))  # asking for them changes no token
+    rows = torch.log_softmax(_hf_logits(ref, PROMPT + tokens)[len(PROMPT) - 1: -1], -1)
+    want = torch.topk(rows, k)
+    assert len(record.top) == len(record.log_probs) == len(tokens)
+    for i, pairs in enumerate(record.top):
+        assert [t for t, _ in pairs] == want.indices[i].tolist()
+        assert torch.allclose(torch.tensor([v for _, v in pairs]), want.values[i], atol=TOL)
+        assert pairs[0] == (tokens[i], pytest.approx(record.log_probs[i], abs=1e-6))  # greedy: the first is chosen
+
+
+def test_top_log_probs_while_sampling_come_from_the_sampled_distribution(tiny) -> None:
+    ref, ours = tiny
+    record = Record(top_log_probs=3)
+    tokens = list(generate(ours, PROMPT, 6, end_id=NO_END, temperature=0.7, top_p=0.9, seed=5, record=record))
+    rows = torch.log_softmax(_hf_logits(ref, PROMPT + tokens)[len(PROMPT) - 1: -1] / 0.7, -1)
+    got = torch.tensor([[v for _, v in pairs] for pairs in record.top])
+    assert torch.allclose(got, torch.topk(rows, 3).values, atol=TOL)
+    assert Record().top == [] and Record().top_log_probs == 0  # off unless asked

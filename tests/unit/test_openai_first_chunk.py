@@ -8,7 +8,7 @@ import asyncio
 import h11
 
 from stoker.openai_api import triton_stream
-from stoker.openai_api.app import Generating
+from stoker.openai_api.generation import Generating
 from stoker.openai_api.http11 import _HeadersWithFirstChunk
 from stoker.openai_api.sse import EventStream
 

@@ -20,7 +20,7 @@ from stoker import protocol
 from stoker.gpu import llmapi
 from stoker.openai_api import mapping as m
 from stoker.openai_api import triton_stream as ts
-from stoker.openai_api.app import LlmApiGenerating
+from stoker.openai_api.generation import LlmApiGenerating
 from stoker.openai_api.mapping import ApiError
 from stoker.openai_api.served_model import LIVE_FILE, LiveModel, ServedModel
 

@@ -64,7 +64,7 @@ def test_valid_chat_request_and_messages():
     (_chat(messages=[{"role": "user", "content": 3}]), "messages[0].content", "invalid_type"),
     (_chat(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]),
      "messages[0].content[0].type", "unsupported_value"),
-    (_chat(n=2), "n", "unsupported_value"),
+    (_chat(n=9), "n", "unsupported_value"),  # above mapping.MAX_CHOICES
     (_chat(n=0), "n", "invalid_value"),
     (_chat(max_tokens="8"), "max_tokens", "invalid_type"),
     (_chat(max_tokens=True), "max_tokens", "invalid_type"),
@@ -72,9 +72,12 @@ def test_valid_chat_request_and_messages():
     (_chat(top_p=1.5), "top_p", "invalid_value"),
     (_chat(stop=["a", "b", "c", "d", "e"]), "stop", "invalid_value"),
     (_chat(stream_options={"include_usage": True}), "stream_options", "invalid_value"),
-    (_chat(tools=[{"type": "function"}]), "tools", "unsupported_parameter"),
-    (_chat(logprobs=True), "logprobs", "unsupported_parameter"),
-    (_chat(presence_penalty=0.5), "presence_penalty", "unsupported_parameter"),
+    # tools are served now (tests/unit/test_openai_tools.py); OpenAI's deprecated spelling stays refused
+    (_chat(functions=[{"name": "f"}]), "functions", "unsupported_parameter"),
+    (_chat(logprobs="yes"), "logprobs", "invalid_type"),  # served now: tests/unit/test_openai_logprobs_shapes.py
+    (_chat(presence_penalty=2.5), "presence_penalty", "invalid_value"),  # OpenAI's range: -2..2
+    (_chat(frequency_penalty=-2.5), "frequency_penalty", "invalid_value"),
+    (_chat(logit_bias={"5": 101}), "logit_bias", "invalid_value"),
 ])
 def test_bad_chat_requests(body, param, code):
     with pytest.raises(m.ApiError) as err:

@@ -73,7 +73,11 @@ def test_model_step_is_decoupled_and_python_with_upstream_tensor_names():
     outputs = {o.name: (mc.DataType.Name(o.data_type), list(o.dims)) for o in cfg.output}
     assert outputs == {"output_ids": ("TYPE_INT32", [-1, -1]), "sequence_length": ("TYPE_INT32", [-1]),
                        "cum_log_probs": ("TYPE_FP32", [-1]), "output_log_probs": ("TYPE_FP32", [-1, -1]),
-                       "context_logits": ("TYPE_FP32", [-1, -1])}
+                       "context_logits": ("TYPE_FP32", [-1, -1]),
+                       # the reference model's own (top_logprobs): not TensorRT-LLM's, not in the ensemble
+                       "top_log_prob_ids": ("TYPE_INT32", [-1, -1]), "top_log_probs": ("TYPE_FP32", [-1, -1])}
+    assert inputs["return_top_log_probs"] == ("TYPE_INT32", True)
+    assert not {"top_log_probs", "top_log_prob_ids"} & {o.name for o in _parsed()["ensemble"].output}
     assert inputs["return_log_probs"] == ("TYPE_BOOL", True)
     assert inputs["return_context_logits"] == ("TYPE_BOOL", True)
     assert cfg.parameters["gpt_model_path"].string_value == "weights"

@@ -24,7 +24,8 @@ The contract, as upstream's model.py and helpers.py define it (read at TensorRT-
 - Sampling: no top_k and no top_p (or both 0) is greedy, as TensorRT-LLM's sampling defaults; else temperature
   (default 1.0) with top-k / top-p. max_tokens defaults to 32 (SamplingParams' default). `stop` strings end the
   output before them; `stop_token_ids` (the shim's, from the model's other eos ids) and the end id end it too.
-frequency/presence penalties and best_of > 1 are refused (the reference runtime has a repetition penalty only).
+  frequency_penalty / presence_penalty go to the runtime, which applies them as TensorRT-LLM's sampling kernels do
+  (stoker_runtime.generate's docstring). best_of > 1 is refused (the runtime returns one sequence per request).
 """
 
 from __future__ import annotations
@@ -109,20 +110,18 @@ def _runtime_kwargs(params: dict) -> dict:
     """SamplingParams fields onto the reference runtime's `generate` arguments."""
     if int(params.get("best_of") or 1) != 1:
         raise RequestError("best_of > 1 is not served by the stand-in")
-    for name in ("frequency_penalty", "presence_penalty"):
-        if float(params.get(name) or 0.0) != 0.0:
-            raise RequestError(f"{name} is not served by the stand-in (the reference runtime has repetition_penalty)")
+    penalties = {name: float(params.get(name) or 0.0) for name in ("frequency_penalty", "presence_penalty")}
     top_k = int(params.get("top_k") or 0)
     top_p = float(params.get("top_p") or 0.0)
     if top_k < 0 or not 0.0 <= top_p <= 1.0:
         raise RequestError(f"top_k must be >= 0 and top_p in [0, 1], got {top_k} and {top_p}")
     seed = int(params.get("seed") or 0)
     if top_k == 0 and top_p == 0.0:
-        return {"temperature": 0.0, "top_k": 0, "top_p": 1.0, "seed": seed}
+        return {"temperature": 0.0, "top_k": 0, "top_p": 1.0, "seed": seed, **penalties}
     temperature = 1.0 if params.get("temperature") is None else float(params["temperature"])
     if temperature < 0:
         raise RequestError(f"temperature must be >= 0, got {temperature}")
-    return {"temperature": temperature, "top_k": top_k, "top_p": top_p or 1.0, "seed": seed}
+    return {"temperature": temperature, "top_k": top_k, "top_p": top_p or 1.0, "seed": seed, **penalties}
 
 
 class _Request:

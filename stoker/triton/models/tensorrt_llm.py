@@ -9,15 +9,23 @@ and our token-by-token loop.
 Inputs (leading batch dim): input_ids INT32 [-1], input_lengths INT32 [1], request_output_len
 INT32 [1]; optional end_id, pad_id INT32 [1], streaming BOOL [1], temperature FP32 [1],
 runtime_top_k INT32 [1], runtime_top_p FP32 [1], repetition_penalty FP32 [1], seed UINT64 [1],
+presence_penalty FP32 [1], frequency_penalty FP32 [1], embedding_bias FP32 [vocab] (added to the logits; penalties
+and bias as TensorRT-LLM's kernel applies them: stoker_runtime.generate's docstring),
 exclude_input_in_output BOOL [1], min_tokens INT32 [1] (end_id cannot end the output before that many tokens),
 stop_words_list INT32 [2, -1] (TensorRT-LLM's layout, see stoker_stop_words.py),
-return_log_probs BOOL [1], return_context_logits BOOL [1], lora_task_id UINT64 [1] (TensorRT-LLM's per-request
+return_log_probs BOOL [1], return_context_logits BOOL [1], return_top_log_probs INT32 [1] (stoker's own, the
+reference target's only: k alternatives per generated token, 0..20, implies return_log_probs; TensorRT-LLM 1.2.1's
+model has no such input), lora_task_id UINT64 [1] (TensorRT-LLM's per-request
 adapter: one of the LoRA adapters the repository carries in 1/adapters/, listed with their task ids in
-adapters.json; an id it does not carry fails that request alone, naming the served ones).
+adapters.json; an id it does not carry fails that request alone, naming the served ones),
+guided_decoding_guide_type STRING [1] and guided_decoding_guide STRING [1] (TensorRT-LLM's guided decoding: json,
+json_schema, regex or ebnf_grammar, enforced per token with xgrammar by stoker_runtime.guided; a guide that does not
+compile fails that request alone before it is queued, its message naming guided_decoding_guide).
 Outputs: output_ids INT32 [-1, -1] (beam, tokens), sequence_length INT32 [-1] (per beam); only
 when asked (as TensorRT-LLM): cum_log_probs FP32 [-1] (per beam) and output_log_probs FP32
 [-1, -1] (beam, generated tokens; zero-padded) for return_log_probs, context_logits FP32
-[-1, -1] (prompt tokens, vocab; zero-padded across a batch) for return_context_logits. Log probs
+[-1, -1] (prompt tokens, vocab; zero-padded across a batch) for return_context_logits; for return_top_log_probs
+k, top_log_prob_ids INT32 [-1, -1] and top_log_probs FP32 [-1, -1] (generated tokens, k; most likely first). Log probs
 are those of the distribution each token was sampled from (stoker_runtime.generate's docstring);
 prompt log probabilities are read from context_logits (generate.token_log_probs), as TensorRT-LLM's
 Triton interface has no tensor of its own for them.
@@ -25,12 +33,17 @@ Parameters: gpt_model_path (default "weights", relative to the version dir unles
 num_threads (torch threads, default 2), max_concurrent_requests (sequences decoded together; default the
 config's max_batch_size, as TensorRT-LLM's engine batch bounds its in-flight batcher; 8 without one),
 exclude_input_in_output (default "false", as upstream), lora_prefetch_dir (adapters in TensorRT-LLM's format, one
-folder per task id, named by the adapters table: stoker/runtime/lora_trtllm.py).
+folder per task id, named by the adapters table: stoker/runtime/lora_trtllm.py), tokenizer_dir (the tokenizer guides
+are compiled against, upstream's parameter of that name; default the weights folder, where the reference build
+writes it), guided_decoding_backend and xgrammar_tokenizer_info_path (upstream's: with both set, guides are compiled
+against that file, TensorRT-LLM's xgrammar tokenizer info, and tokenizer_dir is not used; the engine repository
+renders them, so its stand-in enforces guides from the file a real engine reads).
 
 Behaviour, matched to TensorRT-LLM where it defines one:
 - Streaming (decoupled only): one response per generated token, output_ids [1, 1, 1] and
   sequence_length [1, 1] = 1 (and, when asked, that token's output_log_probs [1, 1, 1], the
-  running cum_log_probs [1, 1], and context_logits with the first response), then an empty
+  running cum_log_probs [1, 1], its top_log_prob_ids / top_log_probs [1, 1, k], and context_logits with the first
+  response), then an empty
   response flagged COMPLETE_FINAL. Streamed tokens
   never include the prompt. Streaming takes one sequence per request (batch 1).
 - Non-streaming: one response, output_ids [batch, 1, T] right-padded with pad_id, and
@@ -74,9 +87,11 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from stoker_stop_words import from_word_list
 from stoker_runtime.batch import DEFAULT_MAX_BATCH, Batcher, Stream
 from stoker_runtime.generate import Record
+from stoker_runtime.guided import GUIDE_INPUT, GUIDE_TYPE_INPUT, Grammars, GuideError, parse_guide
 from stoker_runtime.model import RUNTIME_FILE, load_model
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+MAX_TOP_LOG_PROBS = 20  # OpenAI's bound on top_logprobs: alternatives a token may carry
 
 
 class RequestError(ValueError):
@@ -94,6 +109,22 @@ def _param(model_config: dict[str, Any], name: str, default: str) -> str:
     return value
 
 
+def _tokenizer_info_path(model_config: dict[str, Any]) -> Path | None:
+    """The xgrammar tokenizer info file guides are compiled against, read as TensorRT-LLM's C++ backend reads its
+    parameters (tensorrtllm_backend inflight_batcher_llm/src/model_instance_state.cc,
+    getGuidedDecodingConfigFromParams; docs/guided_decoding.md): used only with guided_decoding_backend set too;
+    a backend other than xgrammar, or a file that does not exist, fails the model's load. None: tokenizer_dir."""
+    backend = _param(model_config, "guided_decoding_backend", "")
+    path = _param(model_config, "xgrammar_tokenizer_info_path", "")
+    if not backend or not path:
+        return None
+    if backend != "xgrammar":
+        raise ValueError(f"guided_decoding_backend {backend!r}: only 'xgrammar' is supported, as TensorRT-LLM's")
+    if not Path(path).is_file():
+        raise ValueError(f"xgrammar_tokenizer_info_path {path} does not exist")
+    return Path(path)
+
+
 def _scalar(request: Any, name: str, batch: int, index: int) -> Any:
     """Item `index` of an optional [batch, 1] input, as a Python scalar (None when absent)."""
     tensor = pb_utils.get_input_tensor_by_name(request, name)
@@ -102,7 +133,9 @@ def _scalar(request: Any, name: str, batch: int, index: int) -> Any:
     values = tensor.as_numpy().reshape(-1)
     if values.size != batch:
         raise RequestError(f"{name} has {values.size} values for a batch of {batch}")
-    return values[index].item()
+    value = values[index]
+    # Triton hands BYTES tensors over as numpy object arrays of Python bytes, which have no .item().
+    return value.item() if hasattr(value, "item") else value
 
 
 def sampling_kwargs(temperature: float | None, top_k: int | None, top_p: float | None) -> dict[str, Any]:
@@ -135,6 +168,20 @@ def _stop_words(request: Any, batch: int, index: int) -> list[list[int]] | None:
         raise RequestError(f"stop_words_list: {exc}") from None
 
 
+def _embedding_bias(request: Any, batch: int, index: int) -> Any:
+    """Row `index` of the optional embedding_bias input (FP32 [batch, vocab]: added to the logits); None when absent
+    or empty (TensorRT-LLM's backend skips an empty one). The runtime checks its length against the vocabulary."""
+    tensor = pb_utils.get_input_tensor_by_name(request, "embedding_bias")
+    if tensor is None:
+        return None
+    values = tensor.as_numpy()
+    if values.size == 0:
+        return None
+    if values.ndim != 2 or values.shape[0] != batch:
+        raise RequestError(f"embedding_bias has shape {list(values.shape)}; expected [{batch}, vocab]")
+    return np.ascontiguousarray(values[index], np.float32)
+
+
 class _Job:
     """One sequence of a request, parsed and validated."""
 
@@ -160,8 +207,12 @@ class _Job:
         words = _stop_words(request, batch, index)
         self.stop_words = defaults[2] if words is None else words
         self.streaming = bool(_scalar(request, "streaming", batch, index) or False)
-        self.record = Record(want_log_probs=bool(_scalar(request, "return_log_probs", batch, index) or False),
-                             want_context_logits=bool(_scalar(request, "return_context_logits", batch, index) or False))
+        top = int(_scalar(request, "return_top_log_probs", batch, index) or 0)
+        if not 0 <= top <= MAX_TOP_LOG_PROBS:
+            raise RequestError(f"return_top_log_probs must be in 0..{MAX_TOP_LOG_PROBS}, got {top}")
+        self.record = Record(want_log_probs=bool(_scalar(request, "return_log_probs", batch, index) or top),
+                             want_context_logits=bool(_scalar(request, "return_context_logits", batch, index) or False),
+                             top_log_probs=top)
         exclude = _scalar(request, "exclude_input_in_output", batch, index)
         self.exclude_input = exclude_default if exclude is None else bool(exclude)
         task = _scalar(request, "lora_task_id", batch, index)
@@ -169,8 +220,14 @@ class _Job:
             served = ", ".join(f"{n} ({t})" for t, n in sorted(adapters.items(), key=lambda kv: kv[1])) or "none"
             raise RequestError(f"lora_task_id {task}: no such adapter in this repository (served: {served})")
         self.adapter = None if task is None else adapters[int(task)]
+        try:
+            self.guide = parse_guide(_scalar(request, GUIDE_TYPE_INPUT, batch, index),
+                                     _scalar(request, GUIDE_INPUT, batch, index))
+        except GuideError as exc:
+            raise RequestError(str(exc)) from None
         seed = _scalar(request, "seed", batch, index)
         penalty = _scalar(request, "repetition_penalty", batch, index)
+        presence, frequency = (_scalar(request, name, batch, index) for name in ("presence_penalty", "frequency_penalty"))
         min_tokens = _scalar(request, "min_tokens", batch, index)
         self.kwargs = {
             **sampling_kwargs(
@@ -181,13 +238,19 @@ class _Job:
             "repetition_penalty": 1.0 if penalty is None else float(penalty),
             "seed": 0 if seed is None else int(seed),
             "min_new_tokens": 0 if min_tokens is None else max(0, int(min_tokens)),
+            "presence_penalty": 0.0 if presence is None else float(presence),
+            "frequency_penalty": 0.0 if frequency is None else float(frequency),
+            "embedding_bias": _embedding_bias(request, batch, index),
         }
 
-    def submit(self, batcher: Batcher) -> Stream:
-        """Queue this sequence for generation; an invalid one is refused here, before anything runs."""
+    def submit(self, batcher: Batcher, grammars: Grammars) -> Stream:
+        """Queue this sequence for generation; an invalid one (a guide that does not compile too) is refused here,
+        before anything runs."""
         try:
+            constraint = None if self.guide is None else grammars.constraint(
+                *self.guide, stop_ids=[self.end_id, *(w[0] for w in self.stop_words if len(w) == 1)])
             return batcher.submit(self.prompt, self.max_new_tokens, self.end_id, stop_words=self.stop_words,
-                                  record=self.record, adapter=self.adapter, **self.kwargs)
+                                  record=self.record, adapter=self.adapter, constraint=constraint, **self.kwargs)
         except ValueError as exc:
             raise RequestError(str(exc)) from None
 
@@ -221,9 +284,24 @@ def _score_tensors(records: list[Record]) -> list[Any]:
             per_token[i, 0, : len(r.log_probs)] = r.log_probs
         cum = np.array([[r.cum_log_prob] for r in records], np.float32)
         tensors += [pb_utils.Tensor("cum_log_probs", cum), pb_utils.Tensor("output_log_probs", per_token)]
+    if any(r.top_log_probs for r in records):
+        tensors += _top_tensors(records)
     if any(r.context_logits is not None for r in records):
         tensors.append(_context_logits_tensor(records))
     return tensors
+
+
+def _top_tensors(records: list[Record], first: int = 0, last: int | None = None) -> list[Any]:
+    """top_log_prob_ids / top_log_probs [batch, tokens, k] for tokens first..last, zero-padded (k: the most asked)."""
+    k = max(r.top_log_probs for r in records)
+    rows = [r.top[first:last] for r in records]
+    width = max(1, max(len(t) for t in rows))
+    ids, values = np.zeros((len(records), width, k), np.int32), np.zeros((len(records), width, k), np.float32)
+    for i, tokens in enumerate(rows):
+        for j, pairs in enumerate(tokens):
+            ids[i, j, : len(pairs)] = [t for t, _ in pairs]
+            values[i, j, : len(pairs)] = [v for _, v in pairs]
+    return [pb_utils.Tensor("top_log_prob_ids", ids), pb_utils.Tensor("top_log_probs", values)]
 
 
 IN_FLIGHT_METRIC = "stoker_requests_in_flight"
@@ -280,6 +358,9 @@ class TritonPythonModel:
         self.defaults = (self.model.info.end_id, self.model.info.pad_id, [[int(i)] for i in stop_ids])
         self.stopping = threading.Event()
         self.batcher = Batcher(self.model, max_batch=batch).start()
+        # Guides are compiled against the tokenizer (read on the first guided request, then kept).
+        self.grammars = Grammars(Path(_param(config, "tokenizer_dir", str(weights))), self.model.vocab_size,
+                                 tokenizer_info_path=_tokenizer_info_path(config))
         # Threads that wait on their sequences and send the tokens; requests beyond them wait for one.
         self.pool = ThreadPoolExecutor(max_workers=4 * batch + 4, thread_name_prefix="stoker-req")
         self.in_flight = InFlight(args.get("model_name", "tensorrt_llm"))
@@ -300,7 +381,7 @@ class TritonPythonModel:
         streams: list[Stream] = []
         try:
             for job in jobs:
-                streams.append(job.submit(self.batcher))
+                streams.append(job.submit(self.batcher, self.grammars))
         except Exception:
             for stream in streams:
                 stream.cancel()
@@ -344,6 +425,8 @@ class TritonPythonModel:
                 mine = record.log_probs[: sent + 1]
                 tensors += [pb_utils.Tensor("output_log_probs", np.array([[[mine[-1]]]], np.float32)),
                             pb_utils.Tensor("cum_log_probs", np.array([[float(sum(mine))]], np.float32))]
+                if record.top_log_probs:
+                    tensors += _top_tensors([record], sent, sent + 1)
             if sent == 0 and record.context_logits is not None:
                 tensors.append(_context_logits_tensor([record]))
             sender.send(pb_utils.InferenceResponse(output_tensors=tensors))
