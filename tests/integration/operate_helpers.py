@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 import uuid
 from pathlib import Path
@@ -126,16 +127,28 @@ def api_get(api, path: str, body: dict | None = None) -> dict | list:
     req = urllib.request.Request(f"{api.url}{path}", data=json.dumps(body).encode() if body is not None else None,
                                  headers={"Authorization": "Basic " + base64.b64encode(api.auth.encode()).decode(),
                                           "Content-Type": "application/json"})
-    # Prefect's SQLite server lets a write wait up to 60 s for the database lock (its PRAGMA busy_timeout), and on a
-    # loaded 2-core machine, with a flow run streaming logs to it, a read took over 30 s once and failed CI. So the
-    # client waits longer than the server may, and a read that still times out is asked once more.
-    for attempt in (1, 2):
+    return json.loads(_prefect_call(req)[1] or b"null")
+
+
+def _prefect_call(req: urllib.request.Request, attempts: int = 4) -> tuple[int, bytes]:
+    """(status, body) of a request to the Prefect API that is safe to repeat, repeated as Prefect's own client
+    repeats it. Prefect's SQLite server lets a write wait up to 60 s for the database lock (its PRAGMA
+    busy_timeout), and on a loaded 2-core machine, with a flow run streaming logs to it, a read took over 30 s once
+    and failed CI: the client waits longer than the server may, and asks again after a timeout. A request that
+    meets a locked database is answered 503 (prefect/server/api/server.py, is_client_retryable_exception), which
+    Prefect's client retries with a backoff (prefect/client/base.py; a PATCH of a pool's limit failed CI on it)."""
+    for attempt in range(1, attempts + 1):
         try:
             with urllib.request.urlopen(req, timeout=75) as resp:
-                return json.loads(resp.read() or b"null")
-        except TimeoutError:
-            if attempt == 2:
+                return resp.status, resp.read()
+        except urllib.error.HTTPError as err:
+            if err.code != 503 or attempt == attempts:
                 raise
+        except TimeoutError:
+            if attempt == attempts:
+                raise
+        time.sleep(2 ** attempt)
+    raise AssertionError("unreachable")
 
 
 def flow_runs(api, deployment_id: str) -> list[dict]:
@@ -186,5 +199,4 @@ def set_pool_limit(api, pool: str, limit: int) -> None:
                                  data=json.dumps({"concurrency_limit": limit}).encode(),
                                  headers={"Authorization": "Basic " + base64.b64encode(api.auth.encode()).decode(),
                                           "Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=30) as resp:
-        assert resp.status == 204
+    assert _prefect_call(req)[0] == 204

@@ -216,5 +216,26 @@ def test_the_engine_target_serves_the_adapter_converted_and_preloaded_on_the_sta
         assert want != want_base
         assert _complete(client, "tiny-lora") == want
         assert _complete(client, name) == want_base
+
+        # Issue 50 on the engine target's contract, served by the stand-in: the rendered config turns on
+        # TensorRT-LLM's xgrammar backend over the tokenizer info file the package wrote, and a guide goes in as
+        # `guided_decoding_guide_type` / `guided_decoding_guide`; only the sampled token's log prob comes back
+        # (the engine has no top-k output), and penalties, a seed per choice and n map to its own inputs.
+        assert '"guided_decoding_backend"' in config and "xgrammar" in config and "xgrammar_tokenizer_info" in config
+        shaped = client.chat.completions.create(
+            model="tiny-lora", messages=[{"role": "user", "content": PROMPT}], max_tokens=48, temperature=0,
+            logprobs=True, response_format={"type": "json_schema", "json_schema": {"name": "word", "schema": {
+                "type": "object", "properties": {"w": {"type": "string", "maxLength": 4}}, "required": ["w"]}}})
+        assert shaped.choices[0].finish_reason == "stop" and set(json.loads(shaped.choices[0].message.content)) == {
+            "w"}, shaped
+        assert len(shaped.choices[0].logprobs.content) == shaped.usage.completion_tokens
+        with pytest.raises(openai.BadRequestError) as err:
+            client.chat.completions.create(model=name, messages=[{"role": "user", "content": PROMPT}], max_tokens=2,
+                                           logprobs=True, top_logprobs=2)
+        assert err.value.body["param"] == "top_logprobs"
+        ask = dict(model=name, prompt=PROMPT, max_tokens=6, temperature=1.0, seed=7, presence_penalty=0.5)
+        many = client.completions.create(n=2, **ask)
+        assert [c.text for c in many.choices] == [client.completions.create(**{**ask, "seed": 7 + i}).choices[0].text
+                                                  for i in range(2)]
     finally:
         engine.remove_deployment(engine.connect(), name, lambda _m: None)

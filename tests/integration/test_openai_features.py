@@ -1,38 +1,30 @@
-"""The OpenAI features applications call (issue 50), through one deployment's stable address: the reference build
-of the tiny Llama promoted behind the proxy with its OpenAI service, on the real Docker engine, HAProxy, Triton's CPU
-image (xgrammar in it) and S3 (moto), asked by the official `openai` client. One deployment for the module: each
-test asks it something else.
+"""The OpenAI features applications call (issue 50) on the real tritonserver serving the tiny Llama's reference
+build (xgrammar in the venv, as in Triton's CPU image), stoker's OpenAI service as its own process in front, asked by
+the official `openai` client. One server for the module: each test asks it something else. The same features
+through a deployment's stable address, over TLS and with a key, are test_openai_deployment's; on an adapter,
+test_lora_served's; on the engine target's contract (the stand-in), test_lora_served's engine test.
 
 Log probs: chat's `logprobs` / `top_logprobs` and completions' `logprobs`, streamed and not, against transformers.
 Greedy decoding, so each token's log prob is transformers' log_softmax of the model's own logits at that position
-(stoker/runtime/generate.py) and the alternatives are that row's top k, within 1e-4. The engine target's refusal of
-alternatives (its `tensorrt_llm` declares no top-k output) is covered without a GPU by
-tests/unit/test_openai_logprobs_shapes.py.
+(stoker/runtime/generate.py) and the alternatives are that row's top k, within 1e-4.
 
 Structured outputs: `response_format` json_schema (strict) and json_object, streamed and not, constrained token by
 token by xgrammar inside the Triton model's in-flight batcher; free requests decoded beside constrained ones answer
-as they do alone. Bad values of either are 400s in OpenAI's shape naming the field, and nothing else is affected.
+as they do alone. Tool calls: forced ones parse, name a declared function and validate; a result goes back through
+the template. Penalties, logit_bias, n and seed: against transformers' logits under TensorRT-LLM's rule. Bad values
+are 400s in OpenAI's shape naming the field, and nothing else is affected.
 """
 
 from __future__ import annotations
 
 import json
-import time
-import urllib.error
-import urllib.request
-import uuid
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from stoker.containers import engine
-from stoker.serving import promote
+from openai_process import TOOLS_TEMPLATE, tiny_model_served
 
-from openai_process import TOOLS_TEMPLATE
-from promotion_kit import listen_ports, new_bucket
-from serving_models import publish
-
-pytestmark = [pytest.mark.docker, pytest.mark.s3, pytest.mark.slow]
+pytestmark = [pytest.mark.triton, pytest.mark.slow]
 openai = pytest.importorskip("openai")
 jsonschema = pytest.importorskip("jsonschema")
 torch = pytest.importorskip("torch")
@@ -55,52 +47,16 @@ FORMAT = {"type": "json_schema", "json_schema": {"name": "colour", "schema": SCH
 PROMPT = "The quick brown fox"
 
 
-def _wait_models(base: str, timeout_s: float = 60) -> None:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            with urllib.request.urlopen(f"{base}/models", timeout=5) as r:
-                json.loads(r.read())
-                return
-        except (urllib.error.URLError, OSError):
-            assert time.monotonic() < deadline, f"{base}/models never answered"
-            time.sleep(0.5)
-
-
 @pytest.fixture(scope="module")
-def deployed(local_stack, triton_image, tmp_path_factory):
-    """The tiny Llama's reference build live behind a proxy with the OpenAI service; transformers' model beside."""
+def deployed(tmp_path_factory):
+    """The tiny Llama's reference build on a local tritonserver with the OpenAI service; transformers' model beside."""
     from tokenizers import Tokenizer
 
-    from stoker.triton.config import RepoSettings
-    from stoker.triton.repository import assemble
-    from stoker.workers import build_reference
-    from stoker.workers.tinymodel import make_tiny_model
-
     root = tmp_path_factory.mktemp("oa-features")
-    ckpt, artifact, repo = root / "ckpt", root / "artifact", root / "repo"
-    make_tiny_model(ckpt, seed=0)
-    build_reference.build(ckpt, artifact)
-    (artifact / "chat_template.jinja").write_text(TOOLS_TEMPLATE)  # the tiny Llama has none; tools need one
-    assemble(artifact, repo, RepoSettings(model_threads=1))
-    (repo / "ensemble" / "1" / ".keep").write_text("")  # S3 has no empty folders; Triton needs this one
-    client = engine.connect(None)
-    s3, bucket, env = new_bucket(local_stack, "of")
-    target = promote.Target(name=f"of{uuid.uuid4().hex[:6]}", listen=listen_ports(),
-                            proxy_image="stoker/haproxy:2.6", state_dir=root / "proxy", openai_image=triton_image)
-    try:
-        uri, digest = publish(s3, bucket, local_stack["s3"], repo)
-        spec = engine.BackendSpec(name=target.name, image=triton_image, repository_uri=uri, repo_digest=digest,
-                                  env=env, ready_timeout_s=120)
-        staged = promote.prepare(client, target, spec, 0.5, print)
-        promote.go_live(client, target, staged, watch_s=0.5, max_error_rate_pct=100, drain_timeout_s=5, log=print)
-        base = target.endpoint["openai"]
-        _wait_models(base)
-        model = transformers.LlamaForCausalLM.from_pretrained(ckpt, dtype=torch.float32).eval()
-        yield {"api": openai.OpenAI(base_url=base, api_key="none", max_retries=0, timeout=120), "name": target.name,
+    with tiny_model_served(root, chat_template=TOOLS_TEMPLATE) as (_server, artifact, base):
+        model = transformers.LlamaForCausalLM.from_pretrained(root / "ckpt", dtype=torch.float32).eval()
+        yield {"api": openai.OpenAI(base_url=base, api_key="none", max_retries=0, timeout=120), "name": "tiny",
                "model": model, "tok": Tokenizer.from_file(str(artifact / "tokenizer.json"))}
-    finally:
-        engine.remove_deployment(client, target.name, lambda _l: None)
 
 
 def _expected(d, prompt_ids: list[int], n: int):
