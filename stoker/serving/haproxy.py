@@ -359,16 +359,21 @@ def parse_servers_state(text: str) -> dict[str, dict[str, ServerState]]:
 
 def parse_stat_sessions(text: str) -> dict[tuple[str, str], int]:
     """``show stat`` CSV → {(backend, server): current sessions}. Pure."""
+    return parse_stat_counter(text, "scur")
+
+
+def parse_stat_counter(text: str, column: str) -> dict[tuple[str, str], int]:
+    """``show stat`` CSV → {(backend, server): that numeric column} for the slots' servers. Pure."""
     lines = text.splitlines()
     if not lines or not lines[0].startswith("# "):
         return {}
     cols = lines[0][2:].split(",")
-    i_px, i_sv, i_cur = cols.index("pxname"), cols.index("svname"), cols.index("scur")
+    i_px, i_sv, i_n = cols.index("pxname"), cols.index("svname"), cols.index(column)
     out = {}
     for line in lines[1:]:
         f = line.split(",")
-        if len(f) > i_cur and slot_of(f[i_sv]) in SLOTS:
-            out[(f[i_px], f[i_sv])] = int(f[i_cur] or 0)
+        if len(f) > i_n and slot_of(f[i_sv]) in SLOTS:
+            out[(f[i_px], f[i_sv])] = int(f[i_n] or 0)
     return out
 
 
@@ -403,6 +408,12 @@ class Runtime:
     def sessions(self, slot: str) -> int:
         """Requests/streams the proxy has open to ``slot``'s backends (every replica), over all sections."""
         stats = parse_stat_sessions(command(self.sock, "show stat"))
+        return sum(n for (_, srv), n in stats.items() if slot_of(srv) == slot)
+
+    def bytes_out(self, slot: str) -> int:
+        """Bytes the proxy has passed from ``slot``'s backends to clients so far (``bout``, every replica and section);
+        HAProxy adds to it as a stream's data goes through, not only when the stream ends."""
+        stats = parse_stat_counter(command(self.sock, "show stat"), "bout")
         return sum(n for (_, srv), n in stats.items() if slot_of(srv) == slot)
 
     def status(self) -> dict[tuple[str, str], str]:

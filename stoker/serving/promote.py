@@ -392,8 +392,9 @@ def _stage_one(client: docker.DockerClient, target: Target, spec: engine.Backend
             return BackendRef(name, slot, ports.values(), spec.repo_digest, spec.run_id)
         except probe.ProbeFailed as err:
             tail = engine.log_tail(c)
+            running = engine.exit_reason(c) is None
             engine.stop_and_remove(c, log)
-            again = retry_reason(tail) if attempt < START_ATTEMPTS else None
+            again = retry_reason(tail, running) if attempt < START_ATTEMPTS else None
             if again:
                 log(f"{name}: {again}; starting it again on other ports (attempt {attempt + 1} of {START_ATTEMPTS})")
                 avoid |= set(ports.values())
@@ -409,8 +410,10 @@ def _stage_one(client: docker.DockerClient, target: Target, spec: engine.Backend
     raise engine.NotReady(last_error or "candidate never started")
 
 
-def retry_reason(tail: str) -> str | None:
-    """Why a candidate that died before it was ready is worth starting again (None: its failure is its own)."""
+def retry_reason(tail: str, running: bool = False) -> str | None:
+    """Why a candidate that was not ready in time is worth starting again (None: its failure is its own)."""
+    if running and triton_log.stalled_after_load(tail):
+        return "Triton loaded every model and then stalled before opening its ports"
     if "already in use" in tail:
         return "a port was taken between the check and Triton's bind"
     if triton_log.ipc_abort(tail):

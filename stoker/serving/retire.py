@@ -25,6 +25,10 @@ IDLE_READS = 2
 # Streams still open this long into retire with requests in flight are busy (a client sending request after request
 # on one stream): the old backend then stops taking new requests (refuse_new) instead of waiting for a pause.
 BUSY_GRACE_S = 2.0
+# Once every answer has finished in Triton, its last bytes can still be on their way through the proxy: streams are
+# ended only after the proxy has passed nothing more from the old backend for this long (a fixed 0.2 s was not enough
+# on a loaded host: one answer of the paused-stream test was cut part-way in CI, ci68).
+QUIET_S = 1.0
 # Unloaded first: the model clients call, whose answers in flight still need the models it composes.
 ENTRY_MODELS = (ENSEMBLE_NAME,)
 
@@ -62,7 +66,7 @@ def retire(client: docker.DockerClient, target: Target, old: BackendRef, drain_t
             break
         if refusing:
             if _answers_finished(client, old):
-                time.sleep(DRAIN_POLL_S)  # the last response's bytes are on their way through the proxy
+                _wait_proxy_quiet(rt, old, t0 + drain_timeout_s)
                 log(f"{old.container}: every answer in flight finished; ending its {open_} stream(s) (their "
                     f"clients reconnect to the live backend; a request sent meanwhile was refused before any answer)")
                 _end_sessions(rt, old, log)
@@ -108,6 +112,21 @@ def retire(client: docker.DockerClient, target: Target, old: BackendRef, drain_t
     log(f"retired {old.container}" + (f" and {len(old.replicas)} more replica(s)" if old.replicas else "")
         + f" after {time.monotonic() - t0:.1f} s of draining")
     return time.monotonic() - t0
+
+
+def _wait_proxy_quiet(rt: haproxy.Runtime, old: BackendRef, deadline: float) -> None:
+    """Return once the proxy's byte count from ``old`` has not moved for QUIET_S (or at the deadline)."""
+    last, since = None, time.monotonic()
+    while time.monotonic() < deadline:
+        try:
+            now = rt.bytes_out(old.slot)
+        except haproxy.ProxyApiError:
+            return
+        if now != last:
+            last, since = now, time.monotonic()
+        elif time.monotonic() - since >= QUIET_S:
+            return
+        time.sleep(DRAIN_POLL_S)
 
 
 def _end_sessions(rt: haproxy.Runtime, old: BackendRef, log: Log) -> None:

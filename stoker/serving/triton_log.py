@@ -36,6 +36,23 @@ def ipc_abort(output: str) -> bool:
     return IPC_ABORT in output
 
 
+# Seen once in the project's CI (a loaded 2-core host): a candidate loaded every model, printed its backend and model
+# tables, and then for a whole minute neither logged its metrics nor opened a port, though its process still ran.
+# Nothing in the repository can cause that (every model was READY), so the stalled server is replaced.
+_HEADER_ONLY = re.compile(r"^[IWE]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ \S+:\d+\]\s*$")
+
+
+def stalled_after_load(tail: str) -> bool:
+    """True when a server's filtered log tail (tables dropped) ends in the table headers that follow a finished load:
+    every model loaded, and no endpoint started since."""
+    lines = [ln.strip() for ln in tail.splitlines() if ln.strip()]
+    loaded = [i for i, ln in enumerate(lines) if "successfully loaded" in ln]
+    if not loaded:
+        return False
+    after = lines[loaded[-1] + 1:]
+    return bool(after) and all(_HEADER_ONLY.match(ln) for ln in after)
+
+
 def shown(line: str) -> bool:
     """True when a line of Triton's output is worth the user's attention in the run log."""
     text = line.strip()

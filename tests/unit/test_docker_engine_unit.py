@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import socket
 import subprocess
+import time
+from types import SimpleNamespace
 from pathlib import Path
 
 import pytest
 
 from stoker.containers.engine import BackendSpec, triton_args
-from stoker.serving import haproxy
+from stoker.serving import haproxy, retire
 from stoker.containers.ports import (
     NoFreePorts,
     Ports,
@@ -119,6 +121,24 @@ def test_stat_csv_sessions_per_server():
     csv = ("# pxname,svname,qcur,qmax,scur,smax\nhttp,FRONTEND,,,3,4\nhttp,blue,0,0,2,5\n"
            "grpc,blue,0,0,1,1\ngrpc,BACKEND,0,0,3,3\n")
     assert haproxy.parse_stat_sessions(csv) == {("http", "blue"): 2, ("grpc", "blue"): 1}
+
+
+def test_stat_csv_bytes_out_per_server_and_retire_waits_for_them_to_stop():
+    csv = "# pxname,svname,scur,bout\nhttp,blue,0,120\ngrpc,blue,1,4096\ngrpc,BACKEND,1,4216\n"
+    assert haproxy.parse_stat_counter(csv, "bout") == {("http", "blue"): 120, ("grpc", "blue"): 4096}
+
+    class Counting:  # the proxy's bout while an answer's last bytes pass through, then still
+        reads = iter([10, 20, 30] + [30] * 100)
+
+        def bytes_out(self, slot):
+            return next(self.reads)
+
+    rt = Counting()
+    t0 = time.monotonic()
+    retire._wait_proxy_quiet(rt, SimpleNamespace(slot="blue"), t0 + 30)
+    waited = time.monotonic() - t0
+    assert waited >= retire.QUIET_S + 2 * retire.DRAIN_POLL_S  # the moving reads restarted the quiet window
+    assert waited < retire.QUIET_S + 6 * retire.DRAIN_POLL_S
 
 
 # ------------------------------------------------------------------ reconcile decisions

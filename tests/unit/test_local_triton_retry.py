@@ -27,3 +27,22 @@ def test_a_candidate_is_started_again_after_the_abort_or_a_lost_port_only():
     assert port is not None and "port" in port
     assert retry_reason(LOAD_ERROR.decode()) is None
     assert retry_reason("") is None
+
+
+# The tail of the candidate that stalled in the project's CI (engine.log_tail drops the tables themselves).
+STALLED = """I1128 16:06:04.873575 7 model_lifecycle.cc:472] "loading: ensemble:1"
+I1128 16:06:06.337041 7 python_be.cc:2249] "TRITONBACKEND_ModelInstanceInitialize: ensemble_0_1 (CPU device 0)"
+I1128 16:06:06.579748 7 model_lifecycle.cc:839] "successfully loaded 'ensemble'"
+I1128 16:06:06.579877 7 server.cc:604] 
+I1128 16:06:06.580228 7 server.cc:631] 
+I1128 16:06:06.580289 7 server.cc:674]
+"""
+
+
+def test_a_server_that_loaded_everything_and_then_stalled_is_started_again_only_while_it_runs():
+    assert "stalled" in retry_reason(STALLED, running=True)
+    assert retry_reason(STALLED, running=False) is None  # it exited: its own failure, with its own log
+    started = STALLED + 'I1128 16:06:06.6 7 grpc_server.cc:2558] "Started GRPCInferenceService at 127.0.0.1:8001"\n'
+    assert retry_reason(started, running=True) is None  # it opened a port: not ready is something else
+    loading = STALLED.split("I1128 16:06:06.579748")[0]
+    assert retry_reason(loading, running=True) is None  # still loading a model: slow, not stalled
