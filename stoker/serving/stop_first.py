@@ -33,6 +33,12 @@ def stop(client: docker.DockerClient, target: Target, live: BackendRef, drain_ti
             break
         time.sleep(0.2)
     write_config(target, {}, None)
+    try:
+        # Streams still open (idle gRPC streams, or answers past the deadline) would hold Triton's exit for its exit
+        # timeout, and the gap with it; their clients reconnect and meet the 503 until the switch.
+        rt.end_sessions(live.slot)
+    except haproxy.ProxyApiError:
+        pass
     for member in live.members():
         client.containers.get(member.container).stop(timeout=engine.STOP_TIMEOUT_S)
     log(f"GPU rollout reload: {live.container}" + (f" and {len(live.replicas)} more replica(s)" if live.replicas else "")
