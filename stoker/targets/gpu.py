@@ -36,7 +36,7 @@ class GpuTarget(Target):
     complete_configs = False
 
     def plan(self, spec, ctx) -> list:
-        from ..gpu.planning import plan_gpu
+        from ..plan.gpu import plan_gpu
 
         standin.check(spec)
         rows = plan_gpu(spec, ctx)
