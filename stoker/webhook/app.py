@@ -253,8 +253,10 @@ def create_app(cfg: ReceiverConfig, start_run: StartRun = prefect_start, check_r
     return Starlette(routes=[Route("/hooks/build", hook, methods=["POST"]), Route("/healthz", health)])
 
 
-def serve(cfg: ReceiverConfig, host: str, port: int) -> None:
+def serve(cfg: ReceiverConfig, host: str, port: int, tls: tuple[Path, Path] | None = None) -> None:
+    """Serve until stopped; HTTPS with ``tls`` (certificate, key: PEM files)."""
     import uvicorn
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    uvicorn.run(create_app(cfg), host=host, port=port, log_level="info")
+    files = {"ssl_certfile": str(tls[0]), "ssl_keyfile": str(tls[1])} if tls else {}
+    uvicorn.run(create_app(cfg), host=host, port=port, log_level="info", **files)
