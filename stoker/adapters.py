@@ -111,12 +111,31 @@ def select_files(filenames: list[str], allow_pickle: bool = False) -> list[str]:
     return [CONFIG_FILE, WEIGHTS_FILE]
 
 
-def tensor_shapes(path: Path) -> dict[str, tuple[int, ...]]:
-    """Tensor name → shape, from a safetensors file's header (no torch, nothing else read)."""
+# The safetensors format's own bound on its JSON header (the reference reader refuses larger ones): a header size
+# read from a crafted file is never allocated beyond it.
+MAX_HEADER_BYTES = 100_000_000
+
+
+def tensor_shapes(path: Path, where: str = "") -> dict[str, tuple[int, ...]]:
+    """Tensor name → shape, from a safetensors file's header (no torch, nothing else read); AdapterError (one line)
+    for a file that is not one."""
+    where = where or path.name
+    file_size = path.stat().st_size
     with open(path, "rb") as fh:
-        (size,) = struct.unpack("<Q", fh.read(8))
-        header = json.loads(fh.read(size))
-    return {k: tuple(v["shape"]) for k, v in header.items() if k != "__metadata__"}
+        first = fh.read(8)
+        if len(first) < 8:
+            raise AdapterError(f"{where}: {path.name} is {file_size} bytes, too short for a safetensors header")
+        (size,) = struct.unpack("<Q", first)
+        if size > min(MAX_HEADER_BYTES, file_size - 8):
+            raise AdapterError(f"{where}: {path.name} claims a {size}-byte header in a {file_size}-byte file (at "
+                               f"most {MAX_HEADER_BYTES}): not a safetensors file")
+        raw = fh.read(size)
+    try:
+        header = json.loads(raw)
+        shapes = {k: tuple(int(n) for n in v["shape"]) for k, v in header.items() if k != "__metadata__"}
+    except (ValueError, TypeError, KeyError, AttributeError) as err:
+        raise AdapterError(f"{where}: {path.name}'s header is not a safetensors table ({type(err).__name__})") from None
+    return shapes
 
 
 def fetch_all(spec, shas: dict[str, str], base_folder: Path, out: Path, log: Callable[[str], None]) -> dict:
@@ -130,7 +149,7 @@ def fetch_all(spec, shas: dict[str, str], base_folder: Path, out: Path, log: Cal
         where = f"adapter {a.name} ({a.repo_id}@{shas[a.name][:12]})"
         cfg = parse_config(json.loads((out / a.name / CONFIG_FILE).read_text()), where)
         check_against_base(cfg, base, spec.lora.max_rank, where)
-        layers = check_shapes(tensor_shapes(out / a.name / WEIGHTS_FILE), cfg, base, where)
+        layers = check_shapes(tensor_shapes(out / a.name / WEIGHTS_FILE, where), cfg, base, where)
         described[a.name] = {"repo_id": a.repo_id, "revision": a.revision, "sha": shas[a.name], "r": cfg.r,
                              "alpha": cfg.alpha, "rslora": cfg.use_rslora, "targets": list(cfg.target_modules),
                              "layers": layers, "task_id": task_id(a.name),

@@ -17,6 +17,10 @@ _OWN_PREFECT_HOME = None if os.environ.get("STOKER_TEST_KEEP_PREFECT_HOME") else
 if _OWN_PREFECT_HOME:
     os.environ["PREFECT_HOME"] = _OWN_PREFECT_HOME
 
+# Port leases (stoker/containers/port_lease.py) live in $STOKER_HOME, which is each test's own: every test process
+# (each xdist worker, and what its tests start) shares one folder instead, so that their picks never collide.
+os.environ.setdefault("STOKER_PORT_LEASES", str(Path(tempfile.gettempdir()) / f"stoker-test-port-leases-{os.getuid()}"))
+
 if _OWN_PREFECT_HOME and os.environ.get("STOKER_PREFECT_DB_TEMPLATE"):  # `make test-services` makes one per machine
     from stoker.stack import prefect_home as _prefect_home
 

@@ -136,17 +136,35 @@ def check_shapes(shapes: dict[str, tuple[int, ...]], cfg: AdapterConfig, base_co
     if not pairs:
         raise AdapterError(f"{where}: {WEIGHTS_FILE} holds no LoRA weights")
     layers = int(base_config.get("num_hidden_layers") or 0)
+    linear = LINEAR_MODULES.get(str(base_config.get("model_type", "")), ())
     for module, ab in sorted(pairs.items()):
         if set(ab) != {"A", "B"}:
             raise AdapterError(f"{where}: {module} has lora_{'B' if 'A' in ab else 'A'} missing")
+        # Every tensor is checked, not only those of the modules the config names: the runtime wraps the layer a
+        # tensor names, so a weight for lm_head or an embedding would otherwise be served unchecked.
+        leaf = module.rsplit(".", 1)[-1]
+        if leaf not in cfg.target_modules:
+            raise AdapterError(f"{where}: tensors for {module}, a module {CONFIG_FILE} does not target "
+                               f"({', '.join(cfg.target_modules)})")
+        if leaf not in linear:
+            raise AdapterError(f"{where}: tensors for {module}, which is not a decoder linear layer stoker serves "
+                               f"adapters on ({', '.join(linear) or 'none for this base'})")
         index = re.search(r"\.layers\.(\d+)\.", f".{module}.")
-        if index and layers and int(index[1]) >= layers:
+        if not index:
+            raise AdapterError(f"{where}: tensors for {module}, which is outside the decoder's layers")
+        if layers and int(index[1]) >= layers:
             raise AdapterError(f"{where}: {module}: layer {index[1]} but the base has {layers} layers")
         want = expected_shapes(base_config, module)
+        if want is None:
+            raise AdapterError(f"{where}: the base's config gives no sizes to check {module} against (hidden_size, "
+                               "intermediate_size, num_attention_heads)")
+        if len(ab["A"]) != 2 or len(ab["B"]) != 2:
+            raise AdapterError(f"{where}: {module}: lora_A {list(ab['A'])} and lora_B {list(ab['B'])} must be "
+                               "matrices")
         (r_a, n_in), (n_out, r_b) = ab["A"], ab["B"]
         if r_a != cfg.r or r_b != cfg.r:
             raise AdapterError(f"{where}: {module}: rank {r_a}/{r_b} in the weights, {cfg.r} in {CONFIG_FILE}")
-        if want is not None and (n_in, n_out) != want:
+        if (n_in, n_out) != want:
             raise AdapterError(f"{where}: {module} maps {n_in} -> {n_out} features but the base's maps "
                                f"{want[0]} -> {want[1]}: an adapter made for another base")
     return len(pairs)

@@ -40,6 +40,7 @@ class Lora(_Section):
 def check_names(adapters: list[Adapter], taken: dict[str, str]) -> None:
     """Names well-formed, unique, and none of the deployment's own model ids (``taken``: id → what it is)."""
     seen: set[str] = set()
+    ids: dict[int, str] = {}
     for a in adapters:
         if not _NAME.match(a.name):
             raise ValueError(f"adapters: name {a.name!r}: letters, digits, '.', '_' or '-', at most 64")
@@ -48,3 +49,8 @@ def check_names(adapters: list[Adapter], taken: dict[str, str]) -> None:
         if a.name in taken:
             raise ValueError(f"adapters: the name {a.name!r} is {taken[a.name]}; choose another")
         seen.add(a.name)
+        # Task ids are a hash of the name (mod 2^53): two names of one build must not select one adapter's weights.
+        other = ids.setdefault(task_id(a.name), a.name)
+        if other != a.name:
+            raise ValueError(f"adapters: {a.name!r} and {other!r} hash to one lora_task_id ({task_id(a.name)}); "
+                             "rename one")

@@ -36,7 +36,7 @@ class GpuTarget(Target):
     complete_configs = False
 
     def plan(self, spec, ctx) -> list:
-        from ..gpu.planning import plan_gpu
+        from ..plan.gpu import plan_gpu
 
         standin.check(spec)
         rows = plan_gpu(spec, ctx)
@@ -86,7 +86,9 @@ class GpuTarget(Target):
         from ..gpu import trtllm
 
         labels = {GPUS_LABEL: ",".join(map(str, gpus))}
-        fields = {"image": trtllm.serving_image(spec), "repository_uri": trtllm.C_MODELS,
+        # env {}: the repository is mounted, so the backend reads no S3 and is given no credentials (neither the
+        # credentials file's mount nor its path); a backend that holds keys it never uses only widens a leak.
+        fields = {"image": trtllm.serving_image(spec), "repository_uri": trtllm.C_MODELS, "env": {},
                   "mounts": {repository: trtllm.C_MODELS}, "device_ids": tuple(gpus),
                   "command": lambda ports, extra: trtllm.serve_command(spec, ports, extra, self.complete_configs)}
         if standin.applies(spec, standin_ran):

@@ -36,11 +36,12 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from ..errors import StokerError
+from ..spec.named import SPEC_NAME
 from . import signing
 
 log = logging.getLogger("stoker.webhook")
 SECRET_ENV = "STOKER_WEBHOOK_SECRET"
-_SPEC_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
+_SPEC_NAME = re.compile(SPEC_NAME)
 
 
 class WebhookConfigError(StokerError):
@@ -216,16 +217,12 @@ def create_app(cfg: ReceiverConfig, start_run: StartRun = prefect_start, check_r
         hit = seen.get(key, t_received)
         if hit is not None:
             return _repeat(key, trigger, identity, hit)
-        spec_path = Path(cfg.specs_dir) / f"{trigger.spec}.yaml"
-        from ..spec.load import load_spec
+        from ..spec.named import load_named
 
         try:
-            spec = load_spec(spec_path)
+            spec = load_named(Path(cfg.specs_dir), trigger.spec, trigger.revision, trigger.repo)
         except StokerError as err:
-            return _error(400, f"spec {trigger.spec!r}: {err}")
-        if trigger.repo and spec.model.repo_id != trigger.repo:
-            return _error(400, f"repo {trigger.repo!r} is not the repo of spec {trigger.spec!r}")
-        spec = spec.model_copy(update={"model": spec.model.model_copy(update={"revision": trigger.revision})})
+            return _error(400, str(err))
         try:
             await check_run(spec, cfg.deployment)
             started = await start_run(cfg.deployment, {"spec": spec.model_dump(mode="json")}, f"webhook:{key}",
@@ -253,8 +250,10 @@ def create_app(cfg: ReceiverConfig, start_run: StartRun = prefect_start, check_r
     return Starlette(routes=[Route("/hooks/build", hook, methods=["POST"]), Route("/healthz", health)])
 
 
-def serve(cfg: ReceiverConfig, host: str, port: int) -> None:
+def serve(cfg: ReceiverConfig, host: str, port: int, tls: tuple[Path, Path] | None = None) -> None:
+    """Serve until stopped; HTTPS with ``tls`` (certificate, key: PEM files)."""
     import uvicorn
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    uvicorn.run(create_app(cfg), host=host, port=port, log_level="info")
+    files = {"ssl_certfile": str(tls[0]), "ssl_keyfile": str(tls[1])} if tls else {}
+    uvicorn.run(create_app(cfg), host=host, port=port, log_level="info", **files)

@@ -10,13 +10,16 @@ serves, is test_operate_walkthrough's: it runs docs/triggers.md's example CI job
 
 from __future__ import annotations
 
+import functools
 import json
+import ssl
 import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
 import uuid
+from pathlib import Path
 
 import pytest
 import yaml
@@ -41,10 +44,11 @@ pytestmark = [pytest.mark.prefect, pytest.mark.hub, pytest.mark.s3, pytest.mark.
 SECRET = f"it-webhook-{uuid.uuid4().hex}"
 
 
-def _post(url: str, body: bytes, headers: dict[str, str]) -> tuple[int, dict]:
+def _https_post(url: str, body: bytes, headers: dict[str, str], ca: Path | None = None) -> tuple[int, dict]:
     req = urllib.request.Request(url, data=body, headers=headers, method="POST")
+    context = ssl.create_default_context(cafile=str(ca)) if ca else None
     try:
-        with urllib.request.urlopen(req, timeout=60) as resp:
+        with urllib.request.urlopen(req, timeout=60, context=context) as resp:
             return resp.status, json.loads(resp.read())
     except urllib.error.HTTPError as err:
         return err.code, json.loads(err.read() or b"{}")
@@ -58,23 +62,32 @@ def receiver(prefect_api, local_stack, tmp_path_factory):
     specs = tmp_path_factory.mktemp("specs")
     (specs / "tiny.yaml").write_text(yaml.safe_dump(make_spec(local_stack, f"wh-{uuid.uuid4().hex[:6]}")))
     port = free_port()
+    # Served over TLS, as a receiver any CI reaches should be: a certificate for 127.0.0.1, trusted by the client.
+    cert, key = specs.parent / "receiver.pem", specs.parent / "receiver.key"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",
+                    "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
+                   check=True, capture_output=True)
     log = open(state / "webhook.log", "wb")
     proc = subprocess.Popen([sys.executable, "-m", "stoker.cli", "webhook", "serve", "--specs", str(specs),
                              "--deployment", "build_and_deploy/refused-before-start", "--port", str(port),
-                             "--max-body", "4096", "--rate", "0.2", "--burst", "8", "--window", "60"],
+                             "--max-body", "4096", "--rate", "0.2", "--burst", "8", "--window", "60",
+                             "--tls-cert", str(cert), "--tls-key", str(key)],
                             cwd=ROOT, env={**prefect_env(api), "STOKER_WEBHOOK_SECRET": SECRET},
                             stdout=log, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 60
     while not port_open(port):
         assert proc.poll() is None and time.monotonic() < deadline, (state / "webhook.log").read_text()[-2000:]
         time.sleep(0.2)
-    yield f"http://127.0.0.1:{port}/hooks/build", state / "webhook.log"
+    yield f"https://127.0.0.1:{port}/hooks/build", state / "webhook.log", cert
     proc.terminate()
     proc.wait(timeout=15)
 
 
 def test_bad_signatures_replays_and_oversized_bodies_are_refused(receiver):
-    url, log = receiver
+    url, log, ca = receiver
+    _post = functools.partial(_https_post, ca=ca)
+    with pytest.raises(urllib.error.URLError, match="CERTIFICATE_VERIFY_FAILED"):
+        _https_post(url, b"{}", {})  # HTTPS, with the receiver's own certificate: untrusted without its CA
     payload = {"spec": "tiny", "revision": "main"}
     body, headers = signed_body(payload, SECRET.encode())
     assert _post(url, body, {**headers, SIGNATURE_HEADER: sign(b"wrong-secret", body)})[0] == 401

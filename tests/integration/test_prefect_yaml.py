@@ -1,7 +1,8 @@
 """prefect.yaml against a real `prefect server start` (SQLite, basic auth): `stoker deploy-flows` (platform.yaml,
 then `prefect deploy --all`) writes both deployments with their pool, pull step, typed parameter schema, the
 watcher's schedule and concurrency, the build trigger and the automations; `prefect deploy --all` by itself
-re-applies in place; a `stoker.build.requested` event starts one run with its spec, and a bad spec starts none."""
+re-applies in place; a `stoker.build.requested` event naming a spec of deployments/specs starts one build_named run,
+and one carrying a spec or a path starts none."""
 
 from __future__ import annotations
 
@@ -36,7 +37,7 @@ def deployed(prefect_api):
     api, _state = prefect_api
     r = stoker(["deploy-flows"], env=prefect_env(api), timeout=300)
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
-    assert r.stdout.strip().splitlines()[-1] == "applied 4 deployment(s) of prefect.yaml: stoker-cpu, matrix, gpu, watch"
+    assert r.stdout.strip().splitlines()[-1] == "applied 5 deployment(s) of prefect.yaml: stoker-cpu, event, matrix, gpu, watch"
     return api
 
 
@@ -69,8 +70,10 @@ def test_deploy_flows_writes_every_deployment_of_prefect_yaml(deployed):
     autos = _automations(api)
     assert len(autos["stoker-notify-on-failure"]) == 1
     (trigger,) = autos["stoker-build-requested"]
+    event = api_get(api, "/deployments/name/build_named/event")
     assert trigger["actions"][0]["type"] == "run-deployment"
-    assert trigger["actions"][0]["deployment_id"] == build["id"]
+    assert trigger["actions"][0]["deployment_id"] == event["id"]  # the by-name flow, never stoker-cpu itself
+    assert event["parameter_openapi_schema"]["properties"]["spec"]["type"] == "string"
 
     # The Prefect way by itself, on the same file: updates in place (no second trigger, same deployment).
     r = _prefect(api, "deploy", "--all")
@@ -79,33 +82,37 @@ def test_deploy_flows_writes_every_deployment_of_prefect_yaml(deployed):
     assert len(_automations(api)["stoker-build-requested"]) == 1
 
 
-def _emit(api, resource: str, spec: dict) -> None:
+def _emit(api, resource: str, payload: dict) -> None:
     r = _prefect(api, "event", "emit", "stoker.build.requested", "--resource-id", resource,
-                 "--payload", json.dumps({"spec": spec}))
+                 "--payload", json.dumps(payload))
     assert r.returncode == 0, (r.stdout + r.stderr)[-2000:]
 
 
-def test_build_requested_event_starts_one_run_with_its_spec(deployed):
+def test_build_requested_event_names_a_spec_of_the_folder_and_never_carries_one(deployed):
+    """An event starts build_named with a spec's name and a revision; one carrying a whole spec (its own image, Docker
+    host, open address) or a path is refused by the server's schema check and starts nothing."""
     api = deployed
-    dep = deployment_id(api, "build_and_deploy", "stoker-cpu")
+    dep = deployment_id(api, "build_named", "event")
+    tag = uuid.uuid4().hex[:6]
+    _emit(api, f"stoker.build.ok-{tag}", {"spec": "example-full", "revision": f"rev-{tag}"})
     spec = yaml.safe_load((ROOT / "stoker/demo.yaml").read_text())
-    spec["deploy"]["name"] = name = f"evt-{uuid.uuid4().hex[:6]}"
-    _emit(api, f"stoker.build.{name}", spec)
-    bad = {k: v for k, v in spec.items() if k != "storage"}
-    bad["deploy"] = {**spec["deploy"], "name": f"{name}-bad"}
-    _emit(api, f"stoker.build.{name}-bad", bad)
+    spec["deploy"] |= {"name": f"evt-{tag}", "address": "0.0.0.0", "allow_unauthenticated": True}
+    _emit(api, f"stoker.build.whole-{tag}", {"spec": spec, "revision": "main"})
+    _emit(api, f"stoker.build.path-{tag}", {"spec": "../../etc/passwd", "revision": "main"})
 
     deadline = time.monotonic() + 90
     while True:
-        mine = [r for r in flow_runs(api, dep)
-                if r["parameters"]["spec"].get("deploy", {}).get("name", "").startswith(name)]
-        failed = [e for e in api_get(api, "/events/filter", {"filter": {
-            "event": {"name": ["prefect.automation.action.failed"]}}})["events"]
-            if "'storage' is a required property" in e["payload"].get("reason", "")]
-        if mine and failed:
+        mine = [r for r in flow_runs(api, dep) if tag in json.dumps(r["parameters"])]
+        reasons = [e["payload"].get("reason", "") for e in api_get(api, "/events/filter", {"filter": {
+            "event": {"name": ["prefect.automation.action.failed"]}}})["events"]]
+        whole = [r for r in reasons if f"evt-{tag}" in r and "is not of type 'string'" in r]
+        path = [r for r in reasons if "'../../etc/passwd' does not match" in r]
+        if mine and whole and path:
             break
-        assert time.monotonic() < deadline, f"runs {mine}, failures {failed}"
+        assert time.monotonic() < deadline, f"runs {mine}, failures {reasons}"
         time.sleep(1)
-    # One run, for the good spec only, holding the spec as given (the server checked it against the schema).
-    assert [r["parameters"]["spec"]["deploy"]["name"] for r in mine] == [name]
-    assert mine[0]["parameters"]["spec"]["storage"] == spec["storage"]
+    time.sleep(2)  # a late run of a refused event would show here
+    runs = flow_runs(api, dep)
+    assert [r["parameters"] for r in runs if tag in json.dumps(r["parameters"])] == [
+        {"spec": "example-full", "revision": f"rev-{tag}"}]
+    assert not [r for r in runs if not isinstance(r["parameters"].get("spec"), str) or "/" in r["parameters"]["spec"]]

@@ -29,7 +29,12 @@ def _env(tmp_path: Path) -> dict[str, str]:
 
 def test_pytest_running_a_flow_in_process_exits_without_logging_errors(tmp_path):
     case = Path(__file__).with_name("prefect_flow_in_process.py")
-    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(case)], cwd=ROOT,
+    # --basetemp of its own: without it the inner pytest takes a numbered folder under /tmp/pytest-of-<user> and first
+    # strips that folder's group and other bits (pytest's tmpdir.py), which cut the postgres user off from the data
+    # directory of a PostgreSQL-backed stack another test had running under it (ci70: postgres PANIC, "Permission
+    # denied" on pg_control, and the Operate walkthrough's server answered 500 from then on).
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--basetemp={tmp_path / 'inner'}",
+                        str(case)], cwd=ROOT,
                        env=_env(tmp_path), capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "1 passed" in r.stdout

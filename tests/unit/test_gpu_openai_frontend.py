@@ -45,7 +45,7 @@ def openai_findings(spec) -> list[tuple[str, str]]:
 @pytest.mark.parametrize("path", sorted(SPECS.glob("*.yaml")), ids=lambda p: p.stem)
 def test_every_example_specs_serve_command_restricts_the_admin_apis(path):
     """The command each backend of every example spec runs: every tritonserver process in it (one, or one per MPI
-    rank) restricts model repository, model config, shared memory, statistics, trace and logging to the token."""
+    rank) restricts model repository, shared memory, statistics, trace and logging to the token."""
     from stoker.containers import engine
     from stoker.deploy.rollout import backend_spec
 
@@ -59,6 +59,25 @@ def test_every_example_specs_serve_command_restricts_the_admin_apis(path):
     assert "openai_frontend/main.py" not in " ".join(argv)
     assert all(a.split("=", 1)[1] == "127.0.0.1" for a in argv if a.endswith("-address=127.0.0.1") or
                a.startswith(("--http-address=", "--grpc-address=", "--metrics-address=")))
+
+
+@pytest.mark.parametrize("path", sorted(SPECS.glob("*.yaml")), ids=lambda p: p.stem)
+def test_a_backend_is_given_credentials_only_when_it_reads_s3(path, tmp_path, monkeypatch):
+    """A GPU backend's repository is mounted from the host: it gets neither the credentials file nor its path. The
+    reference target's backend loads from S3 and gets both (the file, never the keys)."""
+    from stoker.deploy.rollout import backend_spec
+    from stoker.storage import credentials
+
+    monkeypatch.setenv("STOKER_HOME", str(tmp_path))
+    spec = load_spec(path)
+    env = {"AWS_SHARED_CREDENTIALS_FILE": f"{credentials.INSIDE}/credentials", "AWS_DEFAULT_REGION": "us-east-1"}
+    gpus = tuple(range(spec.parallel.world_size)) if spec.target != "reference" else ()
+    b = backend_spec(spec, "/host/repo" if spec.target != "reference" else "s3://bkt/repo", "d" * 64, env, gpus=gpus)
+    folder = str(credentials.folder_of(spec.deploy.name))
+    if spec.target == "reference":
+        assert b.env == env and b.mounts.get(folder) == credentials.INSIDE
+    else:
+        assert b.env == {} and folder not in b.mounts and not b.repository_uri.startswith("s3://")
 
 
 def test_gpu_targets_serve_openai_through_stokers_service():

@@ -9,6 +9,7 @@ from stoker.errors import PlanRefused, SpecError
 from stoker.gpu import matrix, planning, rollout
 from stoker.gpu.facts import from_config, known
 from stoker.gpu.rollout import Backend, choose, shared_kv_bytes
+from stoker.plan import gpu as plan_gpu
 from stoker.spec.load import parse_spec
 
 CURRENT = "nvcr.io/nvidia/tritonserver:26.07-trtllm-python-py3"
@@ -225,9 +226,9 @@ def test_plan_refuses_before_the_fetch_and_prints_one_row(monkeypatch):
     facts, findings = planning.check_spec(spec(count=2))
     assert not any(f.field == "gpus.count" for f in findings)  # the spare GPU holds the next candidate
     assert any(f.field == "gpus.count" for f in planning.check_spec(spec(count=2, rollout_="reload"))[1])
-    row = planning.rollout_row(spec(count=2), facts)
+    row = plan_gpu.rollout_row(spec(count=2), facts)
     assert (row.name, row.status) == ("rollout", "surge") and row.note.startswith("surge: the candidate starts on")
-    row = planning.rollout_row(spec(), None)
+    row = plan_gpu.rollout_row(spec(), None)
     assert (row.name, row.status) == ("rollout", "unknown")
 
 

@@ -23,6 +23,14 @@ def test_lint_imports_keeps_every_contract():
     assert done.returncode == 0, f"lint-imports exited {done.returncode}:\n{done.stdout}\n{done.stderr}"
 
 
+def test_no_contract_lets_its_rule_be_broken_indirectly():
+    """allow_indirect_imports would let stoker.gpu reach stoker.serving through any third module (it once did,
+    through stoker.plan.rows): each forbidden contract holds for chains of imports too."""
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
+    loose = [c["name"] for c in config["contracts"] if c.get("allow_indirect_imports")]
+    assert not loose, f"contracts with allow_indirect_imports: {loose}"
+
+
 def test_every_stoker_module_has_a_layer():
     """An unlisted module would escape the layers contract: each new one is placed in pyproject.toml on purpose."""
     config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]

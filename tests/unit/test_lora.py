@@ -169,3 +169,52 @@ def test_the_plan_asks_the_hub_for_adapter_shas_only_once_the_weights_are_cached
     entry = ctx.store.publish("adapters", key, lambda out: (out / "adapters.json").write_text("{}") and {})
     row, _ = package_row(spec, ctx, package_key, "d" * 64, "w" * 64)
     assert row.status == "miss" and row.key == package_key(spec, "d" * 64, entry.digest)
+
+
+def test_every_tensor_of_an_adapter_is_checked_and_a_crafted_header_is_refused_in_one_line(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    from stoker.adapters import tensor_shapes
+    from stoker.runtime.lora_config import check_shapes
+
+    base = hf_model("llama")
+    base_cfg = base.config.to_dict()
+    good = make_adapter(base, tmp_path / "good", 1, targets=["q_proj"])
+    cfg = read_config(good)
+    weights = good / "adapter_model.safetensors"
+    assert check_shapes(tensor_shapes(weights), cfg, base_cfg, "a") == base_cfg["num_hidden_layers"]
+    artifact = write_artifact(base, tmp_path / "artifact")
+
+    def variant(name: str, extra: dict) -> Path:
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "adapter_config.json").write_text((good / "adapter_config.json").read_text())
+        save_file({**load_file(str(weights)), **extra}, str(folder / "adapter_model.safetensors"))
+        return folder
+
+    h, vocab, r = base_cfg["hidden_size"], base_cfg["vocab_size"], cfg.r
+    refused = {  # a module the config does not name; one it names but cannot be served; one outside the layers
+        "head": ({"base_model.model.lm_head.lora_A.weight": torch.zeros(r, h),
+                  "base_model.model.lm_head.lora_B.weight": torch.zeros(vocab, r)}, "lm_head, a module"),
+        "kproj": ({"base_model.model.model.layers.0.self_attn.k_proj.lora_A.weight": torch.zeros(r, h),
+                   "base_model.model.model.layers.0.self_attn.k_proj.lora_B.weight": torch.zeros(h, r)},
+                  "k_proj, a module adapter_config.json does not target"),
+    }
+    for name, (extra, message) in refused.items():
+        folder = variant(name, extra)
+        with pytest.raises(AdapterError, match=message):
+            check_shapes(tensor_shapes(folder / "adapter_model.safetensors"), cfg, base_cfg, name)
+        with pytest.raises(AdapterError, match=message) as err:  # the runtime applies the same rule
+            load_model(artifact, adapters={name: folder})
+        assert "\n" not in str(err.value)
+
+    crafted = tmp_path / "crafted.safetensors"
+    crafted.write_bytes((2**63).to_bytes(8, "little") + b"{}")  # a header size no file holds
+    with pytest.raises(AdapterError, match=r"claims a 9223372036854775808-byte header in a 10-byte file"):
+        tensor_shapes(crafted)
+    crafted.write_bytes((4).to_bytes(8, "little") + b"[1,2")
+    with pytest.raises(AdapterError, match="header is not a safetensors table"):
+        tensor_shapes(crafted)
+    crafted.write_bytes(b"abc")
+    with pytest.raises(AdapterError, match="too short"):
+        tensor_shapes(crafted)

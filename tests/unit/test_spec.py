@@ -108,3 +108,16 @@ def test_the_stable_endpoint_listens_on_loopback_unless_the_spec_says_otherwise_
     assert parse_spec({**base, "deploy": {"listen": "::1"}}).deploy.listen == "::1"  # loopback: no key needed
     opened = parse_spec({**base, "deploy": {"listen": "0.0.0.0", "allow_unauthenticated": True}})
     assert opened.model_dump()["deploy"]["listen"] == "0.0.0.0"
+
+
+def test_two_adapter_names_with_one_task_id_are_refused_at_load(monkeypatch):
+    import stoker.spec.adapters as adapters
+
+    two = {"adapters": [{"name": "alpha", "repo_id": "org/a"}, {"name": "beta", "repo_id": "org/b"}]}
+    assert [a.name for a in parse_spec(spec_with(**two)).adapters] == ["alpha", "beta"]
+    # A real collision of the 53-bit hash takes ~10^8 names to find; a coarser hash shows the check refuses one.
+    monkeypatch.setattr(adapters, "task_id", lambda name: 7)
+    with pytest.raises(SpecError) as err:
+        parse_spec(spec_with(**two), "s.yaml")
+    assert "\n" not in str(err.value)
+    assert "'beta' and 'alpha' hash to one lora_task_id (7)" in str(err.value)
