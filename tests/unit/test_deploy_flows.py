@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_repo_files_declare_every_deployment_the_pool_the_gpu_limit_and_the_automation():
-    assert deployment_names(ROOT / "prefect.yaml") == ["stoker-cpu", "matrix", "gpu", "watch"]
+    assert deployment_names(ROOT / "prefect.yaml") == ["stoker-cpu", "event", "matrix", "gpu", "watch"]
     platform = load_platform(ROOT / "deployments/platform.yaml")
     assert [(p.name, p.type) for p in platform.work_pools] == [("stoker-cpu", "process"), ("stoker-gpu", "docker")]
     assert [(lim.name, lim.limit) for lim in platform.concurrency_limits] == [("gpu-0", 1)]
