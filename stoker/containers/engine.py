@@ -184,7 +184,8 @@ def openai_name(deployment: str) -> str:
 # Triton itself refuses its admin APIs (model control and the repository index, statistics, trace, logging, shared
 # memory) to any request without this header and the backend's own token: the proxy refuses them at the public
 # address, and this covers a backend's own loopback ports. The token is made per backend and lives in its
-# arguments, which only Docker's API shows; stoker's reload path reads it there (admin_headers).
+# arguments: Triton takes it only there, so it is also in the host's /proc/PID/cmdline for any local user to read
+# (docs/serving.md, "Known limit"); stoker's reload path reads it from Docker's API (admin_headers).
 ADMIN_HEADER = "stoker-admin"
 RESTRICTED_APIS = "model-repository,statistics,trace,logging,shared-memory"
 
