@@ -7,7 +7,7 @@ from pathlib import Path
 
 from prefect import get_run_logger
 
-from stoker.storage import hub
+from stoker.storage import hub, model_signature
 from stoker import adapters
 from stoker.cache.keys import adapters_key, fetch_key
 from stoker.run import RunContext, StepResult, cached_step
@@ -23,6 +23,9 @@ def fetch_weights(spec: Spec, ctx: RunContext) -> StepResult:
     log = get_run_logger().info
     source_id, source = resolve_source(spec)
     m = spec.model
+    # The model's own signature, before the weights: an unsigned model under require_signature, or a bad
+    # signature, is refused having downloaded a few KB.
+    signed = model_signature.check_signature(spec, source_id, log)
 
     def produce(out: Path) -> dict:
         if m.local_path is not None:
@@ -36,7 +39,13 @@ def fetch_weights(spec: Spec, ctx: RunContext) -> StepResult:
                       progress=log)
         return source
 
-    return cached_step(ctx, "fetch", fetch_key(spec, source_id), produce, log)
+    fetched = cached_step(ctx, "fetch", fetch_key(spec, source_id), produce, log)
+    if signed is not None:  # a cache hit is checked too: the entry may predate the key
+        root = Path(fetched.path).as_uri() + "/"
+        model_signature.check_files(signed, {o.uri.removeprefix(root): o.sha256 for o in fetched.outputs},
+                                    str(m.local_path) if m.local_path is not None else f"{m.repo_id}@{source_id[:12]}")
+        fetched.detail = {**fetched.detail, "signature": "verified"}
+    return fetched
 
 
 @step_task("adapters")

@@ -209,7 +209,7 @@ def _return_to(chosen, spec, client, target, backends, view, routed, home, log) 
     """Stage (or take warm) the chosen run's build and switch traffic to it."""
     from ..deploy import rollout
     from ..gpu import decision
-    from ..serving import mounted_repository, promote, topology
+    from ..serving import mounted_repository, promote, signed_build, topology
     from ..spec.load import parse_spec
 
     name = spec.deploy.name
@@ -230,6 +230,8 @@ def _return_to(chosen, spec, client, target, backends, view, routed, home, log) 
             folder, source = mounted_repository.local_copy(run_spec.storage, up["digest"], Path(repository), home, log)
             log(f"rollback {name}: repository: {source}")
             repository = str(folder)
+        # Verified against that build's signature (signed builds, when a key is configured) before anything serves.
+        signed_build.check(run_spec, repository, up["digest"], log)
         live = promote.reconcile(client, target, log)
         # The stand-in as that run recorded it, never this shell's environment (stoker/gpu/standin.py).
         ran_standin = bool((chosen.get("standin") or {}).get("ran"))

@@ -50,7 +50,7 @@ from ..storage import s3
 from ..errors import StokerError
 from ..run import stoker_home
 from ..gpu import decision, openai_frontend
-from ..serving import api_keys, openai_service, probe, promote, stop_first
+from ..serving import api_keys, openai_service, probe, promote, signed_build, stop_first
 from ..containers.ports import Ports
 from ..spec.schema import Spec, Storage
 from ..triton.config import ENSEMBLE_NAME, MODEL_NAME
@@ -398,6 +398,8 @@ def stage(spec: Spec, repository_uri: str, digest: str, run_id: str, log: Log, s
     stable addresses), version / previous_version (reload: the version it becomes, the one recorded now).
     """
     d = spec.deploy
+    # Before anything that serves is touched: a repository that is not the signed build changes nothing.
+    signed_build.check(spec, repository_uri, digest, log)
     client = docker_engine.connect(d.docker_host)
     target = target_for(spec)
     live = promote.reconcile(client, target, log)

@@ -35,6 +35,9 @@ def _plan(spec: Spec, ctx: RunContext) -> list[PlannedStep]:
         steps = [replace(s, note="; ".join(filter(None, [s.note, where])))
                  if s.name in ("quantize", "build") and s.status in ("miss", "pending") else s for s in steps]
     serves = what_serves(spec, target.gpu_sets(spec))
+    notes = {"upload": signing_note(spec), "fetch": model_signature_note(spec)}
+    steps = [replace(s, note="; ".join(filter(None, [s.note, notes[s.name]]))) if notes.get(s.name) else s
+             for s in steps]
     steps = [replace(s, note="; ".join(filter(None, [s.note, serves]))) if s.name == "deploy" else s for s in steps]
     if spec.evaluation.enabled and target.evaluates:
         if target.baseline_source == "runtime":
@@ -79,6 +82,23 @@ def what_serves(spec: Spec, gpu_sets: tuple[tuple[int, ...], ...] = ()) -> str:
         where = f"file {d.api_keys.file}" if d.api_keys.file else f"Prefect Secret block {d.api_keys.secret_block!r}"
         parts.append(f"API keys required ({where})")
     return "; ".join(parts)
+
+
+def signing_note(spec: Spec) -> str:
+    """The upload row's account of signed builds: signed or not, verified before a backend starts or not."""
+    from ..storage.signing_keys import describe
+
+    return describe(spec.signing)
+
+
+def model_signature_note(spec: Spec) -> str:
+    """The fetch row's account of the model's own model.sig (OpenSSF model signing)."""
+    m = spec.model
+    if m.require_signature:
+        return f"model.sig required, verified with {m.public_key} before the weights download"
+    if m.public_key is not None:
+        return f"model.sig verified with {m.public_key} when the model carries one"
+    return ""
 
 
 def check_evaluation(spec: Spec) -> list[str]:

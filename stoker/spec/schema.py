@@ -44,12 +44,25 @@ class ModelSource(_Section):
     token_secret: str | None = Field(None, description="Prefect Secret block holding the Hub token")
     local_path: Path | None = None
     allow_pickle: bool = Field(False, description="accept .bin/.pt weights (unsafe: pickle)")
+    # OpenSSF model signing (stoker/storage/model_signature.py): a model.sig the model carries is verified with this
+    # key; keyless Sigstore signatures (certificates, Rekor) cannot be checked offline and are not.
+    public_key: Path | None = Field(None, description="PEM public key (EC) of the model's publisher: the fetch "
+                                    "verifies the model's model.sig with it")
+    require_signature: bool = Field(False, description="refuse a model without a model.sig that verifies with "
+                                    "model.public_key, before anything is downloaded but the signature")
 
     @model_validator(mode="after")
     def _one_source(self) -> ModelSource:
         if (self.repo_id is None) == (self.local_path is None):
             raise ValueError("set exactly one of model.repo_id or model.local_path")
+        if self.require_signature and self.public_key is None:
+            raise ValueError("model.require_signature needs model.public_key (the publisher's PEM public key)")
         return self
+
+    @model_serializer(mode="wrap")
+    def _omit_signature_defaults(self, handler):
+        # Left at their defaults, the signature fields stay out of dumps: manifests and the spec digest read as before.
+        return _without_defaults(self, handler(self), ("public_key", "require_signature"))
 
 
 class Calibration(_Section):
@@ -133,6 +146,20 @@ class Storage(_Section):
         if not v or ".." in v.split("/"):
             raise ValueError("prefix must be a non-empty relative key prefix")
         return v
+
+
+class Signing(_Section):
+    """Signed builds (stoker/storage/signing_keys.py): the upload signs the repository with the private key, and every
+    backend's repository is verified with the public key before the backend starts. Off where no key is configured."""
+
+    # The block's or variable's name only: the key itself never reaches a spec, manifest, artifact or log.
+    key_secret: str | None = Field(None, description="Prefect Secret block holding the signing key (EC private key, "
+                                   "PEM); default: the file named by key_env")
+    key_env: str = Field("STOKER_SIGNING_KEY", description="environment variable naming the signing key's PEM file")
+    public_key: Path | None = Field(None, description="PEM public key builds are verified with; default: the file "
+                                    "named by public_key_env, else the signing key's own")
+    public_key_env: str = Field("STOKER_SIGNING_PUBLIC_KEY", description="environment variable naming the "
+                                "verification key's PEM file (a host that serves but does not sign)")
 
 
 class Routing(_Section):
@@ -315,6 +342,7 @@ class Spec(_Section):
     routing: Routing = Routing()
     adapters: list[Adapter] = Field(default_factory=list, description="LoRA adapters served beside the base")
     lora: Lora = Lora()
+    signing: Signing = Signing()
 
     def digest(self) -> str:
         return section_digest(self)
@@ -374,6 +402,8 @@ class Spec(_Section):
                 out.pop("adapters", None)
             if self.lora == Lora():
                 out.pop("lora", None)
+            if self.signing == Signing():
+                out.pop("signing", None)
         return out
 
 

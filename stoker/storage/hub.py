@@ -340,6 +340,22 @@ def _check_file(root: Path, entry: RepoFile, repo_id: str, sha: str) -> FileReco
     return FileRecord(path=entry.path, sha256=digest, bytes=size)
 
 
+def signature_file(repo_id: str, sha: str, endpoint: str, token: str | None, name: str = "model.sig") -> bytes | None:
+    """The repo's OpenSSF model signature (``model.sig``, a few KB) at commit sha, or None when it carries none.
+
+    Raises RepoNotFound / RevisionNotFound / GatedNeedsToken / HubUnavailable / HubError, one line each.
+    """
+    from huggingface_hub import hf_hub_download
+
+    with tempfile.TemporaryDirectory(prefix="stoker-sig-") as tmp, _hub_errors(repo_id, sha, endpoint, token):
+        try:
+            path = hf_hub_download(repo_id, name, revision=sha, endpoint=endpoint, token=token or False,
+                                   local_dir=tmp)
+        except hf_errors.RemoteEntryNotFoundError:  # the Hub answered 404 for the file (not a failed connection)
+            return None
+        return Path(path).read_bytes()
+
+
 def dataset_file(repo_id: str, revision: str, path: str, endpoint: str, dest: Path, token: str | None = None) -> Path:
     """Download one file of a Hub *dataset* repo (evaluation text) into dest; returns its local path.
 

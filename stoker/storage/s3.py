@@ -2,6 +2,7 @@
 
 Layout under the spec's prefix:
   <prefix>/repos/<digest>/model_repository/...   the Triton repository
+  <prefix>/repos/<digest>/model.sig               its signature (signed builds only), written before the marker
   <prefix>/repos/<digest>/stoker-repo.json        written last: "this upload is complete"
   <prefix>/runs/<run_id>/manifest.json            the run manifest
 Triton only ever gets pointed at a repository whose completion marker exists and whose objects are all there.
@@ -13,6 +14,7 @@ and missing buckets raise `S3Error` at once.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import threading
@@ -37,6 +39,7 @@ from ..record.progress import Progress
 from ..spec.schema import Storage
 
 MARKER = "stoker-repo.json"
+SIGNATURE = "model.sig"  # stoker.storage.signature.SIGNATURE_NAME: OpenSSF model signing's file name
 _TRANSFER = TransferConfig(multipart_threshold=16 << 20, multipart_chunksize=16 << 20, max_concurrency=8)
 _FILES_AT_ONCE = 8
 
@@ -172,6 +175,11 @@ def repo_prefix(storage: Storage, digest: str) -> str:
     return f"{storage.prefix}/repos/{digest[:24]}"
 
 
+def signature_key(storage: Storage, digest: str) -> str:
+    """The build's signature, beside (not inside) its model_repository: Triton never sees it."""
+    return f"{repo_prefix(storage, digest)}/{SIGNATURE}"
+
+
 def run_manifest_key(storage: Storage, run_id: str) -> str:
     return f"{storage.prefix}/runs/{run_id}/manifest.json"
 
@@ -238,8 +246,9 @@ def _remote_sha(s3, bucket: str, key: str) -> str | None:
 
 
 def upload_tree(s3, storage: Storage, local_root: Path, records: list[FileRecord], empty_dirs: list[str],
-                digest: str, progress: Callable[[str], None], keep_sent: bool = False) -> list[UploadedObject]:
-    """Upload a repository in parallel, then publish it: the completion marker goes last.
+                digest: str, progress: Callable[[str], None], keep_sent: bool = False,
+                signature: bytes | None = None) -> list[UploadedObject]:
+    """Upload a repository in parallel, then publish it: the signature (when given), then the completion marker.
 
     Before the marker, one listing checks that every object is there (a concurrent cleanup cannot leave a
     marker over a half repository) and removes anything else under the repository's folder (leftovers of an
@@ -299,6 +308,9 @@ def upload_tree(s3, storage: Storage, local_root: Path, records: list[FileRecord
             s3.put_object(Bucket=storage.bucket, Key=f"{base}/{d.strip('/')}/", Body=b"")
         _check_complete(s3, storage, base, expected, progress)
         done = [o for o in results if o is not None]
+        if signature is not None:  # one PUT (atomic): the marker that makes the build visible comes after it
+            s3.put_object(Bucket=storage.bucket, Key=signature_key(storage, digest), Body=signature,
+                          ContentType="application/json")
         marker = {"digest": digest, "objects": [o.__dict__ for o in done], "empty_dirs": empty_dirs}
         s3.put_object(Bucket=storage.bucket, Key=f"{prefix}/{MARKER}",
                       Body=json.dumps(marker, indent=1).encode(), ContentType="application/json")
@@ -442,6 +454,45 @@ def get_json(s3, storage: Storage, key: str) -> dict | None:
     except BotoCoreError as err:
         raise failure(err, f"s3://{storage.bucket}/{key}", storage) from None
     return json.loads(body)
+
+
+def put_object_bytes(s3, storage: Storage, key: str, body: bytes) -> str:
+    """One PUT of ``body`` at ``key`` (S3 makes it visible whole or not at all)."""
+    try:
+        s3.put_object(Bucket=storage.bucket, Key=key, Body=body, ContentType="application/json")
+    except (BotoCoreError, ClientError) as err:
+        raise failure(err, f"writing s3://{storage.bucket}/{key}", storage) from None
+    return f"s3://{storage.bucket}/{key}"
+
+
+def get_bytes(s3, storage: Storage, key: str) -> bytes | None:
+    """The object at `key`, or None when there is none."""
+    try:
+        return s3.get_object(Bucket=storage.bucket, Key=key)["Body"].read()
+    except ClientError as err:
+        if _code(err) in _MISSING_CODES:
+            return None
+        raise failure(err, f"s3://{storage.bucket}/{key}", storage) from None
+    except BotoCoreError as err:
+        raise failure(err, f"s3://{storage.bucket}/{key}", storage) from None
+
+
+def object_sha256s(s3, storage: Storage, base: str) -> dict[str, str]:
+    """Every object under ``base/`` (folder placeholders aside) by its path below base, with the sha256 of its bytes
+    as S3 serves them now: read in full, never taken from the object's metadata, which its writer sets."""
+    out: dict[str, str] = {}
+    try:
+        for key in sorted(_sizes(s3, storage.bucket, base + "/")):
+            if key.endswith("/"):
+                continue
+            h = hashlib.sha256()
+            body = s3.get_object(Bucket=storage.bucket, Key=key)["Body"]
+            for chunk in iter(lambda: body.read(1 << 20), b""):
+                h.update(chunk)
+            out[key.removeprefix(base + "/")] = h.hexdigest()
+    except (BotoCoreError, ClientError) as err:
+        raise failure(err, f"reading s3://{storage.bucket}/{base}", storage) from None
+    return out
 
 
 def put_file(s3, storage: Storage, key: str, path: Path, content_type: str) -> str:
