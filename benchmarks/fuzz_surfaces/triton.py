@@ -203,7 +203,8 @@ def check_http(tally: Tally, route: str, status: int, body: bytes, sent: bytes) 
     example = f"{route} {sent[:200]!r} -> {status} {body[:200]!r}"
     if status >= 500:
         text = json.loads(body).get("error", "") if error_shape_ok(body) else body[:60].decode("utf-8", "replace")
-        tally.broke(f"http {status} on {route}: {text[:40]}", example)
+        # A class is the route, the status and what Triton says failed (its message up to the first colon).
+        tally.broke(f"http {status} on {route}: {text.split(':')[0][:60]}", example)
     if status >= 400 and not error_shape_ok(body):
         tally.broke(f"error not in KServe's shape ({status} on {route})", example)
 
@@ -211,7 +212,7 @@ def check_http(tally: Tally, route: str, status: int, body: bytes, sent: bytes) 
 def check_grpc(tally: Tally, method: str, code: str, detail: str) -> None:
     tally.saw(f"grpc:{code}")
     if code in BAD_GRPC:
-        tally.broke(f"grpc {code} on {method}: {detail[:40]}", f"{method} -> {code} {detail[:300]}")
+        tally.broke(f"grpc {code} on {method}: {detail.split(':')[0][:60]}", f"{method} -> {code} {detail[:300]}")
 
 
 def _grpc_call(stub, pb, target: Target, streamed: bool, tensors, raws) -> tuple[str, str]:
