@@ -264,8 +264,8 @@ def _public_only(section: str, openai: bool, metrics_openai: bool = False) -> li
 # invalid UTF-8 body: all 500, though the client sent the error. Other input mistakes (a missing input, a wrong
 # datatype, a wrong shape) already answer 400. The proxy turns exactly those parse failures into 400, matched on the
 # start of Triton's own error body, on the inference routes only: every other 500 (a model that raises, a backend
-# that fails) stays a server error. The texts come from Triton itself, not from the client: the request's content
-# never reaches these prefixes (Triton quotes no input before them). Response side, because the failure is Triton's
+# that fails) stays a server error. Each prefix is Triton's own wording before any quoted input (a model's error
+# would be mapped only if it began with the same words). Response side, because the failure is Triton's
 # to find: re-validating every tensor's JSON against the model's config in the proxy would be a second, drifting
 # copy of Triton's parser. `http-response wait-for-body` (HAProxy >= 2.4; the proxy image is 2.6) waits for the
 # error's body (a few hundred bytes, sent whole) only when the status is 500 or 501, so a stream (200) passes as

@@ -59,7 +59,7 @@ def _write_repo(root):
 
 
 @pytest.fixture(scope="module")
-def fuzzed(client, images, s3, tmp_path_factory):
+def fuzzed(client, images, s3, tmp_path_factory):  # noqa: F811 -- the imported fixtures
     """The deployment every test here talks to (deployed once; removed at the end)."""
     c, bucket, endpoint, env = s3
     tmp = tmp_path_factory.mktemp("fuzz-triton")
