@@ -172,6 +172,8 @@ def render(layout: ProxyLayout, mount: str = MOUNT) -> str:
             lines += [f"    use_backend {OPENAI_BACKEND} if openai"]
         lines += [f"    default_backend {section}", ""]
         lines.append(f"backend {section}")
+        if section == "http":
+            lines += triton_input_errors()
         if layout.replicas > 1:
             lines.append("    balance leastconn")  # long streams: count open ones, not turns
         lines += ["    option httpchk", f"    http-check send meth GET uri {HEALTH_URI} ver HTTP/1.1 hdr host localhost",
@@ -253,6 +255,52 @@ def _public_only(section: str, openai: bool, metrics_openai: bool = False) -> li
     return ["    http-request return status 403 content-type text/plain string \"only /metrics is served here\" "
             "if !{ path /metrics }"]
 
+
+
+# ---------------------------------------------------------------- Triton's client-input errors (issue 51)
+# Triton (2.51, the stoker/triton-cpu image; probed through tests/integration/test_fuzz_triton.py) answers a request
+# whose JSON it cannot read as the inputs' types with HTTP 500: its HTTP frontend reports the JSON parser's failure as
+# TRITONSERVER_ERROR_INTERNAL. `{"text_input": null}`, `"stream": 2147483648`, `"stop_words": {}` (a BYTES input), an
+# invalid UTF-8 body: all 500, though the client sent the error. Other input mistakes (a missing input, a wrong
+# datatype, a wrong shape) already answer 400. The proxy turns exactly those parse failures into 400, matched on the
+# start of Triton's own error body, on the inference routes only: every other 500 (a model that raises, a backend
+# that fails) stays a server error. Each prefix is Triton's own wording before any quoted input (a model's error
+# would be mapped only if it began with the same words). Response side, because the failure is Triton's
+# to find: re-validating every tensor's JSON against the model's config in the proxy would be a second, drifting
+# copy of Triton's parser. `http-response wait-for-body` (HAProxy >= 2.4; the proxy image is 2.6) waits for the
+# error's body (a few hundred bytes, sent whole) only when the status is 500 or 501, so a stream (200) passes as
+# before. gRPC needs nothing: Triton answers the same mistakes there with INVALID_ARGUMENT (or UNIMPLEMENTED for
+# ModelInfer on a decoupled model), in the stream's error_message for ModelStreamInfer.
+TRITON_INPUT_ROUTE = r"^/v2/models/[^/]+(/versions/[^/]+)?/(infer|generate|generate_stream)$"
+# 500 bodies that begin so are Triton's parse failures of the client's JSON.
+TRITON_PARSE_ERRORS = (
+    '{"error":"failed to parse the request JSON buffer: ',  # not JSON: bad UTF-8, empty, cut short
+    '{"error":"Unable to parse ',  # a field of the wrong JSON type: 'data', 'shape', 'inputs', 'id', JSON bytes array
+    '{"error":"attempt to get members for non-object"',  # generate's body is JSON but not an object
+    '{"error":"Expected JSON object for keyword: ',  # generate's "parameters" not an object
+)
+# 501 bodies that are the client's choice of route or encoding, not a missing server feature: /infer on a decoupled
+# model (Triton's gRPC says UNIMPLEMENTED, and /generate_stream serves it) and a Content-Encoding Triton lacks. The
+# first comes as text/plain though its body is JSON.
+TRITON_ROUTE_ERRORS = (
+    '{"error":"HTTP end point doesn\'t support models with decoupled transaction policy"',
+    '{"error":"Unsupported compression type"',
+)
+
+
+def triton_input_errors() -> list[str]:
+    """The HTTP backend's lines that answer Triton's client-input errors 400, keeping Triton's body (its
+    ``{"error": "..."}`` shape). Pure."""
+    on_route = "{ var(txn.triton_input) -m bool }"
+    return [f"    acl triton_input path_reg {TRITON_INPUT_ROUTE}",
+            "    http-request set-var(txn.triton_input) bool(true) if triton_input",
+            f"    http-response wait-for-body time 1s if {on_route} {{ status 500:501 }}",
+            f"    acl triton_parse_error res.body -m beg {' '.join(_quoted(t) for t in TRITON_PARSE_ERRORS)}",
+            f"    acl triton_route_error res.body -m beg {' '.join(_quoted(t) for t in TRITON_ROUTE_ERRORS)}",
+            f"    http-response set-header content-type application/json if {on_route} {{ status 501 }} "
+            "triton_route_error",
+            f"    http-response set-status 400 if {on_route} {{ status 500 }} triton_parse_error",
+            f"    http-response set-status 400 if {on_route} {{ status 501 }} triton_route_error"]
 
 # ---------------------------------------------------------------- runtime API
 
