@@ -102,12 +102,15 @@ def render_kubernetes(spec_path: Path, outdir: Path, digest: str, colour: str | 
 
     from ..atomic import write_atomic
     from ..kubernetes import objects, strategy, workpool
+    from ..spec.kubernetes import Kubernetes
     from ..spec.load import load_spec
 
     if not re.fullmatch(r"[0-9a-f]{64}", digest or ""):
         raise RenderError(f"--digest {digest!r}: give the build's repository digest (64 hex digits; a run's manifest "
                           "and `stoker status` show it)")
     spec = load_spec(spec_path)
+    if spec.kubernetes is None:  # a spec without the section renders with its defaults
+        spec = spec.model_copy(update={"kubernetes": Kubernetes()})
     chosen = strategy.derive(spec, colour)
     colour = colour or spec.kubernetes.live
     objs = objects.render(spec, chosen, colour, digest)

@@ -44,9 +44,6 @@ def derive(spec, colour: str | None = None) -> Strategy:
     """The strategy for ``spec`` (its kubernetes section), refusing what cannot work. ``colour``: the colour being
     rendered; one that is not the live one is a candidate beside it and needs a whole colour of spare GPUs."""
     k = spec.kubernetes
-    if k is None:
-        raise PlanRefused("render --kubernetes needs a kubernetes: section in the spec (at least {}; "
-                          "docs/serving.md#kubernetes)")
     replicas = spec.deploy.replicas
     top = k.autoscaling.max_replicas if k.autoscaling else replicas
     if top < replicas:
