@@ -5,4 +5,5 @@ subparsers with `set_defaults(fn=handler)`; a handler returns the exit code and
 raises StokerError for a one-line failure. List the module in MODULES.
 """
 
-MODULES: list[str] = ["deploy_flows", "webhook", "rollback", "status", "bench", "render", "cache", "prune", "keys", "reconcile"]
+MODULES: list[str] = ["deploy_flows", "webhook", "rollback", "status", "bench", "render", "cache", "prune", "keys", "reconcile",
+                     "sync_repo"]

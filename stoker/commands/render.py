@@ -2,6 +2,13 @@
 
 OUTDIR/commands.json   the argv, image, mounts, GPUs, shm/ulimits of every container step (secrets by name only)
 OUTDIR/model_repository/  the complete Triton repository except engine/checkpoint files
+
+`stoker render SPEC OUTDIR --kubernetes --digest D [--colour C]`: instead, the serving objects of one colour for a
+cluster (stoker/kubernetes/), and the Prefect Kubernetes work pool's base job template:
+
+OUTDIR/kubernetes/<deploy.name>-<colour>.yaml   Deployment, both colours' Services, PodDisruptionBudget, [HPA],
+                                                 the stable Service, [HTTPRoute]: one YAML stream
+OUTDIR/kubernetes/work-pool.json                 `prefect work-pool create … --type kubernetes --base-job-template`
 """
 
 from __future__ import annotations
@@ -86,7 +93,56 @@ def _render_reference(spec, spec_path: Path, outdir: Path, repo: Path) -> dict:
     return doc
 
 
+def render_kubernetes(spec_path: Path, outdir: Path, digest: str, colour: str | None = None) -> dict:
+    """Write one colour's objects and the work pool's template into OUTDIR/kubernetes/ (each file written to a temp
+    name, then renamed); returns what was written. PlanRefused (one line) before anything is written."""
+    import re
+
+    import yaml
+
+    from ..atomic import write_atomic
+    from ..kubernetes import objects, strategy, workpool
+    from ..spec.kubernetes import Kubernetes
+    from ..spec.load import load_spec
+
+    if not re.fullmatch(r"[0-9a-f]{64}", digest or ""):
+        raise RenderError(f"--digest {digest!r}: give the build's repository digest (64 hex digits; a run's manifest "
+                          "and `stoker status` show it)")
+    spec = load_spec(spec_path)
+    if spec.kubernetes is None:  # a spec without the section renders with its defaults
+        spec = spec.model_copy(update={"kubernetes": Kubernetes()})
+    chosen = strategy.derive(spec, colour)
+    colour = colour or spec.kubernetes.live
+    objs = objects.render(spec, chosen, colour, digest)
+    pool = workpool.base_job_template(spec)
+    folder = outdir.resolve() / "kubernetes"
+    manifest = folder / f"{objects.colour_name(spec, colour)}.yaml"
+    write_atomic(manifest, yaml.safe_dump_all(objs, sort_keys=False))
+    write_atomic(folder / "work-pool.json", json.dumps(pool, indent=2) + "\n")
+    return {"spec": str(spec_path), "colour": colour, "strategy": chosen, "objects": objs, "work_pool": pool,
+            "files": [manifest, folder / "work-pool.json"]}
+
+
+def _render_kubernetes(args) -> int:
+    from ..kubernetes import validate, workpool
+
+    out = render_kubernetes(args.spec, args.outdir, args.digest, args.colour)
+    print(f"{out['colour']}: {out['strategy'].kind}: {out['strategy'].note}")
+    try:
+        checked = [validate.validate(o) for o in [*out["objects"], workpool.filled_manifest(out["work_pool"])]]
+        print(f"validated {len(checked)} objects strictly ({', '.join(sorted({s for c in checked for s in c}))})")
+    except ImportError:
+        print("not validated: kubernetes-validate is not installed (pip install kubernetes-validate==1.37.0)")
+    for f in out["files"]:
+        print(f"wrote {f}")
+    return 0
+
+
 def _render(args) -> int:
+    if args.kubernetes:
+        return _render_kubernetes(args)
+    if args.digest or args.colour:
+        raise RenderError("--digest and --colour go with --kubernetes")
     doc = render(args.spec, args.outdir)
     print(f"target {doc['target']} on {doc['image']['image']} (TRT-LLM {doc['image'].get('trtllm')})")
     for s in doc["steps"]:
@@ -98,7 +154,13 @@ def _render(args) -> int:
 
 
 def register(sub) -> None:
-    s = sub.add_parser("render", help="write a GPU spec's container commands and Triton repository (runs nothing)")
+    s = sub.add_parser("render", help="write a GPU spec's container commands and Triton repository, or with "
+                       "--kubernetes its cluster objects (runs nothing)")
     s.add_argument("spec", type=Path)
     s.add_argument("outdir", type=Path)
+    s.add_argument("--kubernetes", action="store_true", help="write OUTDIR/kubernetes/: one colour's Deployment, "
+                   "Services, PodDisruptionBudget, HPA, HTTPRoute and the Prefect Kubernetes work pool")
+    s.add_argument("--digest", default=None, help="with --kubernetes: the build's repository digest the pods sync")
+    s.add_argument("--colour", choices=["blue", "green"], default=None,
+                   help="with --kubernetes: the colour to render (default: kubernetes.live)")
     s.set_defaults(fn=_render)

@@ -24,6 +24,7 @@ def plan(spec: Spec, ctx: RunContext) -> list[PlannedStep]:
 
 
 def _plan(spec: Spec, ctx: RunContext) -> list[PlannedStep]:
+    kubernetes = kubernetes_row(spec)  # refused (one line) before any Hub or S3 call
     warnings = check_evaluation(spec)
     adapter_notes = check_adapters(spec)  # refused here, before the target's own rows, when they cannot serve
     steps = targets.get(spec.target).plan(spec, ctx)
@@ -54,7 +55,18 @@ def _plan(spec: Spec, ctx: RunContext) -> list[PlannedStep]:
             [f"against {source}{what}; cached by served digest, data and code", *warnings])))
     elif spec.evaluation.enabled:
         steps.append(PlannedStep("evaluate", None, "skipped", target.evaluation_note))
-    return steps
+    return steps + ([kubernetes] if kubernetes else [])
+
+
+def kubernetes_row(spec: Spec) -> PlannedStep | None:
+    """With a kubernetes section: the rollout `stoker render --kubernetes` would write (stoker/kubernetes/strategy.py),
+    or PlanRefused in one line."""
+    if spec.kubernetes is None:
+        return None
+    from ..kubernetes import strategy
+
+    chosen = strategy.derive(spec)
+    return PlannedStep("kubernetes", None, chosen.kind, chosen.note)
 
 
 def what_serves(spec: Spec, gpu_sets: tuple[tuple[int, ...], ...] = ()) -> str:

@@ -20,6 +20,7 @@ from .. import target_traits
 from ..gpu.sections import Build, Gpus, Parallel, Runtime, check_image_digest
 from .adapters import Adapter, Lora, check_names
 from .base import RepoId, _Section, _without_defaults
+from .kubernetes import Kubernetes
 # Also imported from here as stoker.spec.schema's sections, though only Spec's fields name two of them.
 from .quality import Benchmark, BenchmarkGate, EvalDataset, Evaluation, LmEvalTask  # noqa: F401
 
@@ -343,6 +344,8 @@ class Spec(_Section):
     adapters: list[Adapter] = Field(default_factory=list, description="LoRA adapters served beside the base")
     lora: Lora = Lora()
     signing: Signing = Signing()
+    kubernetes: Kubernetes | None = Field(None, description="what `stoker render --kubernetes` writes beyond the "
+                                          "one-host spec (docs/serving.md#kubernetes)")
 
     def digest(self) -> str:
         return section_digest(self)
@@ -392,8 +395,8 @@ class Spec(_Section):
 
     @model_serializer(mode="wrap")
     def _omit_default_routing(self, handler):
-        # Left at their defaults, routing, adapters and lora stay out of dumps: manifests and the spec digest read
-        # as before.
+        # Left at their defaults, routing, adapters, lora and kubernetes stay out of dumps: manifests and the spec
+        # digest read as before.
         out = handler(self)
         if isinstance(out, dict):
             if self.routing == Routing():
@@ -404,6 +407,8 @@ class Spec(_Section):
                 out.pop("lora", None)
             if self.signing == Signing():
                 out.pop("signing", None)
+            if self.kubernetes is None:
+                out.pop("kubernetes", None)
         return out
 
 
