@@ -19,8 +19,10 @@ setup:
 # What the demo and the pipeline need: the orchestrator, the heavy steps' packages, the local services.
 venv: $(VENV)/.installed
 
-# What the tests need on top: pytest and its plugins, the openai client, selenium, mkdocs, import-linter, ruff.
-venv-dev: $(VENV)/.installed-dev
+# What the tests need on top: pytest and its plugins, the openai client, selenium, mkdocs, import-linter, ruff; and the
+# HTTPRoute validator's npm packages (infra/kubernetes/package-lock.json; stoker/kubernetes/validate.py runs it).
+NODE_DEPS := infra/kubernetes/node_modules/.installed
+venv-dev: $(VENV)/.installed-dev $(NODE_DEPS)
 
 # The bare interpreter: build.sh asks its pip for this machine's package index (`pip config list`).
 $(VENV)/.pip:
@@ -49,6 +51,11 @@ $(VENV)/.installed: pyproject.toml infra/image/versions.env $(VENV)/.pip
 
 $(VENV)/.installed-dev: $(VENV)/.installed
 	$(PY) -m pip install -q -e '.[heavy,stack,dev]'
+	touch $@
+
+# npm ci again only when the pin or the lock changes: once installed, nothing here needs the network.
+$(NODE_DEPS): infra/kubernetes/package.json infra/kubernetes/package-lock.json
+	bash infra/kubernetes/install.sh
 	touch $@
 
 docker:

@@ -31,12 +31,10 @@ def measure_spec(spec_path: Path, outdir: Path) -> dict:
         out = render_kubernetes(spec_path, outdir, digest)
     except StokerError as err:
         return {"spec": spec_path.name, "refused": str(err), "objects_rendered": 0, "validated_strictly": 0}
-    rows = []
-    for obj in [*out["objects"], workpool.filled_manifest(out["work_pool"])]:
-        try:
-            rows.append({"kind": obj["kind"], "name": obj["metadata"]["name"], "against": validate.validate(obj)})
-        except validate.Invalid as err:
-            rows.append({"kind": obj["kind"], "name": obj["metadata"]["name"], "invalid": str(err)})
+    objs = [*out["objects"], workpool.filled_manifest(out["work_pool"])]
+    rows = [{"kind": obj["kind"], "name": obj["metadata"]["name"],
+             **({"invalid": str(r)} if isinstance(r, validate.Invalid) else {"against": r})}
+            for obj, r in zip(objs, validate.check_all(objs))]
     return {"spec": spec_path.name, "colour": out["colour"], "strategy": out["strategy"].kind,
             "gpus_per_pod": out["strategy"].gpus_per_pod,
             "deployment_strategy": out["strategy"].deployment_strategy, "note": out["strategy"].note,
@@ -66,6 +64,8 @@ def main() -> None:
         "machine": "2 cores, no GPU, no Kubernetes API server (none obtainable here)",
         "kubernetes_validate": kubernetes_validate.__version__,
         "kubernetes_versions": list(validate.VERSIONS), "gateway_api": validate.GATEWAY_API,
+        "httproute_validator": f"{validate.PACKAGE} {json.loads((validate.NODE_DIR / 'package.json').read_text())['dependencies'][validate.PACKAGE]}"
+                               " (infra/kubernetes) after stoker's own HTTPRoute field list",
         "specs": len(per_spec), "objects_rendered": sum(s["objects_rendered"] for s in per_spec),
         "validated_strictly": sum(s["validated_strictly"] for s in per_spec),
         "refused": [s["spec"] for s in per_spec if "refused" in s],

@@ -129,10 +129,12 @@ def _render_kubernetes(args) -> int:
     out = render_kubernetes(args.spec, args.outdir, args.digest, args.colour)
     print(f"{out['colour']}: {out['strategy'].kind}: {out['strategy'].note}")
     try:
-        checked = [validate.validate(o) for o in [*out["objects"], workpool.filled_manifest(out["work_pool"])]]
+        checked = validate.validate_all([*out["objects"], workpool.filled_manifest(out["work_pool"])])
         print(f"validated {len(checked)} objects strictly ({', '.join(sorted({s for c in checked for s in c}))})")
     except ImportError:
         print("not validated: kubernetes-validate is not installed (pip install kubernetes-validate==1.37.0)")
+    except validate.NotInstalled as err:
+        print(f"not validated: {err}")
     for f in out["files"]:
         print(f"wrote {f}")
     return 0

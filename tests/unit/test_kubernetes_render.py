@@ -1,6 +1,7 @@
 """`stoker render --kubernetes`: pure rendering, the rollout strategy from GPU headroom, refusals in one line, and
-every example spec's objects validated strictly offline (the CI check: kubernetes-validate's bundled schemas and the
-vendored Gateway API CRD schema; no network, no cluster)."""
+every example spec's objects validated strictly offline (the CI check: kubernetes-validate's bundled schemas; for the
+HTTPRoute stoker's field list and @kubernetes-models/gateway-api's validator, which `make venv-dev` installs: without it
+these tests fail saying so; no network, no cluster)."""
 
 from __future__ import annotations
 
@@ -41,8 +42,8 @@ def test_every_example_spec_renders_and_validates_strictly(path, tmp_path):
     out = render_kubernetes(path, tmp_path, DIGEST)
     written = list(yaml.safe_load_all(out["files"][0].read_text()))
     assert written == out["objects"]  # the file is the objects, nothing lost in YAML
-    for obj in [*written, workpool.filled_manifest(out["work_pool"])]:
-        against = validate.validate(obj)
+    objs = [*written, workpool.filled_manifest(out["work_pool"])]
+    for obj, against in zip(objs, validate.validate_all(objs), strict=True):
         assert against, obj["kind"]
     assert {o["kind"] for o in written} >= {"Deployment", "Service", "PodDisruptionBudget"}
 
@@ -133,6 +134,18 @@ def test_strict_validation_refuses_unknown_fields():
     route["spec"]["rules"][0]["backendRefs"][0]["wieght"] = 5
     with pytest.raises(validate.Invalid, match="wieght"):
         validate.validate(route)
+
+
+def test_http_route_is_checked_by_the_gateway_api_validator_too():
+    spec = _spec(kubernetes={"gateway": "gw"})
+    routes = [objects.http_route(spec) for _ in range(3)]
+    routes[1]["spec"]["rules"][0]["backendRefs"][0]["port"] = 70000  # a field stoker renders, out of its range
+    routes[2]["spec"]["parentRefs"][0]["name"] = ""
+    first, port, parent = validate.check_all(routes)  # one node process for the three
+    assert first == ["stoker's HTTPRoute fields", f"gateway-api {validate.GATEWAY_API}"]
+    assert isinstance(port, validate.Invalid) and "/spec/rules/0/backendRefs/0/port: maximum" in str(port)
+    assert isinstance(parent, validate.Invalid) and "/spec/parentRefs/0/name: minLength" in str(parent)
+    assert validate.GATEWAY_API == "v1.5.1"  # what @kubernetes-models/gateway-api 2.0.0 was generated from
 
 
 def test_work_pool_job_is_valid_where_prefect_kubernetes_default_is_not():
