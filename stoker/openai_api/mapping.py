@@ -108,6 +108,20 @@ def unavailable(message: str) -> ApiError:
     return ApiError(503, message, "server_error", None, "backend_unavailable")
 
 
+# What gRPC metadata may carry as an ASCII value (printable ASCII, space included): the service forwards the
+# client's authorization header to Triton as metadata, and gRPC refuses the whole call for any other byte.
+_METADATA_VALUE = re.compile(r"[\x20-\x7e]*")
+
+
+def authorization(value: str | None) -> str | None:
+    """The client's authorization header, to forward as gRPC metadata; 401 for one no API key can be (a byte
+    outside printable ASCII: a 500 from gRPC before, found by the fuzzer)."""
+    if value is not None and not _METADATA_VALUE.fullmatch(value):
+        raise ApiError(401, "Incorrect API key: the authorization header holds characters outside printable ASCII; "
+                            "send authorization: Bearer KEY.", "invalid_request_error", None, "invalid_api_key")
+    return value
+
+
 def backend_error(message: str) -> ApiError:
     return ApiError(500, message, "server_error", None, "backend_error")
 
