@@ -15,17 +15,14 @@ example, seconds; and the failures found and fixed on the way, with the commit t
 from __future__ import annotations
 
 import argparse
-import contextlib
 import importlib
 import json
 import os
 import pkgutil
 import platform
-import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -35,56 +32,28 @@ sys.path.insert(0, str(ROOT / "tests" / "integration"))
 
 from benchmarks.fuzz_surfaces import Target  # noqa: E402
 
-WEBHOOK_SECRET = "fuzz-webhook-secret-0123456789"
 # Requests per surface in the long run: about 3 minutes each on 2 cores.
 EXAMPLES = {"openai": 2000, "webhook": 3000, "triton": 1500}
 
 # What the fuzzer found and what fixed it (each with a regression test that fails before the fix).
 FIXED = [
+    {"surface": "webhook", "failure": "500 for a signature header holding a non-ASCII character (hmac.compare_digest "
+     "raises TypeError on such a str)", "now": "401 bad or missing signature", "commit": "8779b1a",
+     "test": "tests/unit/test_webhook_fuzz_findings.py"},
+    {"surface": "webhook", "failure": "500 for a signed body nested deeper than the JSON parser's stack "
+     "(RecursionError)", "now": "400 invalid trigger", "commit": "8779b1a",
+     "test": "tests/unit/test_webhook_fuzz_findings.py"},
+    {"surface": "webhook", "failure": "500 for a signed timestamp beyond a float's range, e.g. 10**400 (OverflowError "
+     "in the window check)", "now": "400 invalid trigger (timestamp must fit an int64)", "commit": "8779b1a",
+     "test": "tests/unit/test_webhook_fuzz_findings.py"},
+    {"surface": "webhook", "failure": "404 and 405 in Starlette's plain text ('Not Found'), not the receiver's "
+     "{\"error\": ...} shape", "now": "{\"error\": \"not found: ...\"} / {\"error\": \"method GET not allowed ...\"}"
+     " (405 keeps its Allow header)", "commit": "8779b1a", "test": "tests/unit/test_webhook_fuzz_findings.py"},
+    {"surface": "openai", "failure": "500 backend_error ('INTERNAL: Invalid metadata', or 'internal error: "
+     "ExecuteBatchError') for an authorization header with a byte outside printable ASCII, forwarded to Triton as "
+     "gRPC metadata", "now": "401 invalid_api_key in OpenAI's shape, before any work", "commit": "cd57bdc",
+     "test": "tests/unit/test_openai_fuzz_findings.py"},
 ]
-
-
-@contextlib.contextmanager
-def webhook_receiver(root: Path, secret: str = WEBHOOK_SECRET) -> Iterator[tuple[str, subprocess.Popen]]:
-    """`stoker webhook serve` on a free loopback port over a specs folder with the demo spec as ``tiny``; yields
-    (its /hooks/build URL, the process)."""
-    import httpx
-    import yaml
-
-    from stoker.demo import DEMO_SPEC
-    from stoker.stack.services import free_port
-
-    specs = root / "specs"
-    specs.mkdir(parents=True, exist_ok=True)
-    spec = yaml.safe_load(DEMO_SPEC.read_text())
-    base = free_port()
-    spec["deploy"] = {"name": "fuzz-tiny", "ports": {"http": base, "grpc": base + 1, "metrics": base + 2}}
-    (specs / "tiny.yaml").write_text(yaml.safe_dump(spec))
-    port = free_port()
-    log = open(root / "webhook.log", "wb")
-    env = {**os.environ, "STOKER_WEBHOOK_SECRET": secret, "PYTHONPATH": str(ROOT),
-           "PREFECT_API_URL": "http://127.0.0.1:9/api"}  # nothing listens there: a run cannot start (503)
-    proc = subprocess.Popen([sys.executable, "-m", "stoker.cli", "webhook", "serve", "--specs", str(specs),
-                             "--deployment", "build_and_deploy/fuzz-never-started", "--port", str(port),
-                             "--rate", "10000", "--burst", "10000", "--window", "300"],
-                            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
-    log.close()
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"the webhook receiver exited: {(root / 'webhook.log').read_text()[-2000:]}")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
-                    break
-            if time.monotonic() > deadline:
-                raise RuntimeError("the webhook receiver did not answer within 60 s")
-            time.sleep(0.2)
-        yield f"{url}/hooks/build", proc
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
 
 
 def surfaces() -> list[str]:
@@ -103,6 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     from openai_process import TOOLS_TEMPLATE, tiny_model_served
+    from webhook_process import WEBHOOK_SECRET, webhook_receiver
 
     names = [n for n in surfaces() if args.only is None or n in args.only]
     results, processes = [], {}
