@@ -53,6 +53,10 @@ FIXED = [
      "ExecuteBatchError') for an authorization header with a byte outside printable ASCII, forwarded to Triton as "
      "gRPC metadata", "now": "401 invalid_api_key in OpenAI's shape, before any work", "commit": "cd57bdc",
      "test": "tests/unit/test_openai_fuzz_findings.py"},
+    {"surface": "openai", "failure": "500 backend_error ('RESOURCE_EXHAUSTED: received metadata size exceeds soft "
+     "limit (8555 vs. 8192)') for an authorization header of 8,000 characters, forwarded to Triton as gRPC metadata",
+     "now": "401 invalid_api_key over 1,024 characters (no key is over 512)", "commit": "f1a0670",
+     "test": "tests/unit/test_openai_fuzz_findings.py"},
 ]
 
 
