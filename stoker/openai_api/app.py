@@ -208,7 +208,7 @@ def create_app(settings: Settings, live: LiveModel) -> FastAPI:
             gen = dataclasses.replace(gen, lora_task_id=int(adapter["task_id"]))
         head = m.Head(rid, int(time.time()), name or settings.model, model.fingerprint)
         kind = LlmApiGenerating if interface_of(model) == triton_stream.LLMAPI else Generating
-        authorization = request.headers.get("authorization")
+        authorization = m.authorization(request.headers.get("authorization"))
         if gen.log_probs:
             # Alternatives come only from a model that declares them (logprobs.py): asked per request rather than
             # remembered, since a switch may put another target's build behind the same tokenizer files.
@@ -221,6 +221,7 @@ def create_app(settings: Settings, live: LiveModel) -> FastAPI:
         return g, head
 
     async def chat(request: Request) -> Response:
+        m.authorization(request.headers.get("authorization"))  # before any work: it cannot reach the backend
         obj = m.parse_json(await _body(request, settings.max_body_bytes))
         req = m.parse_chat(obj)
         use = tools.parse_tools(obj)
@@ -268,6 +269,7 @@ def create_app(settings: Settings, live: LiveModel) -> FastAPI:
                                                        usage_on, chat_logprobs(scored)))
 
     async def completions(request: Request) -> Response:
+        m.authorization(request.headers.get("authorization"))  # before any work: it cannot reach the backend
         obj = m.parse_json(await _body(request, settings.max_body_bytes))
         req = m.parse_completion(obj)
         model, adapter = await live_for(req.model)

@@ -108,6 +108,28 @@ def unavailable(message: str) -> ApiError:
     return ApiError(503, message, "server_error", None, "backend_unavailable")
 
 
+# What gRPC metadata may carry as an ASCII value (printable ASCII, space included): the service forwards the
+# client's authorization header to Triton as metadata, and gRPC refuses the whole call for any other byte.
+_METADATA_VALUE = re.compile(r"[\x20-\x7e]*")
+# Twice the longest key a deployment takes (stoker/serving/api_keys.py: 512 characters) with its scheme: far below
+# Triton's 8 KiB limit on a call's metadata, past which gRPC refuses the call (RESOURCE_EXHAUSTED).
+MAX_AUTHORIZATION = 1024
+
+
+def authorization(value: str | None) -> str | None:
+    """The client's authorization header, to forward as gRPC metadata; 401 for one no API key can be (a byte
+    outside printable ASCII, or over MAX_AUTHORIZATION characters: each a 500 from gRPC before, found by the
+    fuzzer)."""
+    if value is None:
+        return None
+    problem = ("holds characters outside printable ASCII" if not _METADATA_VALUE.fullmatch(value)
+               else f"is over {MAX_AUTHORIZATION} characters" if len(value) > MAX_AUTHORIZATION else None)
+    if problem:
+        raise ApiError(401, f"Incorrect API key: the authorization header {problem}; send authorization: Bearer KEY.",
+                       "invalid_request_error", None, "invalid_api_key")
+    return value
+
+
 def backend_error(message: str) -> ApiError:
     return ApiError(500, message, "server_error", None, "backend_error")
 

@@ -31,6 +31,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
@@ -55,7 +56,8 @@ class Trigger(BaseModel):
     spec: str = Field(pattern=_SPEC_NAME.pattern, description="name of a spec file in the receiver's specs folder")
     repo: str | None = Field(None, description="must equal the spec's model.repo_id when given")
     revision: str = Field(min_length=1, max_length=200, pattern=r"^\S+$")
-    timestamp: int
+    # A Unix time in seconds as an int64 holds it: beyond a float's range the window check would overflow (a 500).
+    timestamp: int = Field(ge=-(2**63), lt=2**63)
     idempotency_key: str | None = Field(None, min_length=1, max_length=200)
 
 
@@ -205,9 +207,11 @@ def create_app(cfg: ReceiverConfig, start_run: StartRun = prefect_start, check_r
             return _error(401, "bad or missing signature")
         try:
             trigger = Trigger.model_validate(json.loads(body))
-        except (ValueError, ValidationError) as err:
+        # RecursionError: nesting deeper than the parser's stack is malformed input, not a server fault.
+        except (ValueError, ValidationError, RecursionError) as err:
             first = err.errors()[0] if isinstance(err, ValidationError) else None
-            where = ".".join(str(p) for p in first["loc"]) + ": " + first["msg"] if first else str(err)
+            where = (".".join(str(p) for p in first["loc"]) + ": " + first["msg"] if first
+                     else "nested too deep" if isinstance(err, RecursionError) else str(err))
             return _error(400, f"invalid trigger: {where}")
         if not signing.within_window(trigger.timestamp, t_received, cfg.window_s):
             return _error(401, f"timestamp outside the {cfg.window_s:g} s window (replayed or clock skew)")
@@ -247,7 +251,15 @@ def create_app(cfg: ReceiverConfig, start_run: StartRun = prefect_start, check_r
     async def health(_request: Request) -> JSONResponse:
         return JSONResponse({"ok": True})
 
-    return Starlette(routes=[Route("/hooks/build", hook, methods=["POST"]), Route("/healthz", health)])
+    async def not_here(request: Request, err: HTTPException) -> JSONResponse:
+        """Starlette's own 404 and 405 are plain text: answered in the receiver's shape, as every other error."""
+        message = (f"not found: {request.url.path} (this receiver serves POST /hooks/build and GET /healthz)"
+                   if err.status_code == 404
+                   else f"method {request.method} not allowed for {request.url.path}")
+        return _error(err.status_code, message, **(err.headers or {}))
+
+    return Starlette(routes=[Route("/hooks/build", hook, methods=["POST"]), Route("/healthz", health)],
+                     exception_handlers={HTTPException: not_here})
 
 
 def serve(cfg: ReceiverConfig, host: str, port: int, tls: tuple[Path, Path] | None = None) -> None:

@@ -19,7 +19,8 @@ def sign(secret: bytes, body: bytes) -> str:
 
 def verify(secret: bytes, body: bytes, header: str | None) -> bool:
     """Constant-time check of the header against the raw body."""
-    if not header or not header.startswith(PREFIX):
+    # Not ASCII: no hex digest; and hmac.compare_digest raises TypeError on such a str (a 500, found by the fuzzer).
+    if not header or not header.startswith(PREFIX) or not header.isascii():
         return False
     return hmac.compare_digest(sign(secret, body), header.strip())
 
