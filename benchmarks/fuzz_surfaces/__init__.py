@@ -4,8 +4,8 @@ Each surface module (``openai``, ``webhook``, ``triton``) exposes ``SURFACE`` (i
 ``run(target, max_examples, seed) -> Tally``: it generates requests with hypothesis from what the surface
 accepts (the request models stoker defines, Triton's documented inputs), sends each to the real server at
 ``target``, and checks the invariants the issue sets: no 5xx but the documented ones, every error in the
-surface's own shape, the server still up. The CI's bounded run (tests/integration/test_fuzz.py) and the longer
-run that writes benchmarks/results/fuzz.json (benchmarks/fuzz.py) both call ``run``.
+surface's own shape, the server still up. The CI's bounded runs (tests/integration/test_fuzz_api.py,
+test_fuzz_triton.py) and the longer run that writes benchmarks/results/fuzz.json (benchmarks/fuzz.py) call ``run``.
 """
 
 from __future__ import annotations
