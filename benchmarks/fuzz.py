@@ -5,7 +5,8 @@ with the OpenAI service in front (tests/integration/openai_process.tiny_model_se
 template so ``tools`` reach the model), and ``stoker webhook serve`` over a specs folder holding the demo spec as
 ``tiny`` (Prefect's API unreachable, so a valid signed trigger ends in the documented 503 "could not start"; its
 rate limit raised so the fuzzer is not answered 429 throughout). Then every surface module present in
-benchmarks/fuzz_surfaces (openai, webhook, triton: each helper's) runs for its budget, and the result goes to
+benchmarks/fuzz_surfaces runs for its budget (triton at a stable address: the deployment
+tests/integration/test_fuzz_triton.py makes on Docker and S3, its bounded test run with this budget), and the result goes to
 benchmarks/results/fuzz.json: per surface, requests generated, by status, 5xx, distinct failures with an
 example, seconds; and the failures found and fixed on the way, with the commit that fixed each.
 
@@ -57,6 +58,13 @@ FIXED = [
      "limit (8555 vs. 8192)') for an authorization header of 8,000 characters, forwarded to Triton as gRPC metadata",
      "now": "401 invalid_api_key over 1,024 characters (no key is over 512)", "commit": "f1a0670",
      "test": "tests/unit/test_openai_fuzz_findings.py"},
+    {"surface": "triton", "failure": "500 at the stable address for a client's malformed JSON on generate, "
+     "generate_stream and infer (Triton's 'Unable to parse ...', 'failed to parse the request JSON buffer', "
+     "'attempt to get members for non-object', 'Expected JSON object for keyword'; the outside fuzz's text_input null, "
+     "stop_words {}, stream 2147483648, invalid UTF-8), and 501 text/plain for infer on a decoupled model or an "
+     "unsupported Content-Encoding: 5 distinct classes in 60 requests on the code before",
+     "now": "400 in Triton's {\"error\": ...} shape (HAProxy maps only Triton's own client-input texts; a model's "
+     "failure stays 500)", "commit": "731934d", "test": "tests/integration/test_fuzz_triton.py"},
 ]
 
 
@@ -65,6 +73,28 @@ def surfaces() -> list[str]:
     import benchmarks.fuzz_surfaces as pkg
 
     return sorted(m.name for m in pkgutil.iter_modules(pkg.__path__) if not m.name.startswith("_"))
+
+
+def _triton_at_the_stable_address(root: Path, examples: int, seed: int) -> dict:
+    """The triton surface needs a stable address (HAProxy before Triton, where a client's mistake becomes a 400):
+    the deployment tests/integration/test_fuzz_triton.py makes on the real Docker engine and S3, its bounded test
+    run with this budget, its tally read back."""
+    import subprocess
+
+    out = root / "triton.json"
+    print(f"fuzz: triton: {examples} HTTP requests (+ a third as many gRPC), seed {seed}, at a stable address",
+          flush=True)
+    env = {**os.environ, "STOKER_FUZZ_TRITON_EXAMPLES": str(examples), "STOKER_FUZZ_SEED": str(seed),
+           "STOKER_FUZZ_TRITON_OUT": str(out)}
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x",
+                           f"--basetemp={root / 'pytest'}", "tests/integration/test_fuzz_triton.py",
+                           "-k", "bounded_fuzz_run"], cwd=ROOT, env=env)
+    if not out.exists():
+        raise SystemExit(f"fuzz: the triton surface's run ended (rc {done.returncode}) without a tally")
+    result = json.loads(out.read_text())
+    result["seed"], result["max_examples"] = seed, examples
+    print(json.dumps({k: v for k, v in result.items() if k != "failures"}), flush=True)
+    return result
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -91,6 +121,9 @@ def main(argv: list[str] | None = None) -> int:
             for name in names:
                 module = importlib.import_module(f"benchmarks.fuzz_surfaces.{name}")
                 examples = args.examples or EXAMPLES.get(module.SURFACE, 1000)
+                if name == "triton":
+                    results.append(_triton_at_the_stable_address(root, examples, args.seed))
+                    continue
                 print(f"fuzz: {module.SURFACE}: {examples} requests, seed {args.seed}", flush=True)
                 # Target.model is the name a surface's clients use: the deployment's for OpenAI, the entry model's
                 # (the ensemble) for Triton's own routes.
@@ -105,7 +138,9 @@ def main(argv: list[str] | None = None) -> int:
             alive = {k: proc.poll() is None for k, proc in processes.items()}
     report = {
         "what": "issue 51: every HTTP surface fuzzed from its schema (hypothesis), the longer run; CI runs the same "
-                "surfaces with a small fixed-seed budget (tests/integration/test_fuzz_api.py)",
+                "surfaces with a small fixed-seed budget (tests/integration/test_fuzz_api.py, test_fuzz_triton.py); "
+                "the triton surface at a stable address (HAProxy before the CPU Triton serving the scripted ensemble "
+                "of test_fuzz_triton.py), the others straight at their service",
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, no GPU (the tiny Llama on the CPU tritonserver)",
         "surfaces": results,
         "processes_alive_after": alive,
