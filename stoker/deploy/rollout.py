@@ -50,7 +50,7 @@ from ..storage import s3
 from ..errors import StokerError
 from ..run import stoker_home
 from ..gpu import decision, openai_frontend
-from ..serving import api_keys, openai_service, probe, promote, signed_build, stop_first
+from ..serving import api_keys, edge, openai_service, probe, promote, signed_build, stop_first
 from ..containers.ports import Ports
 from ..spec.schema import Spec, Storage
 from ..triton.config import ENSEMBLE_NAME, MODEL_NAME
@@ -108,7 +108,8 @@ def target_for(spec: Spec) -> promote.Target:
                           tls=(d.tls.cert_file, d.tls.key_file) if d.tls else None,
                           # stoker's OpenAI service, for every target (stoker/targets/base.py: openai_image).
                           openai_image=target.openai_image(spec) if d.openai and target.openai_service else "",
-                          openai_on_metrics=openai_frontend.renders(spec), replicas=d.replicas)
+                          openai_on_metrics=openai_frontend.renders(spec), replicas=d.replicas,
+                          limits=edge.EdgeLimits(**d.limits.model_dump()))
 
 
 def backend_spec(spec: Spec, repository_uri: str, digest: str, env: dict[str, str], run_id: str = "",

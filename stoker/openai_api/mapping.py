@@ -63,6 +63,10 @@ DEFAULT_COMPLETION_MAX_TOKENS = 16
 # Chat without max_tokens may use the whole context; without a known context, this many.
 DEFAULT_CHAT_MAX_TOKENS = 1024
 MAX_STOP_SEQUENCES = 4
+# Each stop sequence is searched in the text as it streams, and text that could still begin one is held back
+# (triton_stream.StopCut): a bound keeps one request from making that per-token work, and the held-back tail, large.
+# OpenAI documents no bound; 256 characters hold any phrase a stop sequence is used for (issue 51).
+MAX_STOP_CHARS = 256
 ROLES = ("system", "developer", "user", "assistant", "tool")
 UINT64_MASK = (1 << 64) - 1
 # The most choices (`n`) one request may ask for: each is a sequence of its own in the backend's in-flight batch
@@ -256,6 +260,10 @@ def _common_checks(obj: dict, req: _Request) -> None:
     stops = [req.stop] if isinstance(req.stop, str) else (req.stop or [])
     if len(stops) > MAX_STOP_SEQUENCES:
         raise bad_request(f"'stop' has {len(stops)} sequences; at most {MAX_STOP_SEQUENCES} are allowed.", "stop")
+    for stop in stops:
+        if isinstance(stop, str) and len(stop) > MAX_STOP_CHARS:
+            raise bad_request(f"A 'stop' sequence is {len(stop)} characters; at most {MAX_STOP_CHARS} are allowed.",
+                              "stop")
     if req.stream_options is not None and not req.stream:
         raise bad_request("'stream_options' is only allowed when 'stream' is true.", "stream_options")
 

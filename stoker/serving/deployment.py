@@ -15,7 +15,7 @@ import docker
 from ..containers import engine
 from ..errors import StepError, StokerError
 from ..atomic import write_atomic
-from . import api_keys, haproxy, openai_service, probe, topology
+from . import api_keys, edge, haproxy, openai_service, probe, topology
 from ..containers.ports import Ports
 
 Log = Callable[[str], None]
@@ -55,6 +55,7 @@ class Target:
     # the proxy's metrics frontend then routes /v1/ too.
     openai_on_metrics: bool = False
     replicas: int = 1  # deploy.replicas: backends per slot behind the proxy
+    limits: edge.EdgeLimits = edge.EdgeLimits()  # deploy.limits: what one client and all may ask (edge.py)
 
     @property
     def endpoint(self) -> dict:
@@ -104,6 +105,9 @@ class Target:
             parts.append("openai-metrics")
         if self.replicas > 1:
             parts.append(f"replicas:{self.replicas}")  # its server lines per slot: HAProxy reads them at start
+        if self.limits.changed():  # HAProxy reads its bounds at start: other bounds, another proxy
+            parts.append("limits:" + hashlib.sha256(json.dumps(self.limits.changed(), sort_keys=True).encode()
+                                                    ).hexdigest()[:12])
         pem = self.tls_pem()
         if pem is not None:
             parts.append("tls:" + hashlib.sha256(pem.encode()).hexdigest()[:16])
@@ -251,7 +255,7 @@ def render_config(target: Target, slots: dict[str, Ports | None], live: str | No
                                               openai_grpc=(openai_service.grpc_socket_path() if target.openai_image
                                                            else None),
                                               address=target.address, metrics_openai=target.openai_on_metrics,
-                                              replicas=target.replicas,
+                                              replicas=target.replicas, limits=target.limits,
                                               keys=keys_file() if target.keys else None,
                                               tls=f"{haproxy.MOUNT}/{TLS_NAME}" if target.tls else None))
 

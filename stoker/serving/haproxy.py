@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..containers.ports import Ports
+from . import edge
 
 SLOTS = ("blue", "green")
 # deploy.replicas: a slot's replica r is server `<slot>` (r = 0, the name a single backend always had) or `<slot>_<r>`;
@@ -117,6 +118,7 @@ class ProxyLayout:
     tls: str | None = None  # the PEM (certificate + key) the frontends serve TLS with; None: cleartext
     replicas: int = 1  # server lines per slot (deploy.replicas); slots then map to one Ports per replica
     metrics_openai: bool = False  # the backends' metrics-role port also serves /v1/ (Triton's OpenAI frontend)
+    limits: edge.EdgeLimits = edge.EdgeLimits()  # deploy.limits: bounds per client and in all (edge.py)
 
 
 def _quoted(text: str) -> str:
@@ -130,7 +132,8 @@ def render(layout: ProxyLayout, mount: str = MOUNT) -> str:
         "global",
         f"    stats socket {mount}/{SOCKET_NAME} mode 600 level admin",
         "    stats timeout 30s",
-        "    maxconn 4096",
+        f"    maxconn {layout.limits.max_connections}",
+        *edge.global_lines(),
         "    log stdout format raw local0",
         "",
         "defaults",
@@ -143,7 +146,7 @@ def render(layout: ProxyLayout, mount: str = MOUNT) -> str:
         f"    timeout client {STREAM_TIMEOUT}",
         f"    timeout server {STREAM_TIMEOUT}",
         f"    timeout tunnel {STREAM_TIMEOUT}",
-        "    timeout http-request 30s",
+        *edge.defaults_lines(layout.limits),
         "    timeout http-keep-alive 5m",
         # A proxy handover soft-stops the old proxy (promote.handover). By default HAProxy then closes idle
         # keep-alive connections at once, and a client writing its next request on one meets a broken pipe (a CI
@@ -166,12 +169,15 @@ def render(layout: ProxyLayout, mount: str = MOUNT) -> str:
                   *([f"    bind unix@{layout.openai_grpc} mode 600 proto h2"]
                     if section == "grpc" and layout.openai_grpc else []),
                   *([f"    acl openai path_beg {OPENAI_PATH}"] if names_v1 else []),
+                  *edge.frontend_lines(section, layout.limits, bool(names_v1)),
                   *(_keyed(section, layout.keys) if layout.keys else []),
                   *_public_only(section, bool(layout.openai), layout.metrics_openai)]
         if section == "http" and layout.openai:
             lines += [f"    use_backend {OPENAI_BACKEND} if openai"]
         lines += [f"    default_backend {section}", ""]
         lines.append(f"backend {section}")
+        if section != "grpc":  # a gRPC call's body is a stream: never waited for whole
+            lines += edge.backend_lines(layout.limits, openai_shape=False)
         if section == "http":
             lines += triton_input_errors()
         if layout.replicas > 1:
@@ -190,10 +196,12 @@ def render(layout: ProxyLayout, mount: str = MOUNT) -> str:
         lines.append("")
     if layout.openai:
         lines.append(f"backend {OPENAI_BACKEND}")
+        lines += edge.backend_lines(layout.limits, openai_shape=True)
         for status in (502, 503, 504):
             lines.append(f"    http-error status {status} content-type application/json string "
                          + _quoted(OPENAI_DOWN % status))
         lines += [f"    server {OPENAI_BACKEND} {layout.openai}", ""]
+    lines += edge.table_lines(layout.limits)
     return "\n".join(lines)
 
 

@@ -222,6 +222,31 @@ class Tls(_Section):
     key_file: Path = Field(description="its private key, PEM")
 
 
+class Limits(_Section):
+    """What the stable endpoint accepts from one client and from all (stoker/serving/edge.py; docs/serving.md,
+    "Limits at the endpoint"). Over a bound: 413, 408, 429, or the connection closed as it is accepted."""
+
+    max_body_bytes: int = Field(16 << 20, ge=1024, le=1 << 30, description="the largest request body (413 above)")
+    request_timeout_s: int = Field(30, ge=1, le=3600, description="a request's headers and body must arrive within "
+                                   "this (408 after); generation streams are not bound by it")
+    # At most 8192: HAProxy needs about two file descriptors a connection and refuses to start when its container's
+    # open-file limit (Docker's default here: 20000) is under what maxconn asks.
+    max_connections: int = Field(4096, ge=16, le=8192, description="connections open at the proxy in all (every "
+                                 "port); past it the next ones wait to be accepted")
+    max_connections_per_client: int = Field(1024, ge=1, le=100_000, description="connections one client address may "
+                                            "hold open (HTTP, gRPC and metrics ports together); the next one is "
+                                            "closed as it is accepted")
+    max_requests_per_client_per_s: int = Field(0, ge=0, le=100_000, description="requests a second from one client "
+                                               "address, averaged over 10 s (429 above); 0: no bound")
+
+    @model_validator(mode="after")
+    def _per_client_within_all(self) -> Limits:
+        if self.max_connections_per_client > self.max_connections:
+            raise ValueError(f"max_connections_per_client {self.max_connections_per_client} is over max_connections "
+                             f"{self.max_connections}: one client could never hold that many")
+        return self
+
+
 class Deploy(_Section):
     name: str = "stoker"
     docker_host: str | None = Field(None, description="default: $DOCKER_HOST or the local socket")
@@ -268,12 +293,14 @@ class Deploy(_Section):
     # Identical backends behind the one address (HAProxy leastconn), each proven before it joins; a rollout stages
     # all N of the new build beside the old ones and switches them together (surge), so N stay ready throughout.
     replicas: int = Field(1, ge=1, le=16, description="identical backends behind the stable endpoint (leastconn)")
+    limits: Limits = Field(Limits(), description="bounds at the stable endpoint: body size, request timeout, "
+                           "connections and request rate per client and in all")
 
     @model_serializer(mode="wrap")
     def _omit_listen_defaults(self, handler):
         # Left at their defaults, the listen fields stay out of dumps: manifests and the spec digest read as before.
         return _without_defaults(self, handler(self), ("listen", "allow_unauthenticated", "api_keys", "tls",
-                                                       "replicas"))
+                                                       "replicas", "limits"))
 
     @model_validator(mode="after")
     def _replicas_replace(self) -> Deploy:

@@ -71,6 +71,8 @@ def test_valid_chat_request_and_messages():
     (_chat(temperature=2.5), "temperature", "invalid_value"),
     (_chat(top_p=1.5), "top_p", "invalid_value"),
     (_chat(stop=["a", "b", "c", "d", "e"]), "stop", "invalid_value"),
+    (_chat(stop="x" * (m.MAX_STOP_CHARS + 1)), "stop", "invalid_value"),  # issue 51: a stop's length is bound
+    (_chat(stop=["ok", "y" * (m.MAX_STOP_CHARS + 1)]), "stop", "invalid_value"),
     (_chat(stream_options={"include_usage": True}), "stream_options", "invalid_value"),
     # tools are served now (tests/unit/test_openai_tools.py); OpenAI's deprecated spelling stays refused
     (_chat(functions=[{"name": "f"}]), "functions", "unsupported_parameter"),

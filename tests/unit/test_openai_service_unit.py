@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from stoker.serving import haproxy, openai_service
+from stoker.serving import edge, haproxy, openai_service
 from stoker.containers.ports import Ports
 from stoker.serving.topology import Backend, ProxyView, plan_repair
 
@@ -18,7 +18,9 @@ def test_proxy_routes_v1_to_the_service_socket_and_everything_else_to_triton():
     http = cfg[cfg.index("frontend http"):cfg.index("\nbackend http") + 1]
     assert http == ("frontend http\n    bind 127.0.0.1:8000\n"
                     "    acl openai path_beg /v1/\n"
-                    f"    acl public path {' '.join(haproxy.PUBLIC_HTTP_EXACT)}\n"
+                    # the endpoint's bounds (stoker/serving/edge.py), before keys and routes
+                    + "".join(f"{line}\n" for line in edge.frontend_lines("http", edge.EdgeLimits(), True))
+                    + f"    acl public path {' '.join(haproxy.PUBLIC_HTTP_EXACT)}\n"
                     f"    acl public path_reg {haproxy.PUBLIC_HTTP_MODEL}\n"
                     f"    http-request return status 403 content-type application/json string "
                     f"{haproxy._quoted(haproxy.REFUSED_HTTP)} if !public !openai\n"
