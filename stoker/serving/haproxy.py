@@ -57,6 +57,15 @@ GRPC_SERVICE = "/inference.GRPCInferenceService/"
 PUBLIC_GRPC = ("ServerLive", "ServerReady", "ModelReady", "ServerMetadata", "ModelMetadata", "ModelConfig",
                "ModelInfer", "ModelStreamInfer")
 REFUSED_HTTP = '{"error": "this route is not served at the public endpoint (stoker serves inference, health, metadata)"}'
+# The ensemble's tokenizer steps are its internals, not a client's model (upstream's clients call `ensemble` or
+# `tensorrt_llm`). They are also the only models stoker serves that are not decoupled, and the CPU image's Triton
+# (2.51) allocates an HTTP /infer input by its declared shape before reading its data: a small body declaring
+# [4294967296, 1] took 12.7 GiB, [2**62, 1] killed tritonserver (SIGSEGV). Triton bounds that itself since
+# triton-inference-server/server PR #8676 (2026-02, "Avoid overflows when reading json inputs"; 26.07 has it), and
+# a decoupled model refuses /infer before parsing; so the stable address serves no route of these two.
+INTERNAL_MODELS = ("preprocessing", "postprocessing")
+REFUSED_INTERNAL = ('{"error": "this model is an internal step of the ensemble and is not served at the public '
+                    'endpoint; call the ensemble"}')
 REFUSED_GRPC = "this method is not served at the public endpoint (stoker serves inference, health, metadata)"
 
 # API keys (stoker.serving.api_keys): every route but health needs `authorization: Bearer KEY` (gRPC: the same
@@ -141,6 +150,10 @@ def render(layout: ProxyLayout, mount: str = MOUNT) -> str:
         "    log global",
         "    option httplog",
         "    option dontlognull",  # a port probe (connect, close) is no request
+        # A streamed answer is many small writes. By default HAProxy may hold a small write back to merge it with
+        # the next (configuration manual, "option http-no-delay"): measured here, a 4-token SSE stream reached the
+        # client all at once at ~86 ms through the proxy against ~22 ms for the first token straight from Triton.
+        "    option http-no-delay",
         f"    timeout check {CHECK_TIMEOUT}",
         "    timeout connect 2s",
         f"    timeout client {STREAM_TIMEOUT}",
@@ -250,7 +263,10 @@ def _public_only(section: str, openai: bool, metrics_openai: bool = False) -> li
         return [f"    acl public path {' '.join(PUBLIC_HTTP_EXACT)}",
                 f"    acl public path_reg {PUBLIC_HTTP_MODEL}",
                 f"    http-request return status 403 content-type application/json string {_quoted(REFUSED_HTTP)} "
-                f"if !public{' !openai' if openai else ''}"]
+                f"if !public{' !openai' if openai else ''}",
+                f"    acl internal_model path_reg ^/v2/models/({'|'.join(INTERNAL_MODELS)})(/|$)",
+                f"    http-request return status 403 content-type application/json string "
+                f"{_quoted(REFUSED_INTERNAL)} if internal_model"]
     if section == "grpc":
         # A trailers-only gRPC answer: HTTP 200, grpc-status 7 (PERMISSION_DENIED); HAProxy sends no content-type
         # for a reply without a body, and gRPC clients read the status (tests/integration/test_endpoint_boundary.py).

@@ -58,6 +58,11 @@ def test_only_inference_health_and_metadata_are_public_at_the_stable_address(cli
                  "/v2/models/ensemble/config"):
         assert _http(f"{http}{path}")[0] == 200, path
     assert serving_tag(target) == "a"  # generate_stream streams through
+    # The ensemble's internal steps (not decoupled: a huge declared shape on /infer killed Triton 2.51) are refused.
+    huge = json.dumps({"inputs": [{"name": "QUERY", "shape": [2 ** 62, 1], "datatype": "BYTES", "data": ["x"]}]})
+    for path in ("/v2/models/preprocessing/infer", "/v2/models/postprocessing/versions/1/infer"):
+        code, body = _http(f"{http}{path}", "POST", huge.encode(), {"Content-Type": "application/json"})
+        assert code == 403 and "internal step of the ensemble" in json.loads(body)["error"], (path, code, body)
     assert _http(f"{metrics}/metrics")[0] == 200 and _http(f"{metrics}/v2/models/ensemble/stats")[0] == 403
 
     g = grpcclient.InferenceServerClient(target.endpoint["grpc"])

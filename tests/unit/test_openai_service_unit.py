@@ -24,6 +24,9 @@ def test_proxy_routes_v1_to_the_service_socket_and_everything_else_to_triton():
                     f"    acl public path_reg {haproxy.PUBLIC_HTTP_MODEL}\n"
                     f"    http-request return status 403 content-type application/json string "
                     f"{haproxy._quoted(haproxy.REFUSED_HTTP)} if !public !openai\n"
+                    f"    acl internal_model path_reg ^/v2/models/(preprocessing|postprocessing)(/|$)\n"
+                    f"    http-request return status 403 content-type application/json string "
+                    f"{haproxy._quoted(haproxy.REFUSED_INTERNAL)} if internal_model\n"
                     "    use_backend openai if openai\n"
                     "    default_backend http\n\n")
     assert "    server openai /stoker/openai/api.sock\n" in cfg

@@ -34,10 +34,11 @@ def test_control_and_everything_else_is_not(path):
 
 def test_every_frontend_refuses_what_is_not_public():
     cfg = haproxy.render(LAYOUT)
-    # one refusal per frontend (http, grpc, metrics); the others are the endpoint's bounds (413, 429: edge.py)
+    # one refusal per frontend (http, grpc, metrics) and the ensemble's internal steps on http; the others are the
+    # endpoint's bounds (413, 429: edge.py)
     refusals = [ln for ln in cfg.splitlines() if "http-request return" in ln and " status 413 " not in ln
                 and " status 429 " not in ln and "grpc-status 8 " not in ln]
-    assert len(refusals) == 3, refusals
+    assert len(refusals) == 4 and refusals[1].endswith(" if internal_model"), refusals
     grpc = cfg[cfg.index("frontend grpc"):cfg.index("backend grpc")]
     assert "hdr grpc-status 7" in grpc and "/inference.GRPCInferenceService/ModelStreamInfer" in grpc
     assert "RepositoryModelUnload" not in grpc and "ModelStatistics" not in grpc
@@ -54,3 +55,14 @@ def test_the_metrics_port_serves_v1_only_where_the_backends_host_tritons_openai_
     assert "acl openai path_beg /v1/" in metrics and "if !{ path /metrics } !openai" in metrics
 
 
+
+
+@pytest.mark.parametrize("path", ["/v2/models/preprocessing", "/v2/models/preprocessing/infer",
+                                  "/v2/models/postprocessing/versions/1/infer", "/v2/models/postprocessing/config"])
+def test_the_ensembles_internal_steps_are_refused(path):
+    # The only models stoker serves that are not decoupled: the CPU image's Triton 2.51 allocates an /infer input by
+    # its declared shape before reading it (a 2**62-element shape killed it). haproxy.INTERNAL_MODELS says why.
+    acl = next(ln for ln in haproxy.render(LAYOUT).splitlines() if "acl internal_model path_reg" in ln)
+    assert re.search(acl.split("path_reg ", 1)[1], path)
+    for client_model in ("/v2/models/ensemble/infer", "/v2/models/tensorrt_llm/generate", "/v2/models/preproc/infer"):
+        assert not re.search(acl.split("path_reg ", 1)[1], client_model)
