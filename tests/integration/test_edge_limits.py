@@ -159,8 +159,11 @@ def test_each_bound_is_held_at_the_proxy_in_its_routes_shape_while_another_clien
             codes.append(status)
             if status == 429:
                 refused = headers, body
-    assert codes.count(200) == LIMITS.max_requests_per_client_per_s * edge.RATE_WINDOW_S, codes
-    assert codes.count(429) == 20 and refused is not None, codes
+    # HAProxy's rate is a sliding estimate over fixed periods (the previous period's count weighted by what is left
+    # of it): a flood that straddles a period boundary is counted a little low, so a few more may pass.
+    bound = LIMITS.max_requests_per_client_per_s * edge.RATE_WINDOW_S
+    assert bound <= codes.count(200) <= bound + 6 and codes.count(200) + codes.count(429) == len(codes), codes
+    assert codes[:bound] == [200] * bound and refused is not None, codes
     assert refused[0]["retry-after"] == str(edge.RETRY_AFTER_S)
     assert _kserve_error(refused[1]).startswith(f"over {LIMITS.max_requests_per_client_per_s} requests a second")
     assert generate(bounded.endpoint["http"]).startswith("a")
