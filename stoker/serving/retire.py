@@ -55,47 +55,7 @@ def retire(client: docker.DockerClient, target: Target, old: BackendRef, drain_t
     """
     t0 = time.monotonic()
     rt = runtime_for(target, proxy_container(client, target.name))
-    open_, idle_reads = -1, 0
-    refusing: bool | None = None  # None: not tried; True: old refuses new requests; False: it cannot
-    while time.monotonic() - t0 < drain_timeout_s:
-        try:
-            open_ = rt.sessions(old.slot)
-        except haproxy.ProxyApiError:
-            break
-        if open_ == 0:
-            break
-        if refusing:
-            if _answers_finished(client, old):
-                _wait_proxy_quiet(rt, old, t0 + drain_timeout_s)
-                log(f"{old.container}: every answer in flight finished; ending its {open_} stream(s) (their "
-                    f"clients reconnect to the live backend; a request sent meanwhile was refused before any answer)")
-                _end_sessions(rt, old, log)
-                open_ = 0
-                break
-            time.sleep(DRAIN_POLL_S)
-            continue
-        idle_reads = idle_reads + 1 if _in_flight(old) == 0 else 0
-        if idle_reads >= IDLE_READS and refusing is None:
-            # Unload first even though nothing is in flight now: a paused stream may be sending its next request
-            # this very instant, and ending the streams then would cut its answer part-way.
-            refusing = refuse_new(client, old, log)
-            if refusing:
-                log(f"{old.container}: {open_} stream(s) still open with no request in flight; it now refuses new "
-                    f"requests before any answer, and its streams end once nothing is loaded")
-                continue
-        if idle_reads >= IDLE_READS:
-            log(f"{old.container}: {open_} stream(s) still open with no request in flight and it cannot refuse new "
-                f"requests; ending them between requests (their clients reconnect to the live backend)")
-            _end_sessions(rt, old, log)
-            open_ = 0
-            break
-        if refusing is None and time.monotonic() - t0 >= BUSY_GRACE_S:
-            refusing = refuse_new(client, old, log)
-            if refusing:
-                log(f"{old.container}: {open_} stream(s) still busy after {BUSY_GRACE_S:g} s; it now refuses new "
-                    f"requests before any answer and finishes those in flight")
-                continue
-        time.sleep(DRAIN_POLL_S)
+    open_ = drain(client, rt, old, drain_timeout_s, log)
     if open_ > 0:
         log(f"{old.container} still had {open_} open request(s) after {drain_timeout_s:g} s; retiring it anyway")
     if live is not None:
@@ -114,6 +74,55 @@ def retire(client: docker.DockerClient, target: Target, old: BackendRef, drain_t
     return time.monotonic() - t0
 
 
+def drain(client: docker.DockerClient, rt: haproxy.Runtime, old: BackendRef, drain_timeout_s: float, log: Log) -> int:
+    """retire's wait (its docstring says how): until no stream is open to ``old``, or its answers in flight have all
+    finished and its streams were ended, or the deadline. Returns the streams still open (0 but at the deadline).
+    A GPU `reload` rollout drains its live backend this way too before stopping it (stop_first.stop)."""
+    t0 = time.monotonic()
+    open_, idle_reads = -1, 0
+    refusing: bool | None = None  # None: not tried; True: old refuses new requests; False: it cannot
+    while time.monotonic() - t0 < drain_timeout_s:
+        try:
+            open_ = rt.sessions(old.slot)
+        except haproxy.ProxyApiError:
+            break
+        if open_ == 0:
+            break
+        if refusing:
+            if _answers_finished(client, old):
+                _wait_proxy_quiet(rt, old, t0 + drain_timeout_s)
+                log(f"{old.container}: every answer in flight finished; ending its {open_} stream(s) (their "
+                    f"clients reconnect to the live backend; a request sent meanwhile was refused before any answer)")
+                end_sessions(rt, old, log)
+                open_ = 0
+                break
+            time.sleep(DRAIN_POLL_S)
+            continue
+        idle_reads = idle_reads + 1 if _in_flight(old) == 0 else 0
+        if idle_reads >= IDLE_READS and refusing is None:
+            # Unload first even though nothing is in flight now: a paused stream may be sending its next request
+            # this very instant, and ending the streams then would cut its answer part-way.
+            refusing = refuse_new(client, old, log)
+            if refusing:
+                log(f"{old.container}: {open_} stream(s) still open with no request in flight; it now refuses new "
+                    f"requests before any answer, and its streams end once nothing is loaded")
+                continue
+        if idle_reads >= IDLE_READS:
+            log(f"{old.container}: {open_} stream(s) still open with no request in flight and it cannot refuse new "
+                f"requests; ending them between requests (their clients reconnect to the live backend)")
+            end_sessions(rt, old, log)
+            open_ = 0
+            break
+        if refusing is None and time.monotonic() - t0 >= BUSY_GRACE_S:
+            refusing = refuse_new(client, old, log)
+            if refusing:
+                log(f"{old.container}: {open_} stream(s) still busy after {BUSY_GRACE_S:g} s; it now refuses new "
+                    f"requests before any answer and finishes those in flight")
+                continue
+        time.sleep(DRAIN_POLL_S)
+    return max(open_, 0)
+
+
 def _wait_proxy_quiet(rt: haproxy.Runtime, old: BackendRef, deadline: float) -> None:
     """Return once the proxy's byte count from ``old`` has not moved for QUIET_S (or at the deadline)."""
     last, since = None, time.monotonic()
@@ -129,7 +138,7 @@ def _wait_proxy_quiet(rt: haproxy.Runtime, old: BackendRef, deadline: float) -> 
         time.sleep(DRAIN_POLL_S)
 
 
-def _end_sessions(rt: haproxy.Runtime, old: BackendRef, log: Log) -> None:
+def end_sessions(rt: haproxy.Runtime, old: BackendRef, log: Log) -> None:
     try:
         rt.end_sessions(old.slot)
     except haproxy.ProxyApiError as err:

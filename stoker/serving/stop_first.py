@@ -15,7 +15,7 @@ import docker
 import docker.errors
 
 from ..containers import engine
-from . import haproxy, probe, promote, triton_log
+from . import probe, promote, retire, triton_log
 from .deployment import BackendRef, Log, Target, proxy_container, runtime_for, write_config
 
 
@@ -24,21 +24,16 @@ def stop(client: docker.DockerClient, target: Target, live: BackendRef, drain_ti
     rt = runtime_for(target, proxy_container(client, target.name))
     began = time.time()
     rt.maint(live.slot)  # no new request goes anywhere until the candidate is switched in: the gap begins
-    deadline = time.monotonic() + drain_timeout_s
-    while time.monotonic() < deadline:
-        try:
-            if rt.sessions(live.slot) == 0:
-                break
-        except haproxy.ProxyApiError:
-            break
-        time.sleep(0.2)
+    # A stream already open (a gRPC bidi stream carries request after request) still reaches the backend: drain it as
+    # a retire does, so that no answer is cut part-way (its streams end once every answer in flight has finished;
+    # a request sent meanwhile is refused before any answer). Waiting for no open stream alone cut 2 answers of a
+    # busy stream in benchmarks/results/operate_busy_streams_tensorrt_standin_reload.json.
+    left = retire.drain(client, rt, live, drain_timeout_s, log)
     write_config(target, {}, None)
-    try:
-        # Streams still open (idle gRPC streams, or answers past the deadline) would hold Triton's exit for its exit
-        # timeout, and the gap with it; their clients reconnect and meet the 503 until the switch.
-        rt.end_sessions(live.slot)
-    except haproxy.ProxyApiError:
-        pass
+    if left:
+        # Streams still open at the deadline would hold Triton's exit for its exit timeout, and the gap with it;
+        # their clients reconnect and meet the 503 until the switch.
+        retire.end_sessions(rt, live, log)
     for member in live.members():
         client.containers.get(member.container).stop(timeout=engine.STOP_TIMEOUT_S)
     log(f"GPU rollout reload: {live.container}" + (f" and {len(live.replicas)} more replica(s)" if live.replicas else "")
