@@ -5,9 +5,10 @@
 
 Runs the tests that exercise each trigger as a user meets it, with STOKER_OPERATE_OUT set so that each records
 its timings (tests/integration/operate_helpers.py `record`):
-- scheduled: tests/integration/test_schedule_fires.py, on the SQLite and the PostgreSQL server — a commit pushed
-  to the Hub mirror until the build the *scheduler* started serves (watcher interval 15 s here; 300 s in
-  prefect.yaml, which adds up to one interval);
+- scheduled: tests/integration/test_schedule_fires.py — a commit pushed to the Hub mirror until the build the
+  *scheduler* started serves, on the PostgreSQL server (the test builds it only when STOKER_OPERATE_OUT is set; CI
+  holds it), and until that build is started on the SQLite server, whose pool always holds it (watcher interval
+  15 s here; 300 s in prefect.yaml, which adds up to one interval);
 - manual and webhook: tests/integration/test_operate_walkthrough.py, the Operate section of docs/triggers.md verbatim —
   `prefect deployment run watch_revisions/watch` until the build it started serves, and the example CI job's
   POST until the webhook's build serves (its re-run answered with the first run).
