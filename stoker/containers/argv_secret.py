@@ -8,8 +8,9 @@ the container's environment, is root-equivalent (the docker group) — so the ke
 local user.
 
 Compiled with this host's ``cc`` on first use, cached under stoker's home keyed by the source's hash and the flags.
-The library needs glibc >= 2.34 in the image (dlsym@GLIBC_2.34): stoker's CPU image (Debian 12, 2.36) and NGC's
-Triton images from 24.xx on (Ubuntu 22.04 or later) have it. Run on the CPU image only here, never on a GPU host.
+The library needs glibc >= 2.34 in the image (dlsym@GLIBC_2.34): stoker's CPU and stand-in images (Debian 12,
+2.36) have it; NGC 26.07 is Ubuntu 24.04 (glibc 2.39) by the lead's notes, not checked here. Run on the CPU image
+only, never on a GPU host.
 """
 
 from __future__ import annotations
