@@ -18,6 +18,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -128,8 +129,20 @@ def run_pod(timeout_s: float = 180.0) -> dict:
         pod["containers"][0].pop("ports")  # podman maps containerPorts, which host networking refuses
         init, triton = pod["initContainers"][0], pod["containers"][0]
         for c in (init, triton):
-            c["env"] = [{"name": e["name"], "value": "stoker-k8s-key" if "AWS" in e["name"] else "admin-token"}
+            c["env"] = [e if "value" in e else
+                        {"name": e["name"], "value": "stoker-k8s-key" if "AWS" in e["name"] else "admin-token"}
                         for e in c["env"]]
+        # The argv_secret shim from this host's build instead of its ConfigMap (kube play reads no ConfigMap here).
+        from stoker.containers import argv_secret
+
+        shim = argv_secret.build()
+        for volume in pod["volumes"]:
+            if volume["name"] == "argv-secret":
+                volume.pop("configMap")
+                volume["hostPath"] = {"path": str(shim.parent), "type": "Directory"}
+        for e in triton["env"]:
+            if e["name"] == "LD_PRELOAD":  # the cache folder holds it under its content-keyed name
+                e["value"] = f"{objects.SHIM_DIR}/{shim.name}"
         init["command"] = ["python", "-m", "stoker.cli", *init["command"][1:]]
         init["env"] += [{"name": "PYTHONPATH", "value": "/opt/stoker-src"}]
         init["volumeMounts"].append({"name": "stoker-src", "mountPath": "/opt/stoker-src", "readOnly": True})
@@ -162,10 +175,20 @@ def run_pod(timeout_s: float = 180.0) -> dict:
             req = urllib.request.Request(f"http://127.0.0.1:{http}/v2/models/echo/infer", body.encode(),
                                          {"content-type": "application/json"})
             answer = json.loads(urllib.request.urlopen(req, timeout=10).read())["outputs"][0]["data"]
+        admin = {}
+        if ready:  # the shim swapped the Secret's token in: Triton's admin API takes it, and refuses the placeholder
+            for name, header in (("token", {"stoker-admin": "admin-token"}), ("none", {}),
+                                 ("placeholder", {"stoker-admin": argv_secret.PLACEHOLDER})):
+                req = urllib.request.Request(f"http://127.0.0.1:{http}/v2/repository/index", b"{}", header,
+                                             method="POST")
+                try:
+                    admin[name] = urllib.request.urlopen(req, timeout=10).status
+                except urllib.error.HTTPError as err:
+                    admin[name] = err.code
         logs = subprocess.run(["podman", "logs", "k8s-here-blue-pod-sync-repository"], capture_output=True,
                               text=True, timeout=60)
         return {"ran_here": bool(ready and live and answer == [1, 2, 3]), "runtime": _podman_version(),
-                "digest": digest, "ready": ready, "live": live, "infer_echo": answer,
+                "digest": digest, "ready": ready, "live": live, "infer_echo": answer, "admin_index_status": admin,
                 "sync_log": (logs.stdout + logs.stderr).strip().splitlines()[-1:],
                 "seconds_to_ready": round(time.monotonic() - started, 1), "adapted": ADAPTED,
                 "not_run": ["Services, PodDisruptionBudget, HPA, HTTPRoute (podman has no controllers for them)",

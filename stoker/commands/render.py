@@ -101,6 +101,7 @@ def render_kubernetes(spec_path: Path, outdir: Path, digest: str, colour: str | 
     import yaml
 
     from ..atomic import write_atomic
+    from ..containers import argv_secret
     from ..kubernetes import objects, strategy, workpool
     from ..spec.kubernetes import Kubernetes
     from ..spec.load import load_spec
@@ -119,8 +120,12 @@ def render_kubernetes(spec_path: Path, outdir: Path, digest: str, colour: str | 
     manifest = folder / f"{objects.colour_name(spec, colour)}.yaml"
     write_atomic(manifest, yaml.safe_dump_all(objs, sort_keys=False))
     write_atomic(folder / "work-pool.json", json.dumps(pool, indent=2) + "\n")
+    shim = folder / objects.SHIM_FILE  # the serving pods preload it from the ConfigMap argv_secret_configmap names
+    tmp = shim.with_name(f".{shim.name}.tmp")
+    tmp.write_bytes(argv_secret.build().read_bytes())
+    tmp.replace(shim)
     return {"spec": str(spec_path), "colour": colour, "strategy": chosen, "objects": objs, "work_pool": pool,
-            "files": [manifest, folder / "work-pool.json"]}
+            "files": [manifest, folder / "work-pool.json", shim]}
 
 
 def _render_kubernetes(args) -> int:
@@ -128,6 +133,11 @@ def _render_kubernetes(args) -> int:
 
     out = render_kubernetes(args.spec, args.outdir, args.digest, args.colour)
     print(f"{out['colour']}: {out['strategy'].kind}: {out['strategy'].note}")
+    shim, pod = out["files"][-1], out["objects"][0]["spec"]["template"]["spec"]
+    configmap = next(v["configMap"]["name"] for v in pod["volumes"] if v["name"] == "argv-secret")
+    print(f"the serving pods preload {shim.name} (keeps Triton's admin token off the command line): "
+          f"kubectl -n {out['objects'][0]['metadata']['namespace']} create configmap {configmap} "
+          f"--from-file={shim.name}={shim}")
     try:
         checked = validate.validate_all([*out["objects"], workpool.filled_manifest(out["work_pool"])])
         print(f"validated {len(checked)} objects strictly ({', '.join(sorted({s for c in checked for s in c}))})")

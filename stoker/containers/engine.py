@@ -27,6 +27,7 @@ from docker.models.containers import Container
 from docker.types import DeviceRequest, Ulimit
 
 from ..errors import StokerError
+from . import argv_secret
 from .ports import Ports
 
 Log = Callable[[str], None]
@@ -183,43 +184,50 @@ def openai_name(deployment: str) -> str:
 
 # Triton itself refuses its admin APIs (model control and the repository index, statistics, trace, logging, shared
 # memory) to any request without this header and the backend's own token: the proxy refuses them at the public
-# address, and this covers a backend's own loopback ports. The token is made per backend and lives in its
-# arguments: Triton takes it only there, so it is also in the host's /proc/PID/cmdline for any local user to read
-# (docs/serving.md, "Known limit"); stoker's reload path reads it from Docker's API (admin_headers).
+# address, and this covers a backend's own loopback ports. The token is made per backend. Triton takes it only as an
+# argument, which every local user reads in /proc/PID/cmdline: the argument carries argv_secret.PLACEHOLDER, the
+# container's environment the token, and the argv_secret shim (LD_PRELOAD) swaps it in inside each tritonserver
+# process. What still holds it: the container's Config.Env (Docker's inspect, root-equivalent) and the environment of
+# the container's init (/proc/PID/environ: owner and root only). stoker's reload path reads it back (admin_headers).
 ADMIN_HEADER = "stoker-admin"
 RESTRICTED_APIS = "model-repository,statistics,trace,logging,shared-memory"
+_RESTRICTED_PREFIX = f"--http-restricted-api={RESTRICTED_APIS}:{ADMIN_HEADER}="
 
 
-def restricted_args(token: str) -> list[str]:
-    return [f"--http-restricted-api={RESTRICTED_APIS}:{ADMIN_HEADER}={token}",
-            f"--grpc-restricted-protocol={RESTRICTED_APIS}:{ADMIN_HEADER}={token}"]
+def restricted_args(token: str = argv_secret.PLACEHOLDER) -> list[str]:
+    return [f"{_RESTRICTED_PREFIX}{token}", f"--grpc-restricted-protocol={RESTRICTED_APIS}:{ADMIN_HEADER}={token}"]
 
 
 def admin_headers(container: Container) -> dict[str, str]:
-    """The header that opens ``container``'s admin APIs ({} for a backend started before they were restricted)."""
-    prefix = f"--http-restricted-api={RESTRICTED_APIS}:{ADMIN_HEADER}="
+    """The header that opens ``container``'s admin APIs ({} for a backend started before they were restricted):
+    the token from its environment, or from its arguments for a backend started by an older stoker."""
+    for pair in (container.attrs.get("Config") or {}).get("Env") or []:
+        name, _, value = pair.partition("=")
+        if name == argv_secret.VARIABLE and value:
+            return {ADMIN_HEADER: value}
     for arg in container.attrs.get("Args") or []:
-        if arg.startswith(prefix):
-            return {ADMIN_HEADER: arg[len(prefix):]}
+        if arg.startswith(_RESTRICTED_PREFIX) and arg != f"{_RESTRICTED_PREFIX}{argv_secret.PLACEHOLDER}":
+            return {ADMIN_HEADER: arg[len(_RESTRICTED_PREFIX):]}
     return {}
 
 
-def backend_command(spec: BackendSpec, ports: Ports, token: str) -> list[str]:
+def backend_command(spec: BackendSpec, ports: Ports) -> list[str]:
     """The backend's command on ``ports``: the target's serve command, or tritonserver's, each with Triton's admin
-    APIs restricted to the header carrying ``token`` (every tritonserver process of it). Pure."""
-    extra = [*spec.extra_args, *restricted_args(token)]
+    APIs restricted to the header carrying the token's placeholder (every tritonserver process of it). Pure."""
+    extra = [*spec.extra_args, *restricted_args()]
     return spec.command(ports, extra) if spec.command else triton_args(spec.repository_uri, ports, extra)
 
 
 def start_backend(client: docker.DockerClient, spec: BackendSpec, slot: str, ports: Ports, replica: int = 0) -> Container:
-    """Run Triton for ``spec`` in ``slot`` (its replica ``replica``) on ``ports``. No restart policy until promoted."""
+    """Run Triton for ``spec`` in ``slot`` (its replica ``replica``) on ``ports``. No restart policy until promoted.
+    Raises argv_secret.ShimUnavailable (one line, before any container exists) when the shim cannot be built."""
+    shim = argv_secret.build()
     labels = {**spec.labels, LABEL_MANAGED: "true", LABEL_DEPLOYMENT: spec.name, LABEL_ROLE: ROLE_BACKEND,
               LABEL_DIGEST: spec.repo_digest, LABEL_SLOT: slot, LABEL_PORTS: ports.label(), LABEL_RUN: spec.run_id,
               LABEL_INTERFACE: spec.interface,
               **({LABEL_REPLICA: str(replica)} if replica else {})}
     if spec.admit is not None:
         labels |= spec.admit(client)
-    args = backend_command(spec, ports, secrets.token_hex(16))
     kwargs: dict = {}
     if spec.entrypoint is not None:
         kwargs["entrypoint"] = spec.entrypoint
@@ -228,10 +236,13 @@ def start_backend(client: docker.DockerClient, spec: BackendSpec, slot: str, por
     if spec.device_ids:
         kwargs["device_requests"] = [DeviceRequest(device_ids=[str(i) for i in spec.device_ids],
                                                    capabilities=[["gpu"]])]
-    return _run(client, spec.image, args,
-                name=backend_name(spec.name, slot, replica), labels=labels, environment=dict(spec.env),
+    # Created, given the shim (Docker's archive API: any image, a remote engine too), then started.
+    return _run(client, spec.image, backend_command(spec, ports),
+                name=backend_name(spec.name, slot, replica), labels=labels,
+                environment={**spec.env, **argv_secret.environment(secrets.token_hex(16))},
                 shm_size=spec.shm_size,
-                ulimits=[Ulimit(name=k, soft=s, hard=h) for k, (s, h) in spec.ulimits.items()], **kwargs)
+                ulimits=[Ulimit(name=k, soft=s, hard=h) for k, (s, h) in spec.ulimits.items()],
+                files=(str(Path(argv_secret.CONTAINER_DIR).parent), argv_secret.archive(shim)), **kwargs)
 
 
 def start_proxy(client: docker.DockerClient, deployment: str, image: str, listen: Ports, state_dir: Path,
@@ -254,12 +265,21 @@ def start_openai(client: docker.DockerClient, deployment: str, image: str, state
                 restart_policy={"Name": "unless-stopped"}, log_config=LOG_CONFIG)
 
 
-def _run(client: docker.DockerClient, image: str, command: list[str], *, name: str, **kwargs) -> Container:
+def _run(client: docker.DockerClient, image: str, command: list[str], *, name: str,
+         files: tuple[str, bytes] | None = None, **kwargs) -> Container:
+    """Create and start a container; ``files``: (folder, tar) extracted into it before it starts."""
     try:
         # init: as PID 1, HAProxy and Python ignore SIGTERM, so every stop waited out STOP_TIMEOUT_S for its SIGKILL;
         # Docker's init forwards the signal and they exit at once.
-        return client.containers.run(image, command, name=name, detach=True, network_mode="host", init=True,
-                                     **kwargs)
+        if files is None:
+            return client.containers.run(image, command, name=name, detach=True, network_mode="host", init=True,
+                                         **kwargs)
+        container = client.containers.create(image, command, name=name, detach=True, network_mode="host", init=True,
+                                             **kwargs)
+        if not container.put_archive(*files):
+            raise docker.errors.APIError(f"could not copy files into {name} at {files[0]}")
+        container.start()
+        return container
     except docker.errors.APIError as err:
         # Created but failed to start (e.g. a refused rlimit): do not leave it behind.
         try:

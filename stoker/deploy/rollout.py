@@ -45,6 +45,7 @@ from botocore.exceptions import ClientError
 
 from .. import targets
 from ..storage import credentials
+from ..containers import argv_secret
 from ..containers import engine as docker_engine
 from ..storage import s3
 from ..errors import StokerError
@@ -401,6 +402,9 @@ def stage(spec: Spec, repository_uri: str, digest: str, run_id: str, log: Log, s
     d = spec.deploy
     # Before anything that serves is touched: a repository that is not the signed build changes nothing.
     signed_build.check(spec, repository_uri, digest, log)
+    # Every backend carries the shim that keeps its admin token off the command line: a host that cannot build it
+    # (no compiler) is refused here, before any container is stopped or started.
+    argv_secret.build()
     client = docker_engine.connect(d.docker_host)
     target = target_for(spec)
     live = promote.reconcile(client, target, log)

@@ -17,7 +17,9 @@ GROUP = "stoker.dev"
 SYNC_ROOT = "/var/lib/stoker-sync"  # the init container's view of the repository volume
 REPOSITORY = "model_repository"  # the folder sync-repo creates there; Triton mounts it at /models (subPath)
 MODELS = "/models"  # where every target's repository sits in the serving container (stoker.gpu.trtllm.C_MODELS)
-ADMIN_TOKEN_ENV = "STOKER_ADMIN_TOKEN"
+ADMIN_TOKEN_ENV = "STOKER_ADMIN_TOKEN"  # stoker.containers.argv_secret.VARIABLE
+SHIM_FILE = "argv_secret.so"  # the ConfigMap's key, and the file's name in the container
+SHIM_DIR = "/usr/lib/stoker-argv-secret"  # stoker.containers.argv_secret.CONTAINER_DIR, as on one host
 PROBE_PERIOD_S = 5
 _SIZE_UNITS = {"": "", "b": "", "k": "Ki", "m": "Mi", "g": "Gi"}
 
@@ -49,17 +51,24 @@ def quantity(docker_size: str) -> str:
 def serve_argv(spec) -> tuple[list[str], bool]:
     """Triton's argv as one host runs it (the target's serve command, or tritonserver's arguments after the image's
     entrypoint), listening on every pod address instead of loopback (kubelet's probes and the Service reach the pod
-    from outside it), with the admin APIs restricted to a token the pod reads from a Secret (Kubernetes expands
-    $(VAR) in a container's command and args). True when the argv replaces the image's entrypoint."""
+    from outside it), with the admin APIs restricted to the token's placeholder: the argv_secret shim swaps the token
+    (env, from a Secret) in inside each tritonserver, so it is in no process's command line (a $(VAR) in args would
+    be). True when the argv replaces the image's entrypoint."""
     from .. import targets
     from ..containers.engine import restricted_args, triton_args
 
     fields = targets.get(spec.target).backend(spec, MODELS, ())
     ports = spec.deploy.ports
-    extra = [*fields.get("extra_args", []), *restricted_args(f"$({ADMIN_TOKEN_ENV})")]
+    extra = [*fields.get("extra_args", []), *restricted_args()]
     command = fields.get("command")
     argv = command(ports, extra) if command else triton_args(MODELS, ports, extra)
     return [a.replace("=127.0.0.1", "=0.0.0.0") for a in argv], command is not None
+
+
+def argv_secret_configmap(spec) -> str:
+    """The ConfigMap holding the argv_secret shim (key SHIM_FILE): `stoker render --kubernetes` writes the file
+    beside the objects, and the user creates it (docs/kubernetes.md)."""
+    return f"{spec.deploy.name}-argv-secret"
 
 
 def _probe(path: str, failures: int) -> dict:
@@ -88,7 +97,8 @@ def serving_container(spec, strategy: Strategy) -> dict:
     resources = {"limits": {k.gpu_resource: strategy.gpus_per_pod}} if strategy.gpus_per_pod else {}
     return {
         "name": "triton", "image": image, ("command" if replaces_entrypoint else "args"): argv,
-        "env": [_secret_env(ADMIN_TOKEN_ENV, f"{d.name}-admin", "token")],
+        "env": [_secret_env(ADMIN_TOKEN_ENV, f"{d.name}-admin", "token"),
+                {"name": "LD_PRELOAD", "value": f"{SHIM_DIR}/{SHIM_FILE}"}],
         "ports": [{"name": "http", "containerPort": d.ports.http}, {"name": "grpc", "containerPort": d.ports.grpc},
                   {"name": "metrics", "containerPort": d.ports.metrics}],
         "resources": resources,
@@ -97,7 +107,8 @@ def serving_container(spec, strategy: Strategy) -> dict:
         "readinessProbe": _probe("/v2/health/ready", 3),
         "livenessProbe": _probe("/v2/health/live", 3),
         "volumeMounts": [{"name": "repository", "mountPath": MODELS, "subPath": REPOSITORY, "readOnly": True},
-                         {"name": "shm", "mountPath": "/dev/shm"}],
+                         {"name": "shm", "mountPath": "/dev/shm"},
+                         {"name": "argv-secret", "mountPath": SHIM_DIR, "readOnly": True}],
     }
 
 
@@ -113,7 +124,10 @@ def deployment(spec, strategy: Strategy, colour: str, digest: str) -> dict:
             # deploy.drain_timeout_s: how long a stopping pod may finish what it holds, as a retired backend does.
             "terminationGracePeriodSeconds": int(spec.deploy.drain_timeout_s),
             "volumes": [{"name": "repository", "emptyDir": {}},
-                        {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": quantity(spec.deploy.shm_size)}}],
+                        {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": quantity(spec.deploy.shm_size)}},
+                        # Not optional: without the shim Triton would take the placeholder itself as its key.
+                        {"name": "argv-secret", "configMap": {"name": argv_secret_configmap(spec), "defaultMode": 0o444,
+                                                              "items": [{"key": SHIM_FILE, "path": SHIM_FILE}]}}],
         }},
     }
     if spec.kubernetes.autoscaling is None:  # with an HPA the replica count is the autoscaler's

@@ -6,12 +6,14 @@ without a restart, TLS at the proxy.
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import time
 import urllib.error
 import urllib.request
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -90,6 +92,55 @@ def test_only_inference_health_and_metadata_are_public_at_the_stable_address(cli
         direct.unload_model("ensemble")
     assert engine.ADMIN_HEADER in str(exc.value) and direct.is_model_ready("ensemble"), exc.value
     direct.close()
+
+
+# ------------------------------------------------------------------ the admin token on no command line (issue 51)
+
+
+def _processes(container) -> dict[int, tuple[bytes, bytes]]:
+    """Host pid -> (cmdline, environ) of every process of ``container`` (docker top: the host's pids), as this
+    host's root reads them in /proc; a process that ended in between is skipped."""
+    top = container.top()
+    column = top["Titles"].index("PID")
+    out = {}
+    for row in top["Processes"]:
+        pid = int(row[column])
+        try:
+            out[pid] = (Path(f"/proc/{pid}/cmdline").read_bytes(), Path(f"/proc/{pid}/environ").read_bytes())
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+    return out
+
+
+def test_no_process_of_a_backend_shows_its_admin_token_on_its_command_line(client, target, build):
+    """Any local user reads every process's /proc/PID/cmdline: a backend's tritonserver, its python stubs and
+    Docker's init carry only the placeholder there, while Triton still guards its admin APIs with the token that
+    stoker's reload path reads back (the argv_secret shim puts it into tritonserver's argv in memory)."""
+    from stoker.containers import argv_secret
+
+    deploy(client, target, build("a"))
+    backend = backends(client, target.name)[0]
+    token = engine.admin_headers(backend)[engine.ADMIN_HEADER]
+    assert len(token) == 32
+    processes = _processes(backend)
+    program = {pid: os.path.basename(cmdline.split(b"\0")[0]) for pid, (cmdline, _) in processes.items()}
+    servers = [pid for pid, name in program.items() if name == b"tritonserver"]
+    stubs = [pid for pid, name in program.items() if name == b"triton_python_backend_stub"]
+    assert len(servers) == 1 and stubs and b"docker-init" in program.values(), program
+    leaked = [pid for pid, (cmdline, _) in processes.items() if token.encode() in cmdline]
+    assert not leaked, f"the admin token is on the command line of {len(leaked)} of {len(processes)} processes"
+    assert argv_secret.PLACEHOLDER.encode() in processes[servers[0]][0]
+    # The shim wiped the value from tritonserver's environment block, and its children never had it; only
+    # Docker's init (root's to read) and the container's Config.Env keep it.
+    assert not [pid for pid, (_, environ) in processes.items() if token.encode() in environ
+                and program[pid] != b"docker-init"], program
+    own = Ports.parse(backend.labels[engine.LABEL_PORTS])
+    assert _http(f"http://127.0.0.1:{own.http}/v2/repository/index", "POST")[0] == 403
+    assert _http(f"http://127.0.0.1:{own.http}/v2/repository/index", "POST",
+                 headers={engine.ADMIN_HEADER: argv_secret.PLACEHOLDER})[0] == 403
+    code, body = _http(f"http://127.0.0.1:{own.http}/v2/repository/index", "POST",
+                       headers=engine.admin_headers(backend))
+    assert code == 200 and any(m["name"] == "ensemble" for m in json.loads(body)), (code, body[:200])
 
 
 # ------------------------------------------------------------------ listen where meant (issue 25)

@@ -45,17 +45,19 @@ def openai_findings(spec) -> list[tuple[str, str]]:
 @pytest.mark.parametrize("path", sorted(SPECS.glob("*.yaml")), ids=lambda p: p.stem)
 def test_every_example_specs_serve_command_restricts_the_admin_apis(path):
     """The command each backend of every example spec runs: every tritonserver process in it (one, or one per MPI
-    rank) restricts model repository, shared memory, statistics, trace and logging to the token."""
-    from stoker.containers import engine
+    rank) restricts model repository, shared memory, statistics, trace and logging to the token, which its argv
+    carries only as the shim's placeholder (the token itself is in the environment: stoker/containers/argv_secret.py)."""
+    from stoker.containers import argv_secret, engine
     from stoker.deploy.rollout import backend_spec
 
     spec = load_spec(path)
     gpus = tuple(range(spec.parallel.world_size)) if spec.target != "reference" else ()
     b = backend_spec(spec, "/host/repo" if spec.target != "reference" else "s3://bkt/repo", "d" * 64, {}, gpus=gpus)
-    argv = engine.backend_command(b, Ports(21000, 21001, 21002), "tok3n")
+    argv = engine.backend_command(b, Ports(21000, 21001, 21002))
+    tok3n = argv_secret.PLACEHOLDER
     servers = argv.count("tritonserver") + sum(a.endswith("/tritonserver") for a in argv) or 1
-    assert sum(a.startswith("--http-restricted-api=") and a.endswith("=tok3n") for a in argv) == servers, argv
-    assert sum(a.startswith("--grpc-restricted-protocol=") and a.endswith("=tok3n") for a in argv) == servers, argv
+    assert sum(a.startswith("--http-restricted-api=") and a.endswith(f"={tok3n}") for a in argv) == servers, argv
+    assert sum(a.startswith("--grpc-restricted-protocol=") and a.endswith(f"={tok3n}") for a in argv) == servers, argv
     assert "openai_frontend/main.py" not in " ".join(argv)
     assert all(a.split("=", 1)[1] == "127.0.0.1" for a in argv if a.endswith("-address=127.0.0.1") or
                a.startswith(("--http-address=", "--grpc-address=", "--metrics-address=")))

@@ -159,3 +159,27 @@ def test_work_pool_job_is_valid_where_prefect_kubernetes_default_is_not():
         moved["spec"]["template"]["spec"][key] = moved["spec"].pop(key)
     with pytest.raises(validate.Invalid, match="parallelism"):
         validate.validate(moved)
+
+
+def test_the_admin_token_is_in_no_rendered_argv_and_the_shim_is_preloaded(tmp_path, monkeypatch):
+    """Kubernetes expands $(VAR) into a container's argv, where every local user of the node reads it: the args carry
+    the placeholder, the token comes from the Secret as env, and the argv_secret shim (written beside the objects,
+    mounted from its ConfigMap) swaps it in inside each tritonserver (issue 51)."""
+    from stoker.containers import argv_secret
+
+    monkeypatch.setenv("STOKER_HOME", str(tmp_path / "home"))
+    out = render_kubernetes(ROOT / "deployments" / "specs" / "example-full.yaml", tmp_path, DIGEST)
+    pod = out["objects"][0]["spec"]["template"]["spec"]
+    triton = pod["containers"][0]
+    argv = triton.get("command", []) + triton.get("args", [])
+    assert not [a for a in argv if "$(" in a], argv
+    assert sum(a.endswith(f":stoker-admin={argv_secret.PLACEHOLDER}") for a in argv) >= 2, argv
+    env = {e["name"]: e for e in triton["env"]}
+    assert env[argv_secret.VARIABLE]["valueFrom"]["secretKeyRef"]["key"] == "token"
+    assert env["LD_PRELOAD"]["value"] == argv_secret.CONTAINER_PATH
+    mount = next(m for m in triton["volumeMounts"] if m["name"] == "argv-secret")
+    volume = next(v for v in pod["volumes"] if v["name"] == "argv-secret")
+    assert mount["mountPath"] == argv_secret.CONTAINER_DIR and mount["readOnly"]
+    assert "optional" not in volume["configMap"] and volume["configMap"]["items"][0]["path"] == "argv_secret.so"
+    shim = out["files"][-1]
+    assert shim.parent == out["files"][0].parent and shim.read_bytes() == argv_secret.build().read_bytes()
