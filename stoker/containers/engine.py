@@ -198,6 +198,11 @@ def restricted_args(token: str = argv_secret.PLACEHOLDER) -> list[str]:
     return [f"{_RESTRICTED_PREFIX}{token}", f"--grpc-restricted-protocol={RESTRICTED_APIS}:{ADMIN_HEADER}={token}"]
 
 
+def placeholder_header() -> dict[str, str]:
+    """The admin header with the token's placeholder: what a backend whose shim did not load would take as its key."""
+    return {ADMIN_HEADER: argv_secret.PLACEHOLDER}
+
+
 def admin_headers(container: Container) -> dict[str, str]:
     """The header that opens ``container``'s admin APIs ({} for a backend started before they were restricted):
     the token from its environment, or from its arguments for a backend started by an older stoker."""

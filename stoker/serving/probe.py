@@ -34,6 +34,21 @@ def http_status(url: str, timeout_s: float) -> int:
         return err.code
 
 
+def admin_closed(http_url: str, header: dict[str, str], timeout_s: float = 5.0) -> None:
+    """Raise ProbeFailed when ``header`` (the token's public placeholder) opens the backend's admin API: then the
+    argv_secret shim did not load in the image (the dynamic loader only warns about a missing LD_PRELOAD) and
+    tritonserver took the placeholder itself as its key, which anyone can send."""
+    req = urllib.request.Request(f"{http_url}/v2/repository/index", data=b"{}", headers=header, method="POST")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout_s) as response:
+            status = response.status
+    except urllib.error.HTTPError as err:
+        status = err.code
+    if status == 200:
+        raise ProbeFailed("its admin API opens with the public placeholder of its token: the argv_secret shim did "
+                          "not load in its image (LD_PRELOAD), so the backend is refused")
+
+
 def is_ready(http_url: str, timeout_s: float = 2.0, attempts: int = 1) -> bool:
     """One 200 from /v2/health/ready within ``attempts`` tries (a saturated server can be slow to answer)."""
     for i in range(attempts):

@@ -384,6 +384,7 @@ def _stage_one(client: docker.DockerClient, target: Target, spec: engine.Backend
             waited = probe.wait_ready(f"{url}/v2/health/ready", spec.ready_timeout_s,
                                       exit_reason=lambda: engine.exit_reason(c))
             probe.hold_ready(f"{url}/v2/health/ready", settle_s, exit_reason=lambda: engine.exit_reason(c))
+            probe.admin_closed(url, engine.placeholder_header())
             smoke = probe.smoke(url, by_layout(spec.interface))
             if target.openai_image and replica == 0:
                 openai_service.prefetch(target.state_dir, c, log)

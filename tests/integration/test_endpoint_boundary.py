@@ -21,7 +21,7 @@ from stoker.containers import engine
 from stoker.serving import promote
 from stoker.containers.ports import Ports
 
-from promotion_kit import Lines, Load, backends, deploy, generate, serving_tag, restart_proxy
+from promotion_kit import Lines, Load, backends, deploy, generate, listen_ports, serving_tag, restart_proxy
 from promotion_kit import build, client, images, s3, target  # noqa: F401 -- fixtures the tests request
 
 pytestmark = [pytest.mark.docker, pytest.mark.s3]
@@ -141,6 +141,27 @@ def test_no_process_of_a_backend_shows_its_admin_token_on_its_command_line(clien
     code, body = _http(f"http://127.0.0.1:{own.http}/v2/repository/index", "POST",
                        headers=engine.admin_headers(backend))
     assert code == 200 and any(m["name"] == "ensemble" for m in json.loads(body)), (code, body[:200])
+
+
+def test_a_tritonserver_whose_shim_did_not_load_is_refused_before_it_serves(client, images, tmp_path):
+    """Without the shim (an image whose loader cannot load it only warns), tritonserver takes the placeholder
+    itself as its key, which anyone can send: the staging probe refuses such a backend; a shimmed one passes."""
+    from stoker.containers import argv_secret
+    from stoker.serving import probe
+
+    http = listen_ports().http
+    name = f"stoker-noshim-{uuid.uuid4().hex[:8]}"
+    c = client.containers.run(images[0], ["--model-repository=/tmp", "--http-address=127.0.0.1",
+                                          f"--http-port={http}", "--allow-grpc=false", "--allow-metrics=false",
+                                          engine.restricted_args()[0]],
+                              name=name, detach=True, network_mode="host")
+    try:
+        probe.wait_ready(f"http://127.0.0.1:{http}/v2/health/live", 60, exit_reason=lambda: engine.exit_reason(c))
+        with pytest.raises(probe.ProbeFailed, match="argv_secret shim did not load"):
+            probe.admin_closed(f"http://127.0.0.1:{http}", engine.placeholder_header())
+    finally:
+        c.remove(force=True)
+    assert argv_secret.PLACEHOLDER in engine.restricted_args()[0]
 
 
 # ------------------------------------------------------------------ listen where meant (issue 25)
