@@ -9,8 +9,8 @@ local user.
 
 Compiled with this host's ``cc`` on first use, cached under stoker's home keyed by the source's hash and the flags.
 The library needs glibc >= 2.34 in the image (dlsym@GLIBC_2.34): stoker's CPU and stand-in images (Debian 12,
-2.36) have it; NGC 26.07 is Ubuntu 24.04 (glibc 2.39) by the lead's notes, not checked here. Run on the CPU image
-only, never on a GPU host.
+2.36) have it; NGC 26.07 is Ubuntu 24.04 (glibc 2.39) by the project's notes, not checked here. Run on the CPU
+image only, never on a GPU host. Where it cannot load, staging refuses the backend (stoker.serving.probe.admin_closed).
 """
 
 from __future__ import annotations
