@@ -51,13 +51,13 @@ def check_engines(hosts: list[Host]) -> dict[str, str]:
 
 
 def serving_now(host: Host, name: str) -> dict:
-    """What the host's proxy routes to now: {"run_id", "digest", "health", "proxy"}; "engine": the one-line cause
-    when the engine does not answer."""
+    """What the host's proxy routes to now: {"run_id", "digest", "health", "proxy", "engine_error"}; engine_error:
+    the one-line cause when the engine does not answer (health "engine down")."""
     try:
         client = engine.connect(host.docker_host, timeout_s=10)
         client.ping()
     except Exception as exc:  # noqa: BLE001 - a host that does not answer is reported, not raised
-        return {"run_id": None, "digest": None, "health": "engine down", "proxy": "-", "engine": one_line(exc)}
+        return {"run_id": None, "digest": None, "health": "engine down", "proxy": "-", "engine_error": one_line(exc)}
     proxy = deployment.proxy_container(client, name)
     listen = Ports.parse(proxy.labels[engine.LABEL_PORTS]) if proxy is not None else Ports(0, 0, 0)
     target = deployment.Target(name, listen, "", Path("/nonexistent"))
@@ -67,7 +67,7 @@ def serving_now(host: Host, name: str) -> dict:
                  and view.http_ports.get(haproxy.server_name(b.slot, b.replica)) == b.ports.http), None)
     return {"run_id": live.run_id if live else None, "digest": live.digest if live else None,
             "health": ("ready" if live.ready else "not ready") if live else "nothing live",
-            "proxy": ("running" if view.running else "down") if view.exists else "missing", "engine": None}
+            "proxy": ("running" if view.running else "down") if view.exists else "missing", "engine_error": None}
 
 
 def halted(host: str, wave: int, cause: str, reverted: list[str], failed_reverts: dict[str, str]) -> str:
