@@ -48,6 +48,7 @@ def roll_fleet(spec: Spec, fetched: StepResult, uploaded: StepResult, ctx: RunCo
                       "before_run": before[h.name]["run_id"], "after": None, "run_id": None}
              for i, wave in enumerate(fl.plan(), 1) for h in map(fl.host, wave)}
     waves: list[dict] = []
+    measured: dict[str, dict] = {}  # host → its benchmark's detail, for the promote step
 
     def roll(host_name: str) -> None:
         h = fl.host(host_name)
@@ -66,8 +67,8 @@ def roll_fleet(spec: Spec, fetched: StepResult, uploaded: StepResult, ctx: RunCo
             m = s3.get_json(s3.client(st), st, s3.run_manifest_key(st, run_id)) or {}
             switch = ((m.get("steps") or {}).get("switch") or {}).get("detail") or {}
             rec.update(status="switched", after=uploaded.digest, switch_s=switch.get("switch_s"),
-                       retire_s=switch.get("retire_s"), benchmark=((m.get("steps") or {}).get("benchmark") or {})
-                       .get("detail"))
+                       retire_s=switch.get("retire_s"))
+            measured[host_name] = ((m.get("steps") or {}).get("benchmark") or {}).get("detail") or {}
         except BaseException as exc:
             rec.update(status="failed", error=one_line(exc) or type(exc).__name__)
             raise
@@ -104,7 +105,7 @@ def roll_fleet(spec: Spec, fetched: StepResult, uploaded: StepResult, ctx: RunCo
             raise fleet.FleetError(fleet.halted(bad, i, failed[bad], reverted, not_reverted))
     detail = {"hosts": hosts, "waves": waves, "digest": uploaded.digest,
               # promote_run reads the canary host's benchmark: the fleet's build as measured on a host.
-              **_benchmark_of(hosts)}
+              **_benchmark_of([measured[n] for w in fl.plan() for n in w if n in measured])}
     _record(ctx, detail)
     return StepResult(name="fleet", duration_s=time.perf_counter() - t0, digest=uploaded.digest, detail=detail)
 
@@ -133,8 +134,8 @@ def _switch_back(spec: Spec, pinned: Spec, hosts: dict, ctx: RunContext, log) ->
     return reverted, not_reverted
 
 
-def _benchmark_of(hosts: dict) -> dict:
-    first = next((r["benchmark"] for r in hosts.values() if r.get("benchmark")), None) or {}
+def _benchmark_of(measured: list[dict]) -> dict:
+    first = next((d for d in measured if d), {})
     return {"workload": first.get("workload"), "levels": first.get("levels", [])}
 
 

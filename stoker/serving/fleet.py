@@ -29,9 +29,13 @@ def host_spec(spec: Spec, host: Host) -> Spec:
 
 
 def engine_id(host: Host, timeout_s: int = 10) -> str:
-    """The engine's own ID (`docker info`); FleetError naming the host when it does not answer."""
+    """Who the engine is: `docker info`'s ID, with its host name and data root. The ID alone is not enough: Docker
+    before 23 derives it from /etc/docker/key.json, which every daemon of one machine shares (seen here: the second
+    dockerd answered the default one's ID), and two daemons never share a data root. FleetError naming the host
+    when it does not answer."""
     try:
-        return str(engine.connect(host.docker_host, timeout_s=timeout_s).info()["ID"])
+        info = engine.connect(host.docker_host, timeout_s=timeout_s).info()
+        return f"{info['ID']}@{info.get('Name', '')}:{info.get('DockerRootDir', '')}"
     except Exception as exc:  # noqa: BLE001 - any failure to answer is the one line below
         raise FleetError(f"fleet host {host.name!r}: engine {host.docker_host} does not answer: {one_line(exc)}") \
             from None
@@ -44,7 +48,7 @@ def check_engines(hosts: list[Host]) -> dict[str, str]:
         ident = engine_id(h)
         twin = next((n for n, i in ids.items() if i == ident), None)
         if twin is not None:
-            raise FleetError(f"fleet hosts {twin!r} and {h.name!r} are the same Docker engine (ID {ident}): "
+            raise FleetError(f"fleet hosts {twin!r} and {h.name!r} are the same Docker engine ({ident}): "
                              "each host needs an engine of its own")
         ids[h.name] = ident
     return ids

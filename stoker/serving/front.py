@@ -42,8 +42,9 @@ def render(spec: Spec, mount: str = haproxy.MOUNT) -> str:
                   f"backend {section}", "    balance leastconn", "    option httpchk GET /v2/health/ready"]
         for h in fleet.hosts:
             ports = h.ports or spec.deploy.ports
-            lines.append(f"    server {h.name} {h.address}:{getattr(ports, section)}{h2} check port {ports.http} "
-                         "inter 1s fastinter 500ms fall 2 rise 1")
+            # Readiness on the host's HTTP port, in HTTP/1 (a gRPC server's check would otherwise speak its h2).
+            lines.append(f"    server {h.name} {h.address}:{getattr(ports, section)}{h2} check port {ports.http}"
+                         f"{' check-proto h1' if h2 else ''} inter 1s fastinter 500ms fall 2 rise 1")
         lines.append("")
     return "\n".join(lines)
 

@@ -117,7 +117,9 @@ class FleetKit:
             "hosts": [{"name": "east", "docker_host": self.east, "deployment": "serve_host/east", "ports": ports},
                       {"name": "west", "docker_host": self.west, "deployment": "serve_host/west",
                        "ports": {"http": west, "grpc": west + 1, "metrics": west + 2}}],
-            "waves": [["east"], ["west"]], "front": {"http": front, "grpc": front + 1}, "start_timeout_s": 60}
+            "waves": [["east"], ["west"]], "front": {"http": front, "grpc": front + 1},
+            # A process worker under the load starts its run in ~60 s on this 2-core machine (process start, imports).
+            "start_timeout_s": 300}
         return data
 
     def run(self, data: dict, home: Path | None = None, timeout: float = 900, background: bool = False):

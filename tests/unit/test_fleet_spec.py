@@ -26,7 +26,7 @@ def test_default_waves_are_a_canary_then_the_rest_and_each_host_gets_its_own_one
     east = fleet.host_spec(s, s.fleet.host("east"))
     assert east.deploy.ports == s.deploy.ports and east.deploy.name == s.deploy.name
     cfg = front.render(s)
-    assert "bind 127.0.0.1:19001 proto h2" in cfg and "server west 127.0.0.1:18001 proto h2 check port 18000" in cfg
+    assert "bind 127.0.0.1:19001 proto h2" in cfg and "server west 127.0.0.1:18001 proto h2 check port 18000 check-proto h1" in cfg
     # A spec without fleet dumps as before (its digest and manifests unchanged).
     assert "fleet" not in parse_spec({"model": {"repo_id": "org/model"}, "storage": {"bucket": "b-1"}}).model_dump()
 
