@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from fleet_kit import FleetKit, parse, wait_for
 from operate_helpers import ROOT, prefect_api, record  # noqa: F401
-from stream_clients import load_process
+from stream_clients import BATCHED_ENV, load_process
 
 pytestmark = [pytest.mark.prefect, pytest.mark.docker, pytest.mark.s3, pytest.mark.hub, pytest.mark.slow]
 
@@ -50,6 +50,9 @@ def rolled(kit):
     try:
         first = kit.run(a)
         assert first["ok"], first.get("error", "") + first["log"][-5000:]
+        # The demo spec's ensemble batches (max_batch_size 8): the gRPC clients send [1, 1] (the spawned load
+        # process reads this at each request).
+        os.environ[BATCHED_ENV] = "1"
         ctx = mp.get_context("spawn")
         stop, ready = ctx.Event(), ctx.Event()
         out = kit.tmp / "load.json"
@@ -66,6 +69,7 @@ def rolled(kit):
         yield {"name": name, "a": a, "b": b, "first": first, "second": second,
                "load": json.loads(out.read_text())}
     finally:
+        os.environ.pop(BATCHED_ENV, None)
         kit.cleanup(name)
 
 
