@@ -162,6 +162,8 @@ class FleetKit:
 
     def stop(self) -> None:
         self.stop_west()
+        # dockerd leaves its default network namespace's bind mount behind (seen: the folder could not be removed).
+        subprocess.run(["umount", str(self.west_dir / "exec" / "netns" / "default")], capture_output=True)
         shutil.rmtree(self.west_dir, ignore_errors=True)
 
 
