@@ -9,6 +9,7 @@ and only a candidate that passed them gets traffic ("switch"): stoker/serving, o
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Callable
@@ -26,6 +27,7 @@ from stoker.run import RunContext, StepResult
 from stoker.spec.schema import Spec
 from stoker.spec.load import target_of
 from tasks.evaluate import evaluation_data
+from tasks.fleet import fleet_preflight, roll_fleet
 from tasks.gate import promote_run
 from tasks.hub import fetch_adapters, fetch_weights
 from tasks.preflight import preflight_checks, refuse_rolled_back
@@ -86,6 +88,8 @@ def build_and_deploy(spec: Spec, home: str | None = None, force: bool = False) -
         manifest = build_manifest(spec, ctx, steps, source, started, time.perf_counter() - t0,
                                   status, error, rollback=rollback,
                                   metrics=steps.metrics, evaluation=steps.evaluation)
+        if spec.fleet and (ctx.run_dir / "fleet.json").exists():  # per host: wave, status, digests, times
+            manifest["fleet"] = json.loads((ctx.run_dir / "fleet.json").read_text())
         if error:
             emit_failure(spec, ctx, error, rollback, status)
         publish_run(spec, ctx, manifest, s3_ok="upload" in steps and steps["upload"].status == "completed")
@@ -94,8 +98,22 @@ def build_and_deploy(spec: Spec, home: str | None = None, force: bool = False) -
 
 def run_steps(spec: Spec, ctx: RunContext, steps: Steps, force: bool = False) -> None:
     """The run's steps in order; what builds, packages, deploys and evaluates is the target's."""
+    target, fetched, built, packaged, uploaded = build_steps(spec, ctx, steps, force)
+    if spec.fleet:  # each host stages, gates and switches on its own worker, wave by wave (tasks/fleet.py)
+        with exclusive(deploy_lock(spec.deploy.name), print, f"another run is deploying {spec.deploy.name!r}"):
+            rolled = steps.run("fleet", roll_fleet, spec, fetched, uploaded, ctx)
+            steps.run("promote", promote_run, spec, rolled, ctx)  # once, for the whole fleet
+        return
+    deploy_steps(target, spec, ctx, steps, force, built, packaged, uploaded)
+
+
+def build_steps(spec: Spec, ctx: RunContext, steps: Steps, force: bool = False, cached_only: str | None = None):
+    """preflight → fetch → (eval-data) → build → package → upload; returns (target, fetched, built, packaged,
+    uploaded). ``cached_only`` (a fleet host's run): every heavy step must come from the shared cache, named so."""
     target = target_of(spec)  # a parameter Prefect validated without the registry: checked here
     steps.run("preflight", preflight_checks, spec, ctx.standin)
+    if spec.fleet:  # every host's engine and worker, before any heavy step
+        steps.run("fleet-preflight", fleet_preflight, spec)
     fetched = steps.run("fetch", fetch_weights, spec, ctx)
     refuse_rolled_back(spec, fetched, ctx, force)  # a rolled-back build comes back only when forced
     lora = steps.run("adapters", fetch_adapters, spec, fetched, ctx) if spec.adapters else None  # checked, no heavy step yet
@@ -105,7 +123,9 @@ def run_steps(spec: Spec, ctx: RunContext, steps: Steps, force: bool = False) ->
         get_run_logger().warning(f"evaluate: {target.evaluation_note}")
     # GPU targets decide the rollout once, here (ctx.gpu): build, package, stage and the manifest read it.
     ctx.gpu = target.decide_gpus(steps, spec, fetched, ctx)
-    if spec.routing.heavy:  # on the pool that has the resource; its results come back through the shared cache
+    if cached_only:  # built once by the fleet run: a step missing from the shared cache is an error, not a build
+        built = target.build(steps, spec, fetched, ctx.model_copy(update={"routed_to": cached_only}))
+    elif spec.routing.heavy:  # on the pool that has the resource; its results come back through the shared cache
         routed = route_heavy_steps(spec, fetched, ctx)
         built = target.build(steps, spec, fetched, ctx.model_copy(update={"routed_to": spec.routing.heavy}))
         for name in ("quantize", "build"):
@@ -116,14 +136,25 @@ def run_steps(spec: Spec, ctx: RunContext, steps: Steps, force: bool = False) ->
             built = target.build(steps, spec, fetched, ctx)
     packaged = target.package(steps, spec, fetched, built, ctx)
     uploaded = steps.run("upload", upload_repository, spec, packaged, ctx)
+    return target, fetched, built, packaged, uploaded
+
+
+def deploy_steps(target, spec: Spec, ctx: RunContext, steps: Steps, force: bool, built: StepResult,
+                 packaged: StepResult, uploaded: StepResult, host: str | None = None) -> StepResult:
+    """Under the deployment's lock: stage → gates → switch on spec.deploy's engine, then promote. ``host``: a fleet
+    host's run (flows/serve_host.py), under that host's own lock (the fleet run holds the deployment's), and not
+    promoted (the fleet run promotes once)."""
     # One run at a time serves a deployment, whoever started it (schedule, webhook, UI): two at once would each
     # reconcile away the other's staged candidate. Heavy steps above overlap freely; the second waits here.
-    with exclusive(deploy_lock(spec.deploy.name), print, f"another run is deploying {spec.deploy.name!r}"):
+    lock = deploy_lock(spec.deploy.name if host is None else f"{spec.deploy.name}-host-{host}")
+    with exclusive(lock, print, f"another run is deploying {spec.deploy.name!r}"):
         refuse_older_run(spec, ctx, force, uploaded.digest)  # older than what serves: refused (record/ordering.py)
         ctx.gpu = target.settle_gpus(steps, spec, ctx)  # the candidate's GPUs, chosen once, from what serves now
         target.record_baseline(steps, spec, ctx)  # GPU targets: a missing bf16 baseline, recorded first
         benchmarked = target.deploy(steps, spec, ctx, built, packaged, uploaded)  # evaluated before promoted
-        steps.run("promote", promote_run, spec, benchmarked, ctx)  # its summary becomes the baseline
+        if host is None:
+            steps.run("promote", promote_run, spec, benchmarked, ctx)  # its summary becomes the baseline
+    return benchmarked
 
 
 def publish_run(spec: Spec, ctx: RunContext, manifest: dict, s3_ok: bool) -> None:

@@ -134,9 +134,10 @@ def history(name: str, home: Path, given=None) -> tuple[list[dict], list[dict], 
 
 
 def rollback_to(name: str, run_id: str | None, log=print, spec_path: str | None = None,
-                reason: str = "stoker rollback") -> dict:
+                reason: str = "stoker rollback", spec=None) -> dict:
     """Serve run ``run_id``'s build again (default: choose()); recorded (stoker/record/rollbacks.py) once it is
-    decided, whether it then completes or fails."""
+    decided, whether it then completes or fails. ``spec``: the host's own spec (a fleet host, flows/serve_host.py):
+    its engine and ports, where the newest run's spec may be another host's."""
     from ..containers import engine as docker_engine
     from ..deploy import rollout
     from ..run import stoker_home
@@ -144,14 +145,14 @@ def rollback_to(name: str, run_id: str | None, log=print, spec_path: str | None 
     from ..spec.load import load_spec, parse_spec
 
     home = stoker_home()
-    every, runs, where = history(name, home, load_spec(spec_path) if spec_path else None)
+    every, runs, where = history(name, home, spec if spec is not None else load_spec(spec_path) if spec_path else None)
     if run_id and run_id not in {m["run_id"] for m in runs} and run_id in {m["run_id"] for m in every}:
         raise RollbackError(f"run {run_id} of {name} did not complete, pass its gates and switch traffic to its "
                             "build: rollback returns only to builds that did")
     if not runs:
         raise RollbackError(f"nothing to roll back to: no run of {name} that passed its gates and switched, in "
                             f"{where}")
-    spec = parse_spec(runs[-1]["spec"], f"manifest of {runs[-1]['run_id']}")
+    spec = spec if spec is not None else parse_spec(runs[-1]["spec"], f"manifest of {runs[-1]['run_id']}")
     client = docker_engine.connect(spec.deploy.docker_host)
     target = rollout.target_for(spec)
     backends = promote.observe_backends(client, name)

@@ -112,7 +112,33 @@ def _watch(args) -> int:
     return status_watch.watch(args.name, args.interval, args.exit_on_alert)
 
 
+def fleet_status(spec_path: str) -> list[dict]:
+    """Host by host, for a spec with `fleet:`: its engine, what it serves (run, digest, health) and the front's state
+    of it. A host whose engine does not answer is a line saying so, not an error."""
+    from ..run import stoker_home
+    from ..serving import fleet, front
+    from ..spec.load import load_spec
+
+    spec = load_spec(spec_path)
+    if spec.fleet is None:
+        raise StokerError(f"{spec_path}: no fleet section (stoker status --fleet reads a fleet spec)")
+    states = front.states(front.state_dir(stoker_home(), spec)) if spec.fleet.front else {}
+    return [{"host": h.name, "engine": h.docker_host, **fleet.serving_now(h, spec.deploy.name),
+             "front": states.get(h.name, "-" if not spec.fleet.front else "?")} for h in spec.fleet.hosts]
+
+
+def _print_fleet(spec_path: str) -> int:
+    for h in fleet_status(spec_path):
+        print(f"{h['host']}: engine {h['engine']}, "
+              + (f"engine down ({h['engine_error']})" if h.get("engine_error") else
+                 f"live digest {(h['digest'] or 'none')[:12]}, run {h['run_id'] or '-'}, {h['health']}, "
+                 f"proxy {h['proxy']}") + f", front {h['front']}")
+    return 0
+
+
 def _handler(args) -> int:
+    if args.fleet:
+        return _print_fleet(args.fleet)
     if args.watch:
         return _watch(args)
     if args.exit_on_alert or args.interval is not None:
@@ -140,6 +166,8 @@ def register(sub) -> None:
     p = sub.add_parser("status", help="stable endpoint, live backend, health and uptime of each deployment stoker "
                                       "started on this host")
     p.add_argument("name", nargs="?", default=None, help="one deployment (default: all)")
+    p.add_argument("--fleet", default=None, metavar="SPEC",
+                   help="a spec with fleet: show each host (engine, live run and digest, health, the front's state)")
     p.add_argument("--watch", action="store_true",
                    help="keep polling NAME and print a timestamped line per change: a backend down or exited, the "
                         "proxy not running, a rollback, the live build changing, a failed poll (Ctrl-C stops, "

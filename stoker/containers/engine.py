@@ -45,6 +45,8 @@ LABEL_ADDRESS = "ai.stoker.listen"  # the proxy's bind address (the stable endpo
 LABEL_INTERFACE = "ai.stoker.interface"  # how clients talk to the backend: its layout's interface (stoker.protocol)
 LABEL_FRONT = "ai.stoker.front"  # what the proxy asks of clients: open, keys, tls:<digest of its PEM>
 ROLE_BACKEND, ROLE_PROXY, ROLE_OPENAI = "backend", "proxy", "openai"
+# A fleet's front proxy (stoker/serving/front.py) carries no deployment label: it is no host's deployment.
+LABEL_FLEET, ROLE_FRONT = "ai.stoker.fleet", "front"
 LOG_TAIL_LINES = 20
 # The proxy and the OpenAI service log a line per request (their access logs): Docker's json-file driver keeps at
 # most max-file files of max-size each, so a long-lived endpoint's logs never fill the host's disk.
@@ -256,6 +258,19 @@ def start_proxy(client: docker.DockerClient, deployment: str, image: str, listen
     labels = {LABEL_MANAGED: "true", LABEL_DEPLOYMENT: deployment, LABEL_ROLE: ROLE_PROXY,
               LABEL_PORTS: listen.label(), LABEL_ADDRESS: address, LABEL_FRONT: front}
     return _run(client, image, ["-db", "-f", f"{mount}/{config}"], name=proxy_name(deployment), labels=labels,
+                entrypoint=["haproxy"], volumes={str(state_dir): {"bind": mount, "mode": "rw"}},
+                restart_policy={"Name": "unless-stopped"}, log_config=LOG_CONFIG)
+
+
+def front_name(fleet: str) -> str:
+    return f"stoker-{fleet}-front"
+
+
+def start_front(client: docker.DockerClient, fleet: str, image: str, state_dir: Path, mount: str,
+                config: str) -> Container:
+    """Run a fleet's front HAProxy on this engine (host network), restarted by Docker unless stoker stops it."""
+    labels = {LABEL_MANAGED: "true", LABEL_FLEET: fleet, LABEL_ROLE: ROLE_FRONT}
+    return _run(client, image, ["-db", "-f", f"{mount}/{config}"], name=front_name(fleet), labels=labels,
                 entrypoint=["haproxy"], volumes={str(state_dir): {"bind": mount, "mode": "rw"}},
                 restart_policy={"Name": "unless-stopped"}, log_config=LOG_CONFIG)
 

@@ -20,6 +20,7 @@ from .. import target_traits
 from ..gpu.sections import Build, Gpus, Parallel, Runtime, check_image_digest
 from .adapters import Adapter, Lora, check_names
 from .base import RepoId, _Section, _without_defaults
+from .fleet import Fleet
 from .kubernetes import Kubernetes
 # Also imported from here as stoker.spec.schema's sections, though only Spec's fields name two of them.
 from .quality import Benchmark, BenchmarkGate, EvalDataset, Evaluation, LmEvalTask  # noqa: F401
@@ -373,6 +374,7 @@ class Spec(_Section):
     signing: Signing = Signing()
     kubernetes: Kubernetes | None = Field(None, description="what `stoker render --kubernetes` writes beyond the "
                                           "one-host spec (docs/serving.md#kubernetes)")
+    fleet: Fleet | None = Field(None, description="several serving hosts rolled out in waves (docs/serving.md#fleet)")
 
     def digest(self) -> str:
         return section_digest(self)
@@ -414,6 +416,13 @@ class Spec(_Section):
         return self
 
     @model_validator(mode="after")
+    def _fleet_needs_shared_cache(self) -> Spec:
+        if self.fleet and not self.storage.shared_cache:
+            raise ValueError("fleet needs storage.shared_cache: true (each host's run reads the one build through "
+                             "the bucket)")
+        return self
+
+    @model_validator(mode="after")
     def _adapter_names(self) -> Spec:
         # The base's own ids: the ensemble, the engine model, and the id stoker's OpenAI service lists for the base.
         check_names(self.adapters, {"ensemble": "the ensemble's model name", "tensorrt_llm": "the engine model's name",
@@ -436,6 +445,8 @@ class Spec(_Section):
                 out.pop("signing", None)
             if self.kubernetes is None:
                 out.pop("kubernetes", None)
+            if self.fleet is None:
+                out.pop("fleet", None)
         return out
 
 

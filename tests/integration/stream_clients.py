@@ -24,6 +24,9 @@ from pathlib import Path
 TOKENS = 4
 KEY_ENV = "STOKER_OPERATE_KEY"  # set by --keys; inherited by the load process
 INTERFACE_ENV = "STOKER_OPERATE_INTERFACE"  # ensemble (default) or llmapi; inherited by the load process
+# "1": the served models batch (max_batch_size > 0, the demo spec's, tests/integration/test_fleet.py): gRPC inputs are
+# [1, 1]; otherwise [1] (the scripted models of promotion_kit, max_batch_size 0). Inherited by the load process.
+BATCHED_ENV = "STOKER_OPERATE_BATCHED"
 
 
 def auth_headers() -> dict[str, str]:
@@ -56,8 +59,13 @@ def grpc_inputs(module, max_tokens: int = TOKENS, iface=None) -> tuple[str, list
     for name, value in values.items():
         kind, dtype = (("BYTES", np.object_) if isinstance(value, str) else ("BOOL", np.bool_)
                        if isinstance(value, bool) else ("INT32", np.int32))
-        t = module.InferInput(name, [1], kind)
-        t.set_data_from_numpy(np.array([value.encode() if isinstance(value, str) else value], dtype=dtype))
+        v = value.encode() if isinstance(value, str) else value
+        if os.environ.get(BATCHED_ENV) == "1":  # a model with max_batch_size > 0 (the demo's): a batch of one
+            t = module.InferInput(name, [1, 1], kind)
+            t.set_data_from_numpy(np.array([[v]], dtype=dtype))
+        else:
+            t = module.InferInput(name, [1], kind)
+            t.set_data_from_numpy(np.array([v], dtype=dtype))
         inputs.append(t)
     return model, inputs
 

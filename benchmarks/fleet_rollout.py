@@ -1,0 +1,59 @@
+"""The fleet rollout measured (issue 52): two Docker engines on this machine, a Prefect process worker per host, the
+front HAProxy, the held-out-style load through the front. It runs tests/integration/test_fleet.py (the kit in
+tests/integration/fleet_kit.py) with $STOKER_OPERATE_OUT set, so the figures are the ones the test asserts on:
+
+- rollout_under_load: build A on both hosts, then build B wave [east] then [west] while 2 gRPC clients, a long-lived
+  bidi stream (0.3 s between requests), a busy bidi stream and 2 HTTP-SSE clients go through the front: requests,
+  failed, truncated (per client), per-host switch and retire seconds, each wave's time against its host's own run;
+- host_lost: build C; west's engine stopped once east's run is done: the run fails naming west, east is switched
+  back (a routed rollback run on east's worker, `stoker rollback`'s code) to B; the run's time.
+
+Usage: .venv/bin/python benchmarks/fleet_rollout.py [--out benchmarks/results/fleet_rollout.json]
+(the service-test environment of docs/testing.md: STOKER_HOME, STOKER_PREFECT_DB_TEMPLATE, ...)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "fleet_rollout.json"))
+    args = ap.parse_args()
+    raw = Path(tempfile.mkdtemp(prefix="fleet-bench-")) / "raw.json"
+    t0 = time.monotonic()
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                        f"--basetemp=/tmp/bt-fleet-bench-{os.getpid()}", "tests/integration/test_fleet.py"],
+                       cwd=ROOT, env={**os.environ, "STOKER_OPERATE_OUT": str(raw)}, capture_output=True, text=True)
+    data = json.loads(raw.read_text()) if raw.exists() else {}
+    tail = (r.stdout + r.stderr).strip().splitlines()[-1:] or [""]
+    result = {
+        "machine": f"{platform.node()}: {os.cpu_count()} cores, no GPU; both Docker engines on this one machine "
+                   "(the default dockerd and a second one), one network namespace",
+        "tests": {"exit": r.returncode, "summary": tail[0], "wall_s": round(time.monotonic() - t0, 1)},
+        **data,
+    }
+    roll = data.get("rollout_under_load") or {}
+    if roll:
+        hosts = roll.get("hosts", {})
+        result["wave_vs_host"] = [{"wave": w["wave"], "hosts": w["hosts"], "wave_s": w["seconds"],
+                                   "host_rollout_s": [hosts.get(h, {}).get("seconds") for h in w["hosts"]]}
+                                  for w in roll.get("waves", [])]
+    Path(args.out).write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
+    print(json.dumps({k: result[k] for k in ("tests",)}, indent=1))
+    return r.returncode
+
+
+if __name__ == "__main__":
+    sys.exit(main())
