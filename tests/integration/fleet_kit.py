@@ -22,7 +22,10 @@ import yaml
 from operate_helpers import ROOT, free_base_port, make_spec, prefect_env, wait_online
 
 HOSTS = ("east", "west")
-WEST_ARGS = "--data-root {d}/data --exec-root {d}/exec --pidfile {d}/docker.pid --bridge=none --iptables=false " \
+# Its own bridge, not --bridge=none: a dockerd started with --bridge=none deletes the interface docker0 at start
+# (seen here: the default engine's bridge vanished, and with it every bridge-networked container's start), so west
+# gets a bridge of its own, made before it starts and deleted after it stops.
+WEST_ARGS = "--data-root {d}/data --exec-root {d}/exec --pidfile {d}/docker.pid --bridge={bridge} --iptables=false " \
             "--ip-masq=false"
 
 RUN = r"""
@@ -45,15 +48,18 @@ class FleetKit:
         # A short folder: the socket's path must fit a unix socket address (108 bytes).
         self.west_dir = Path(tempfile.mkdtemp(prefix="stk-west-", dir="/tmp"))
         self.west = f"unix://{self.west_dir}/docker.sock"
+        self.bridge = f"stkw{self.west_dir.name[-6:]}".replace("_", "x")  # an interface name: at most 15 bytes
         self.east = os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
         self.env = {**prefect_env(api), **local_stack["aws_env"]}
         self.homes = {h: tmp / f"home-{h}" for h in HOSTS}
 
     # ------------------------------------------------------------ the second engine
     def start_west(self) -> None:
+        if subprocess.run(["ip", "link", "show", self.bridge], capture_output=True).returncode != 0:
+            subprocess.run(["ip", "link", "add", self.bridge, "type", "bridge"], check=True, capture_output=True)
         env = {**os.environ, "DOCKER_HOST": self.west, "DOCKERD_PIDFILE": str(self.west_dir / "dockerd.pid"),
                "DOCKERD_LOG": str(self.west_dir / "dockerd.log"),
-               "DOCKERD_EXTRA_ARGS": WEST_ARGS.format(d=self.west_dir)}
+               "DOCKERD_EXTRA_ARGS": WEST_ARGS.format(d=self.west_dir, bridge=self.bridge)}
         r = subprocess.run(["bash", str(ROOT / "infra" / "dockerd.sh")], env=env, capture_output=True, text=True,
                            timeout=120)
         assert r.returncode == 0, r.stderr[-2000:]
@@ -97,7 +103,11 @@ class FleetKit:
             wait_online(self.api, f"fleet-{h}")
 
     def start(self, images: list[str]) -> FleetKit:
+        had_docker0 = subprocess.run(["ip", "link", "show", "docker0"], capture_output=True).returncode == 0
         self.start_west()
+        # The default engine's bridge survives a second daemon (other tests start bridge-networked containers).
+        assert not had_docker0 or subprocess.run(["ip", "link", "show", "docker0"],
+                                                 capture_output=True).returncode == 0, "docker0 deleted"
         self.load_images(images)
         self.apply_deployments()
         self.start_workers()
@@ -165,6 +175,7 @@ class FleetKit:
         # dockerd leaves its default network namespace's bind mount behind (seen: the folder could not be removed).
         subprocess.run(["umount", str(self.west_dir / "exec" / "netns" / "default")], capture_output=True)
         shutil.rmtree(self.west_dir, ignore_errors=True)
+        subprocess.run(["ip", "link", "delete", self.bridge], capture_output=True)
 
 
 def parse(out: str) -> dict:
