@@ -1,8 +1,8 @@
 """What a clean run may not print (issue 14: "a user reads ERROR as failure, and the run's own story drowns").
 
 `noise(text)` returns the offending lines of a command's output: an ERROR, a traceback, any warning,
-anything deprecated, and Triton's startup tables. test_flow.py runs it on a cold run and on a rerun of
-the demo's spec; test_clean_logs.py checks that it catches each line a demo used to print.
+anything deprecated, and Triton's startup tables. test_flow.py runs it on a cold `stoker demo` and on the log of
+the UI's rerun of the demo's spec; test_clean_logs.py checks that it catches each line a demo used to print.
 """
 
 from __future__ import annotations
