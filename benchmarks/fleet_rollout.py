@@ -52,6 +52,8 @@ def main() -> int:
                                   for w in roll.get("waves", [])]
     Path(args.out).write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
     print(json.dumps({k: result[k] for k in ("tests",)}, indent=1))
+    if r.returncode:  # the failing assertion, for whoever reads the benchmark's log
+        print("\n".join((r.stdout + r.stderr).splitlines()[-80:]))
     return r.returncode
 
 

@@ -70,9 +70,14 @@ def grpc_inputs(module, max_tokens: int = TOKENS, iface=None) -> tuple[str, list
     return model, inputs
 
 
-def tag_of(first_text: str) -> str:
+def first_text(array) -> str:
+    """The answer's text: ``text_output`` is [1] from a model without batching, [1, 1] from a batching one."""
+    return array.reshape(-1)[0].decode()
+
+
+def tag_of(text: str) -> str:
     """The build named by an answer's first response ("<tag>:0 ", cumulative or not)."""
-    return first_text.split(":")[0]
+    return text.split(":")[0]
 
 
 def _grpc_client(url: str, stop, records: list, interval_s: float = 0.0) -> None:
@@ -92,7 +97,7 @@ def _grpc_client(url: str, stop, records: list, interval_s: float = 0.0) -> None
                 async for result, error in client.stream_infer(one(), headers=auth_headers() or None):
                     if error is not None:
                         raise error
-                    got.append(result.as_numpy("text_output")[0].decode())
+                    got.append(first_text(result.as_numpy("text_output")))
                     if len(got) == TOKENS:
                         break
             except BaseException as exc:  # noqa: BLE001 - recorded (a cancelled call is CancelledError)
@@ -183,7 +188,7 @@ def long_stream_client(url: str, stop, records: list, gap_s: float = 0.3, stats:
                     break
                 text = result.as_numpy("text_output")  # the LLM API's last response carries text and the flag
                 if text is not None:
-                    got.append(text[0].decode())
+                    got.append(first_text(text))
                 if result.get_response().parameters["triton_final_response"].bool_param:
                     break
         except Exception as exc:  # noqa: BLE001 - recorded (queue.Empty: no answer in 30 s)
