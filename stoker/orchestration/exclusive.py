@@ -8,11 +8,10 @@ the lease runs out (Prefect's default, 300 s).
 
 from __future__ import annotations
 
-from contextlib import ExitStack, contextmanager
+import contextvars
+import threading
+from contextlib import contextmanager
 from typing import Callable, Iterator
-
-
-PROBE_S = 10.0  # how long a free slot may take to acquire before the run says it waits (see exclusive)
 
 
 def deploy_lock(name: str) -> str:
@@ -20,19 +19,24 @@ def deploy_lock(name: str) -> str:
     return f"stoker-deploy-{name}"
 
 
-def ensure_limit(name: str) -> None:
+PROBE_S = 10.0  # a slot not acquired within this: the run says that it waits (exclusive)
+
+
+def ensure_limit(name: str) -> int:
+    """Create limit ``name`` (one slot) when missing; returns how many of its slots are held now."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
     from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
 
     with get_client(sync_client=True) as client:
         try:
-            client.read_global_concurrency_limit_by_name(name)
+            return client.read_global_concurrency_limit_by_name(name).active_slots
         except ObjectNotFound:
             try:
                 client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name=name, limit=1))
             except ObjectAlreadyExists:  # another run created it first: the same one slot
                 pass
+            return client.read_global_concurrency_limit_by_name(name).active_slots
 
 
 @contextmanager
@@ -43,16 +47,25 @@ def exclusive(name: str, log: Callable[[str], None], what: str) -> Iterator[None
     would do more harm than a rare overlap after the lease expires."""
     from prefect.concurrency.sync import concurrency
 
+    # Whether it waits is told by a watcher, not by a timed acquisition: Prefect logs every timed-out acquisition as
+    # an ERROR, and on a loaded host even a free slot took over 10 s to acquire (seen in fresh-clone CI's clean-logs
+    # checks). The watcher runs in this run's context, so what it says reaches the run's log.
     ensure_limit(name)
-    with ExitStack() as held:
-        try:
-            # 10 s, not 1: on a loaded host acquiring a free slot took over a second, and Prefect logs every timed-out
-            # acquisition as an ERROR (seen in a fresh-clone CI's clean-logs check); a run behind another deploy
-            # waits far longer than this anyway, so it still says that it waits.
-            held.enter_context(concurrency(name, occupy=1, timeout_seconds=PROBE_S, strict=True,
-                                           raise_on_lease_renewal_failure=False))
-        except TimeoutError:
+    acquired, waited = threading.Event(), threading.Event()
+
+    def say_it_waits() -> None:
+        if not acquired.wait(PROBE_S):
+            waited.set()
             log(f"{what}: waiting for it to finish (Prefect concurrency limit {name!r})")
-            held.enter_context(concurrency(name, occupy=1, strict=True, raise_on_lease_renewal_failure=False))
-            log(f"{what}: finished; going on")
-        yield
+
+    watcher = threading.Thread(target=contextvars.copy_context().run, args=(say_it_waits,), daemon=True)
+    watcher.start()
+    try:
+        with concurrency(name, occupy=1, strict=True, raise_on_lease_renewal_failure=False):
+            acquired.set()
+            watcher.join()
+            if waited.is_set():
+                log(f"{what}: finished; going on")
+            yield
+    finally:
+        acquired.set()  # also when acquiring failed: the watcher says nothing more
