@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 import yaml
-from operate_helpers import ROOT, free_base_port, make_spec, prefect_env, wait_online
+from operate_helpers import ROOT, RUN_FLOW, free_base_port, make_spec, prefect_env, wait_online
 
 HOSTS = ("east", "west")
 # Its own bridge, not --bridge=none: a dockerd started with --bridge=none deletes the interface docker0 at start
@@ -28,18 +28,6 @@ HOSTS = ("east", "west")
 WEST_ARGS = "--data-root {d}/data --exec-root {d}/exec --pidfile {d}/docker.pid --bridge={bridge} --iptables=false " \
             "--ip-masq=false"
 
-RUN = r"""
-import json, sys, time
-from flows.build_and_deploy import build_and_deploy
-from stoker.spec.load import parse_spec
-spec = parse_spec(json.loads(sys.argv[1]), "fleet")
-t0 = time.monotonic()
-try:
-    m = build_and_deploy(spec)
-    print("RESULT " + json.dumps({"manifest": m, "s": time.monotonic() - t0}))
-except Exception as exc:
-    print("FAILED " + json.dumps({"error": f"{type(exc).__name__}: {exc}", "s": time.monotonic() - t0}))
-"""
 
 
 class FleetKit:
@@ -134,7 +122,7 @@ class FleetKit:
 
     def run(self, data: dict, home: Path | None = None, timeout: float = 900, background: bool = False):
         env = {**self.env, "STOKER_HOME": str(home or self.tmp / "home-fleet")}
-        args = [sys.executable, "-c", RUN, json.dumps(data)]
+        args = [sys.executable, "-c", RUN_FLOW, json.dumps(data), "fleet"]
         if background:
             return subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                     text=True)

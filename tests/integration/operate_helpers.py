@@ -43,6 +43,22 @@ def _free(port: int) -> bool:
             return False
 
 
+
+# build_and_deploy in a child process: argv[1] the spec's JSON, argv[2] its source name; prints one RESULT or FAILED
+# line (JSON) for the caller to parse.
+RUN_FLOW = r"""
+import json, sys, time
+from flows.build_and_deploy import build_and_deploy
+from stoker.spec.load import parse_spec
+spec = parse_spec(json.loads(sys.argv[1]), sys.argv[2])
+t0 = time.monotonic()
+try:
+    m = build_and_deploy(spec)
+    print("RESULT " + json.dumps({"manifest": m, "s": time.monotonic() - t0}))
+except Exception as exc:
+    print("FAILED " + json.dumps({"error": f"{type(exc).__name__}: {exc}", "s": time.monotonic() - t0}))
+"""
+
 def make_spec(local_stack, name: str, **deploy) -> dict:
     """The demo spec on the local stack, quantization off (the fastest real build), small benchmark."""
     from stoker.demo import DEMO_SPEC

@@ -18,24 +18,12 @@ import uuid
 from pathlib import Path
 
 import pytest
-from operate_helpers import ROOT, api_get, make_spec, prefect_api, prefect_env, stoker, wait_online  # noqa: F401
+from operate_helpers import ROOT, RUN_FLOW, api_get, make_spec, prefect_api, prefect_env, stoker, wait_online  # noqa: F401
 
 from stoker.containers import engine as docker_engine
 
 pytestmark = [pytest.mark.prefect, pytest.mark.docker, pytest.mark.s3, pytest.mark.hub, pytest.mark.slow]
 
-RUN = r"""
-import json, sys, time
-from flows.build_and_deploy import build_and_deploy
-from stoker.spec.load import parse_spec
-spec = parse_spec(json.loads(sys.argv[1]), "it")
-t0 = time.monotonic()
-try:
-    m = build_and_deploy(spec)
-    print("RESULT " + json.dumps({"manifest": m, "s": time.monotonic() - t0}))
-except Exception as exc:
-    print("FAILED " + json.dumps({"error": f"{type(exc).__name__}: {exc}", "s": time.monotonic() - t0}))
-"""
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +57,7 @@ def _spec(local_stack, name: str, heavy: str, fmt: str = "fp8") -> dict:
 def _run(data: dict, env: dict, home: Path, timeout: float = 600) -> dict:
     # No AWS keys in this process either: the block is the only source, as on any worker.
     clean = {k: v for k, v in env.items() if not k.startswith("AWS_")} | {"STOKER_HOME": str(home)}
-    r = subprocess.run([sys.executable, "-c", RUN, json.dumps(data)], cwd=ROOT, env=clean, capture_output=True,
+    r = subprocess.run([sys.executable, "-c", RUN_FLOW, json.dumps(data), "it"], cwd=ROOT, env=clean, capture_output=True,
                        text=True, timeout=timeout)
     for tag in ("RESULT ", "FAILED "):
         line = next((ln for ln in r.stdout.splitlines() if ln.startswith(tag)), None)
