@@ -22,21 +22,20 @@ def deploy_lock(name: str) -> str:
 PROBE_S = 10.0  # a slot not acquired within this: the run says that it waits (exclusive)
 
 
-def ensure_limit(name: str) -> int:
-    """Create limit ``name`` (one slot) when missing; returns how many of its slots are held now."""
+def ensure_limit(name: str) -> None:
+    """Create limit ``name`` (one slot) when missing."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
     from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
 
     with get_client(sync_client=True) as client:
         try:
-            return client.read_global_concurrency_limit_by_name(name).active_slots
+            client.read_global_concurrency_limit_by_name(name)
         except ObjectNotFound:
             try:
                 client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name=name, limit=1))
             except ObjectAlreadyExists:  # another run created it first: the same one slot
                 pass
-            return client.read_global_concurrency_limit_by_name(name).active_slots
 
 
 @contextmanager
