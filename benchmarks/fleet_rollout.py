@@ -2,11 +2,16 @@
 front HAProxy, the held-out-style load through the front. It runs tests/integration/test_fleet.py (the kit in
 tests/integration/fleet_kit.py) with $STOKER_OPERATE_OUT set, so the figures are the ones the test asserts on:
 
-- rollout_under_load: build A on both hosts, then build B wave [east] then [west] while 2 gRPC clients, a long-lived
-  bidi stream (0.3 s between requests), a busy bidi stream and 2 HTTP-SSE clients go through the front: requests,
-  failed, truncated (per client), per-host switch and retire seconds, each wave's time against its host's own run;
+- rollout: build A on both hosts in one wave (the wave's time against each host's own run), then build B wave [east]
+  then [west]: per-host switch and retire seconds, each wave's time against its host's own run;
+- failed_gate: build D, whose accuracy gate (an lm-eval task score of 1.0) fails on east in wave 1: the run's one
+  line, west untouched, both hosts still on B;
+- rollback: `stoker rollback NAME --fleet SPEC`, both hosts back to A in one wave: per host its time and run;
+- load: one load through the front across those three phases (back to back here; the CI run paces it): 2 gRPC
+  clients (a stream per request), a long-lived bidi stream (0.3 s between requests), a busy bidi stream and 2
+  HTTP-SSE clients: requests, failed, truncated, per client and per phase;
 - host_lost: build C; west's engine stopped once east's run is done: the run fails naming west, east is switched
-  back (a routed rollback run on east's worker, `stoker rollback`'s code) to B; the run's time.
+  back (a routed rollback run on east's worker, `stoker rollback`'s code) to what it served before; the run's time.
 
 Usage: .venv/bin/python benchmarks/fleet_rollout.py [--out benchmarks/results/fleet_rollout.json]
 (the service-test environment of docs/testing.md: STOKER_HOME, STOKER_PREFECT_DB_TEMPLATE, ...)
@@ -44,12 +49,15 @@ def main() -> int:
         "tests": {"exit": r.returncode, "summary": tail[0], "wall_s": round(time.monotonic() - t0, 1)},
         **data,
     }
-    roll = data.get("rollout_under_load") or {}
+    roll = data.get("rollout") or {}
     if roll:
         hosts = roll.get("hosts", {})
-        result["wave_vs_host"] = [{"wave": w["wave"], "hosts": w["hosts"], "wave_s": w["seconds"],
-                                   "host_rollout_s": [hosts.get(h, {}).get("seconds") for h in w["hosts"]]}
-                                  for w in roll.get("waves", [])]
+        first = roll.get("first_wave") or {}
+        result["wave_vs_host"] = [
+            {"run": "A, one wave of both hosts", "hosts": first.get("hosts"), "wave_s": first.get("wave_s"),
+             "host_rollout_s": first.get("host_s")},
+            *({"run": f"B, wave {w['wave']}", "hosts": w["hosts"], "wave_s": w["seconds"],
+               "host_rollout_s": [hosts.get(h, {}).get("seconds") for h in w["hosts"]]} for w in roll.get("waves", []))]
     Path(args.out).write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
     print(json.dumps({k: result[k] for k in ("tests",)}, indent=1))
     if r.returncode:  # the failing assertion, for whoever reads the benchmark's log

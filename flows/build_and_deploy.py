@@ -20,7 +20,7 @@ from prefect.artifacts import create_link_artifact, create_markdown_artifact, cr
 from flows.target_tasks import TargetTasks
 from stoker.errors import one_line
 from stoker.gpu import standin
-from stoker.orchestration.exclusive import deploy_lock, exclusive
+from stoker.orchestration.exclusive import deploy_lock, exclusive, host_lock
 from stoker.record.manifest import build_manifest, write_atomic, write_local
 from stoker.record.report import benchmark_rows, markdown
 from stoker.run import RunContext, StepResult
@@ -146,7 +146,7 @@ def deploy_steps(target, spec: Spec, ctx: RunContext, steps: Steps, force: bool,
     promoted (the fleet run promotes once)."""
     # One run at a time serves a deployment, whoever started it (schedule, webhook, UI): two at once would each
     # reconcile away the other's staged candidate. Heavy steps above overlap freely; the second waits here.
-    lock = deploy_lock(spec.deploy.name if host is None else f"{spec.deploy.name}-host-{host}")
+    lock = deploy_lock(spec.deploy.name if host is None else host_lock(spec.deploy.name, host))
     with exclusive(lock, print, f"another run is deploying {spec.deploy.name!r}"):
         refuse_older_run(spec, ctx, force, uploaded.digest)  # older than what serves: refused (record/ordering.py)
         ctx.gpu = target.settle_gpus(steps, spec, ctx)  # the candidate's GPUs, chosen once, from what serves now

@@ -7,8 +7,9 @@ run), and an upload digest other than the fleet's is refused; then stage → gat
 host's engine, with no promote (the fleet run promotes once). Its manifest goes to S3 as runs/<run_id>/ (the fleet's
 run id + "-" + the host), beside the others.
 
-action "rollback": serve again what run ``to_run`` deployed on this host (`stoker rollback`'s own code), which the
-fleet run asks of every host it switched when a later host fails.
+action "rollback": serve again what run ``to_run`` deployed on this host (`stoker rollback`'s own code, under this
+host's deploy lock), which the fleet run asks of every host it switched when a later host fails, and
+flows/rollback_fleet.py of every host (`stoker rollback NAME --fleet SPEC`).
 """
 
 from __future__ import annotations
@@ -30,18 +31,21 @@ from tasks.s3 import store_manifest
 @flow(name="serve_host", log_prints=True)
 def serve_host(spec: Spec, run_id: str, host: str, digest: str | None = None,
                action: Literal["rollout", "rollback"] = "rollout", to_run: str | None = None,
-               standin: bool = False) -> dict:
+               standin: bool = False, reason: str | None = None) -> dict:
     """Roll the fleet's build out on this host (``action`` rollout), or switch it back to run ``to_run``'s build
     (rollback); returns the host run's manifest (rollout) or the rollback's outcome."""
     if spec.fleet is not None:
         raise FleetError("serve_host takes one host's spec (fleet: null); the fleet run makes it")
     if action == "rollback":
         from stoker.commands.rollback import rollback_to
+        from stoker.orchestration.exclusive import deploy_lock, exclusive, host_lock
 
         if not to_run:
-            raise FleetError(f"serve_host {host}: rollback needs to_run (the run this host served before)")
-        done = rollback_to(spec.deploy.name, to_run, log=print, spec=spec,
-                           reason=f"fleet run {run_id.rsplit('-', 1)[0]} halted: host {host} switched back")
+            raise FleetError(f"serve_host {host}: rollback needs to_run (the run this host goes back to)")
+        with exclusive(deploy_lock(host_lock(spec.deploy.name, host)), print,
+                       f"another run is deploying {spec.deploy.name!r} on {host}"):
+            done = rollback_to(spec.deploy.name, to_run, log=print, spec=spec, reason=reason or
+                               f"fleet run {run_id.rsplit('-', 1)[0]} halted: host {host} switched back")
         return {"host": host, "action": "rollback", "run_id": done["run_id"], "digest": done["digest"]}
     if not spec.storage.shared_cache:
         raise FleetError("serve_host needs storage.shared_cache: true (the fleet's build reaches it through the bucket)")

@@ -29,6 +29,13 @@ def run_flow(spec, before=None, force: bool = False) -> tuple[dict, str | None]:
         stop_ephemeral_api()  # before our summary, so 'manifest: <path>' really is the last line
 
 
+def run_fleet_rollback(spec, to_run: str | None, reason: str) -> dict:
+    """rollback_fleet (flows/rollback_fleet.py) on the configured Prefect API, the one the hosts' workers poll."""
+    from flows.rollback_fleet import rollback_fleet
+
+    return rollback_fleet(spec, to_run=to_run, reason=reason)
+
+
 def print_summary(manifest: dict, ui: str | None = None) -> None:
     from .record.report import level_label
     from .run import RunContext

@@ -47,46 +47,129 @@ def roll_fleet(spec: Spec, fetched: StepResult, uploaded: StepResult, ctx: RunCo
     hosts = {h.name: {"wave": i, "status": "pending", "engine": h.docker_host, "before": before[h.name]["digest"],
                       "before_run": before[h.name]["run_id"], "after": None, "run_id": None}
              for i, wave in enumerate(fl.plan(), 1) for h in map(fl.host, wave)}
-    waves: list[dict] = []
     measured: dict[str, dict] = {}  # host → its benchmark's detail, for the promote step
 
     def roll(host_name: str) -> None:
         h = fl.host(host_name)
         rec = hosts[host_name]
-        rec["status"], began = "rolling", time.perf_counter()
-        route = check_route(h.deployment, what=f"fleet host {h.name!r}")  # again: a worker may have gone
-        if folder:
-            front.set_state(folder, h.name, "drain")
-        try:
-            run_id = f"{ctx.run_id}-{h.name}"
-            rec["run_id"] = run_id
-            params = {"spec": fleet.host_spec(pinned, h).model_dump(mode="json"), "run_id": run_id, "host": h.name,
-                      "digest": uploaded.digest, "standin": ctx.standin}
-            rec["flow_run"] = run_routed(route, params, f"serve-{name}-{h.name}-{ctx.run_id}", fl.start_timeout_s,
-                                         fl.host_timeout_s, log)
-            m = s3.get_json(s3.client(st), st, s3.run_manifest_key(st, run_id)) or {}
-            switch = ((m.get("steps") or {}).get("switch") or {}).get("detail") or {}
-            rec.update(status="switched", after=uploaded.digest, switch_s=switch.get("switch_s"),
-                       retire_s=switch.get("retire_s"))
-            measured[host_name] = ((m.get("steps") or {}).get("benchmark") or {}).get("detail") or {}
-        except BaseException as exc:
-            rec.update(status="failed", error=one_line(exc) or type(exc).__name__)
-            raise
-        finally:
-            rec["seconds"] = round(time.perf_counter() - began, 2)
-            if folder:
-                try:  # a host whose engine went is taken out by the front's health checks, not by this state
-                    front.set_state(folder, h.name, "ready")
-                except Exception as exc:  # noqa: BLE001 - the verdict below matters more
-                    log(f"fleet front: {h.name} not set back to ready: {one_line(exc)}")
+        run_id = f"{ctx.run_id}-{h.name}"
+        rec.update(status="rolling", run_id=run_id)
+        params = {"spec": fleet.host_spec(pinned, h).model_dump(mode="json"), "run_id": run_id, "host": h.name,
+                  "digest": uploaded.digest, "standin": ctx.standin}
+        rec["flow_run"] = _on_host(spec, h, params, f"serve-{name}-{h.name}-{ctx.run_id}", folder, rec, log)
+        m = s3.get_json(s3.client(st), st, s3.run_manifest_key(st, run_id)) or {}
+        switch = ((m.get("steps") or {}).get("switch") or {}).get("detail") or {}
+        rec.update(status="switched", after=uploaded.digest, switch_s=switch.get("switch_s"),
+                   retire_s=switch.get("retire_s"))
+        measured[host_name] = ((m.get("steps") or {}).get("benchmark") or {}).get("detail") or {}
 
+    waves, halt = _in_waves(fl, roll, log)
+    if halt:
+        bad, i, cause = halt
+        reverted, not_reverted = _switch_back(spec, pinned, hosts, ctx, log)
+        for n in (n for n, r in hosts.items() if r["status"] == "pending"):
+            hosts[n]["status"] = "untouched"
+        _record(ctx, {"hosts": hosts, "waves": waves, "digest": uploaded.digest})
+        raise fleet.FleetError(fleet.halted(bad, i, cause, reverted, not_reverted))
+    detail = {"hosts": hosts, "waves": waves, "digest": uploaded.digest,
+              # promote_run reads the canary host's benchmark: the fleet's build as measured on a host.
+              **_benchmark_of([measured[n] for w in fl.plan() for n in w if n in measured])}
+    _record(ctx, detail)
+    return StepResult(name="fleet", duration_s=time.perf_counter() - t0, digest=uploaded.digest, detail=detail)
+
+
+@task(name="fleet-rollback-plan", cache_policy=NO_CACHE, persist_result=False)
+def plan_fleet_rollback(spec: Spec, to_run: str | None) -> dict[str, dict]:
+    """Per host: what it serves now and the host run to go back to, decided for every host before any host changes
+    (a host with nowhere to go refuses the whole rollback, in one line, with nothing changed). ``to_run``: a fleet
+    run's id (each host goes back to its own part of that run); None: each host goes back as `stoker rollback` would
+    on that host alone, choosing among that host's own runs."""
+    from stoker.commands.rollback import fleet_plan
+    from stoker.record.history import remote_manifests
+
+    name, st = spec.deploy.name, spec.storage
+    now = {}
+    for h in spec.fleet.hosts:
+        now[h.name] = fleet.serving_now(h, name)
+        if now[h.name]["health"] == "engine down":
+            raise fleet.FleetError(f"fleet rollback: host {h.name!r}: its engine does not answer "
+                                   f"({now[h.name]['engine_error']}); nothing changed")
+    return fleet_plan(remote_manifests(s3.client(st), st), name, {n: v["digest"] for n, v in now.items()}, to_run)
+
+
+@task(name="fleet-rollback", cache_policy=NO_CACHE, persist_result=False)
+def roll_back_fleet(spec: Spec, plan: dict[str, dict], ctx: RunContext, reason: str) -> StepResult:
+    """Wave by wave, as a rollout goes, each host drained at the front and switched back by a rollback run on its
+    own worker to the run ``plan`` names. A host that fails halts: no later wave starts, the hosts already back stay
+    back (each serves a build that passed its gates), and FleetError names the host and both lists."""
+    log = get_run_logger().info
+    t0 = time.perf_counter()
+    fl, name = spec.fleet, spec.deploy.name
+    folder = front.ensure(spec, ctx.home, log) if fl.front else None
+    hosts = {n: {"wave": i, "status": "pending", "engine": fl.host(n).docker_host, "after": None, **plan[n]}
+             for i, wave in enumerate(fl.plan(), 1) for n in wave}
+
+    def back(host_name: str) -> None:
+        h, rec = fl.host(host_name), hosts[host_name]
+        if rec["skip"]:
+            rec.update(status="already serving", after=rec["to"])
+            return
+        rec["status"] = "rolling back"
+        params = {"spec": fleet.host_spec(spec, h).model_dump(mode="json"), "run_id": f"{ctx.run_id}-{h.name}",
+                  "host": h.name, "action": "rollback", "to_run": rec["to_run"], "reason": reason}
+        rec["flow_run"] = _on_host(spec, h, params, f"rollback-{name}-{h.name}-{ctx.run_id}", folder, rec, log)
+        rec.update(status="rolled back", after=rec["to"])
+
+    waves, halt = _in_waves(fl, back, log)
+    for n in (n for n, r in hosts.items() if r["status"] == "pending"):
+        hosts[n]["status"] = "untouched"
+    detail = {"hosts": hosts, "waves": waves}
+    _record(ctx, detail)
+    if halt:
+        bad, i, cause = halt
+        done = ", ".join(n for n, r in hosts.items() if r["status"] in ("rolled back", "already serving")) or "none"
+        left = ", ".join(n for n, r in hosts.items() if r["status"] == "untouched") or "none"
+        raise fleet.FleetError(f"fleet rollback: host {bad!r} failed in wave {i}: {cause}; back: {done}; "
+                               f"untouched: {left}")
+    return StepResult(name="fleet-rollback", duration_s=time.perf_counter() - t0, detail=detail)
+
+
+def _on_host(spec: Spec, h, params: dict, run_name: str, folder, rec: dict, log) -> str:
+    """One routed serve_host run on host ``h``'s worker, the host drained at the front meanwhile; ``rec`` gets its
+    time, and the failure's one line if it fails (raised on)."""
+    fl, began = spec.fleet, time.perf_counter()
+    route = check_route(h.deployment, what=f"fleet host {h.name!r}")  # again: a worker may have gone
+    # A wave of every host is not drained: the front would be left no host for new requests, while each host's own
+    # proxy switches its clients without a gap anyway.
+    if len(fl.plan()[rec["wave"] - 1]) == len(fl.hosts):
+        folder = None
+    if folder:
+        front.set_state(folder, h.name, "drain")
+    try:
+        return run_routed(route, params, run_name, fl.start_timeout_s, fl.host_timeout_s, log)
+    except BaseException as exc:
+        rec.update(status="failed", error=one_line(exc) or type(exc).__name__)
+        raise
+    finally:
+        rec["seconds"] = round(time.perf_counter() - began, 2)
+        if folder:
+            try:  # a host whose engine went is taken out by the front's health checks, not by this state
+                front.set_state(folder, h.name, "ready")
+            except Exception as exc:  # noqa: BLE001 - the verdict matters more
+                log(f"fleet front: {h.name} not set back to ready: {one_line(exc)}")
+
+
+def _in_waves(fl, act, log) -> tuple[list[dict], tuple[str, int, str] | None]:
+    """``act(host)`` for the hosts of each wave at once, wave after wave, stopping after a wave where one failed:
+    (each wave's record, (the first failed host, its wave, its one-line cause) or None)."""
+    waves: list[dict] = []
     for i, wave in enumerate(fl.plan(), 1):
         w0 = time.perf_counter()
         log(f"fleet: wave {i}: {', '.join(wave)}")
-        # The hosts of a batch roll at once: each thread carries this flow run's context (run_deployment starts
-        # the host's run as a subflow of it).
+        # The hosts of a batch go at once: each thread carries this flow run's context (run_deployment starts the
+        # host's run as a subflow of it).
         with ThreadPoolExecutor(max_workers=len(wave)) as pool:
-            futures = {n: pool.submit(contextvars.copy_context().run, roll, n) for n in wave}
+            futures = {n: pool.submit(contextvars.copy_context().run, act, n) for n in wave}
             failed = {}
             for n, fut in futures.items():
                 try:
@@ -97,17 +180,8 @@ def roll_fleet(spec: Spec, fetched: StepResult, uploaded: StepResult, ctx: RunCo
                       "status": "failed" if failed else "completed"})
         if failed:
             bad = next(iter(failed))
-            reverted, not_reverted = _switch_back(spec, pinned, hosts, ctx, log)
-            for n in (n for n, r in hosts.items() if r["status"] == "pending"):
-                hosts[n]["status"] = "untouched"
-            detail = {"hosts": hosts, "waves": waves, "digest": uploaded.digest}
-            _record(ctx, detail)
-            raise fleet.FleetError(fleet.halted(bad, i, failed[bad], reverted, not_reverted))
-    detail = {"hosts": hosts, "waves": waves, "digest": uploaded.digest,
-              # promote_run reads the canary host's benchmark: the fleet's build as measured on a host.
-              **_benchmark_of([measured[n] for w in fl.plan() for n in w if n in measured])}
-    _record(ctx, detail)
-    return StepResult(name="fleet", duration_s=time.perf_counter() - t0, digest=uploaded.digest, detail=detail)
+            return waves, (bad, i, failed[bad])
+    return waves, None
 
 
 def _switch_back(spec: Spec, pinned: Spec, hosts: dict, ctx: RunContext, log) -> tuple[list[str], dict[str, str]]:

@@ -101,6 +101,32 @@ def choose(runs: list[dict], run_id: str | None, live_digest: str | None, bad: d
                         + "".join(f"; build {d[:12]} {_marked(bad[d])}" for d in sorted(skipped)))
 
 
+def fleet_plan(every: list[dict], name: str, serving: dict[str, str | None], to_run: str | None) -> dict[str, dict]:
+    """Per fleet host (``serving``: host → the digest it serves now), the host run to go back to, among that host's
+    own runs in ``every`` (manifests with its `fleet_host`): its part of fleet run ``to_run`` (`<to_run>-<host>`;
+    a host already serving that build is skipped), else choose()'s. Decided for every host before any changes: a
+    host with nowhere to go raises RollbackError naming it. Pure."""
+    bad = rollbacks.bad_builds(every)
+    plan = {}
+    for host, digest in serving.items():
+        runs = [m for m in returnable_runs(every, name) if m.get("fleet_host") == host]
+        wanted = f"{to_run}-{host}" if to_run else None
+        mine = next((m for m in runs if m["run_id"] == wanted), None)
+        if mine is not None and mine["steps"]["upload"]["digest"] == digest:
+            plan[host] = {"before": digest, "to_run": wanted, "to": digest, "skip": True}
+            continue
+        if digest is None and not wanted:
+            raise RollbackError(f"fleet rollback: host {host!r} serves nothing: name the fleet run to go back to "
+                                "(--to); nothing changed")
+        try:
+            chosen = choose(runs, wanted, digest, bad)
+        except RollbackError as err:
+            raise RollbackError(f"fleet rollback: host {host!r}: {err}; nothing changed") from None
+        plan[host] = {"before": digest, "to_run": chosen["run_id"], "to": chosen["steps"]["upload"]["digest"],
+                      "skip": False}
+    return plan
+
+
 def _marked(record: dict) -> str:
     return f"was rolled back at {record['at']} by {record['run_id']}"
 
@@ -141,7 +167,7 @@ def rollback_to(name: str, run_id: str | None, log=print, spec_path: str | None 
     from ..containers import engine as docker_engine
     from ..deploy import rollout
     from ..run import stoker_home
-    from ..serving import promote
+    from ..serving import promote, topology
     from ..spec.load import load_spec, parse_spec
 
     home = stoker_home()
@@ -157,8 +183,7 @@ def rollback_to(name: str, run_id: str | None, log=print, spec_path: str | None 
     target = rollout.target_for(spec)
     backends = promote.observe_backends(client, name)
     view, _ = promote.observe_proxy(client, target)
-    routed = next((b for b in backends if view.running and b.slot == view.live and b.running
-                   and view.http_ports.get(b.slot) == b.ports.http), None)
+    routed = next((b for b in backends if topology.routes_to(view, b)), None)
     live_digest = routed.digest if routed else None
     if routed and routed.digest == rollout.live_digest(spec.storage, name):
         # A reload backend's label names its live repository; the build it serves is in the S3 live state.
@@ -259,6 +284,8 @@ def _handler(args) -> int:
 
     from ..orchestration.exclusive import deploy_lock, exclusive
 
+    if args.fleet:
+        return _fleet(args)
     # With a Prefect API (the stack's, or the demo's) a rollback waits for a run deploying the same name; without
     # one, Prefect would start a throwaway API for this process alone, which no other run would see.
     held = (exclusive(deploy_lock(args.name), print, f"a run is deploying {args.name!r}")
@@ -267,6 +294,28 @@ def _handler(args) -> int:
         done = rollback_to(args.name, args.to or args.run_id, spec_path=args.spec, reason=args.reason)
     print(f"serving run {done['run_id']} (digest {done['digest'][:12]}) at {done['endpoint']['http']} "
           f"via {done['live']['container']}")
+    return 0
+
+
+def _fleet(args) -> int:
+    """Every host of the fleet back, wave by wave, through each host's worker (flows/rollback_fleet.py)."""
+    import os
+
+    from ..launch import run_fleet_rollback
+    from ..spec.load import load_spec
+
+    if args.spec:
+        raise RollbackError("give --spec or --fleet, not both (--fleet SPEC names the fleet's storage too)")
+    if not os.environ.get("PREFECT_API_URL"):
+        raise RollbackError("--fleet needs PREFECT_API_URL: the Prefect server whose workers serve the fleet's hosts")
+    spec = load_spec(args.fleet)
+    if spec.fleet is None:
+        raise RollbackError(f"{args.fleet}: no fleet section (stoker rollback without --fleet rolls back this host)")
+    if spec.deploy.name != args.name:
+        raise RollbackError(f"{args.fleet} deploys {spec.deploy.name!r}, not {args.name!r}")
+    detail = run_fleet_rollback(spec, args.to or args.run_id, args.reason)
+    for host, rec in detail["hosts"].items():
+        print(f"{host}: {rec['status']}, serving {(rec['after'] or '-')[:12]} (run {rec['to_run']})")
     return 0
 
 
@@ -279,4 +328,7 @@ def register(sub) -> None:
     p.add_argument("--spec", default=None, metavar="SPEC",
                    help="a spec of the deployment: its runs are read from its storage too (needed when this host "
                         "holds none of them; otherwise the storage its local runs name is read)")
+    p.add_argument("--fleet", default=None, metavar="SPEC",
+                   help="a spec with fleet: every host back, wave by wave, each through its own worker; --to names "
+                        "a fleet run (default: each host to the build it served before; needs PREFECT_API_URL)")
     p.set_defaults(fn=_handler)

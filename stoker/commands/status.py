@@ -28,7 +28,7 @@ def describe(client, name: str) -> dict:
     """What runs for deployment ``name``: proxy, the slot it routes to, and every backend."""
     from ..containers import engine
     from ..run import stoker_home
-    from ..serving import haproxy, openai_service, promote
+    from ..serving import openai_service, promote, topology
     from ..containers.ports import Ports
 
     proxy_c = promote.proxy_container(client, name)
@@ -42,8 +42,7 @@ def describe(client, name: str) -> dict:
         backends.append({"container": b.container, "slot": b.slot, "ports": b.ports.label(), "digest": b.digest,
                          "run_id": b.run_id, "state": c.status if c is not None else "?",
                          "health": "ready" if b.ready else "not ready",
-                         "live": view.running and b.slot == view.live
-                         and b.ports.http == view.http_ports.get(haproxy.server_name(b.slot, b.replica)),
+                         "live": topology.routes_to(view, b),
                          "uptime": _uptime(engine.started_at(c)) if c is not None and b.running else "-",
                          # GPU targets: the device ids it holds; the stand-in says so (stoker/gpu/standin.py)
                          "gpus": (c.labels.get("ai.stoker.gpus") if c is not None else None) or None,

@@ -51,7 +51,7 @@ from ..storage import s3
 from ..errors import StokerError
 from ..run import stoker_home
 from ..gpu import decision, openai_frontend
-from ..serving import api_keys, edge, openai_service, probe, promote, signed_build, stop_first
+from ..serving import api_keys, deployment, edge, openai_service, probe, promote, signed_build, stop_first
 from ..containers.ports import Ports
 from ..spec.schema import Spec, Storage
 from ..triton.config import ENSEMBLE_NAME, MODEL_NAME
@@ -143,9 +143,7 @@ def backend_spec(spec: Spec, repository_uri: str, digest: str, env: dict[str, st
 def held_gpus(client, spec: Spec, live: promote.topology.Backend | None = None) -> tuple[int, ...]:
     """The device ids the live backend of ``spec``'s deployment holds, all its replicas' (labels); () if none."""
     if live is None:  # the backend the proxy routes to now
-        view, _ = promote.observe_proxy(client, target_for(spec))
-        live = next((b for b in promote.observe_backends(client, spec.deploy.name)
-                     if view.running and b.slot == view.live and b.running), None)
+        live = deployment.routed_backend(client, target_for(spec))
     if live is None:
         return ()
     try:

@@ -19,6 +19,11 @@ def deploy_lock(name: str) -> str:
     return f"stoker-deploy-{name}"
 
 
+def host_lock(name: str, host: str) -> str:
+    """The name whose deploy_lock a fleet host's run (rollout or rollback) holds: the fleet run holds ``name``'s."""
+    return f"{name}-host-{host}"
+
+
 PROBE_S = 10.0  # a slot not acquired within this: the run says that it waits (exclusive)
 
 

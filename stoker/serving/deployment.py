@@ -249,6 +249,12 @@ def observe_proxy(client: docker.DockerClient, target: Target) -> tuple[topology
                               front=front), c
 
 
+def routed_backend(client: docker.DockerClient, target: Target) -> topology.Backend | None:
+    """The backend the deployment's proxy routes to now (topology.routes_to), or None."""
+    view, _ = observe_proxy(client, target)
+    return next((b for b in observe_backends(client, target.name) if topology.routes_to(view, b)), None)
+
+
 def render_config(target: Target, slots: dict[str, Ports | None], live: str | None) -> str:
     return haproxy.render(haproxy.ProxyLayout(listen=target.listen, slots=slots, live=live,
                                               openai=openai_service.socket_path() if target.openai_image else None,

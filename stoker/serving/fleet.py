@@ -14,7 +14,7 @@ from ..containers.ports import Ports
 from ..errors import StokerError, one_line
 from ..spec.fleet import Host
 from ..spec.schema import Spec
-from . import deployment, haproxy
+from . import deployment
 
 
 class FleetError(StokerError):
@@ -66,9 +66,7 @@ def serving_now(host: Host, name: str) -> dict:
     listen = Ports.parse(proxy.labels[engine.LABEL_PORTS]) if proxy is not None else Ports(0, 0, 0)
     target = deployment.Target(name, listen, "", Path("/nonexistent"))
     view, _ = deployment.observe_proxy(client, target)
-    live = next((b for b in deployment.observe_backends(client, name)
-                 if view.running and b.slot == view.live and b.running
-                 and view.http_ports.get(haproxy.server_name(b.slot, b.replica)) == b.ports.http), None)
+    live = deployment.routed_backend(client, target)
     return {"run_id": live.run_id if live else None, "digest": live.digest if live else None,
             "health": ("ready" if live.ready else "not ready") if live else "nothing live",
             "proxy": ("running" if view.running else "down") if view.exists else "missing", "engine_error": None}

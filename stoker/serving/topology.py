@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from .haproxy import SLOTS
+from .haproxy import SLOTS, server_name
 from ..containers.ports import Ports
 
 
@@ -71,6 +71,14 @@ def other_slot(slot: str | None) -> str:
     return "green" if slot == "blue" else "blue"
 
 
+def routes_to(proxy: ProxyView, b: Backend) -> bool:
+    """Whether the proxy routes to backend ``b`` now: it runs, its slot is the live one, and the proxy's server of
+    that slot and replica points at its port (a slot's server can still name a retired backend's port). Pure; the
+    one rule for "the backend that serves" (status, rollback, the fleet, a rebuild's GPU sets)."""
+    return (proxy.running and b.running and b.slot == proxy.live
+            and proxy.http_ports.get(server_name(b.slot, b.replica)) == b.ports.http)
+
+
 def plan_repair(backends: list[Backend], proxy: ProxyView, listen: Ports, openai: bool | None = None,
                 address: str | None = None, front: str | None = None) -> Repair:
     """The one consistent state to reach from what runs. Pure.
@@ -83,8 +91,7 @@ def plan_repair(backends: list[Backend], proxy: ProxyView, listen: Ports, openai
     503 (``why`` says so). Every other backend goes. A proxy whose /v1/ route is not the one wanted (``openai``)
     is recreated: HAProxy reads its routes only at start.
     """
-    routed = next((b for b in backends if b.replica == 0 and b.running and not b.legacy and proxy.running
-                   and b.slot == proxy.live and proxy.http_ports.get(b.slot) == b.ports.http), None)
+    routed = next((b for b in backends if b.replica == 0 and not b.legacy and routes_to(proxy, b)), None)
     serving = [b for b in backends if b.replica == 0 and b.running and b.ready and not b.legacy]
     live = routed or max((b for b in serving if b.served), key=lambda b: b.created, default=None)
     ungated = [b.container for b in serving if not b.served] if live is None else []

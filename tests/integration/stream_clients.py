@@ -24,9 +24,13 @@ from pathlib import Path
 TOKENS = 4
 KEY_ENV = "STOKER_OPERATE_KEY"  # set by --keys; inherited by the load process
 INTERFACE_ENV = "STOKER_OPERATE_INTERFACE"  # ensemble (default) or llmapi; inherited by the load process
-# "1": the served models batch (max_batch_size > 0, the demo spec's, tests/integration/test_fleet.py): gRPC inputs are
-# [1, 1]; otherwise [1] (the scripted models of promotion_kit, max_batch_size 0). Inherited by the load process.
+# "1": the served model is a build of stoker's (the demo spec's, tests/integration/test_fleet.py): it batches
+# (max_batch_size > 0), so gRPC inputs are [1, 1], and its ensemble declares an optional `stream` that defaults to
+# false (one response with the whole answer), so every request sends stream=true. Otherwise: [1] and no flag (the
+# scripted models of promotion_kit, max_batch_size 0, which always stream). Inherited by the load process.
 BATCHED_ENV = "STOKER_OPERATE_BATCHED"
+# Seconds a per-request client (gRPC, HTTP) waits after each answer; 0 (default): none. Inherited by the load process.
+PACE_ENV = "STOKER_OPERATE_PACE_S"
 
 
 def auth_headers() -> dict[str, str]:
@@ -45,7 +49,7 @@ def request_values(max_tokens: int = TOKENS, text: str = "hi", http: bool = Fals
     STOKER_OPERATE_INTERFACE names); ``http``: the generate extension's JSON body, which always names the stream flag."""
     iface = iface or interface()
     values = {iface.text_input: text, iface.max_tokens: max_tokens, **dict(iface.always)}
-    if iface.stream_always or http:
+    if iface.stream_always or http or os.environ.get(BATCHED_ENV) == "1":
         values[iface.stream] = True
     return iface.model, values
 
@@ -106,8 +110,8 @@ def _grpc_client(url: str, stop, records: list, interval_s: float = 0.0) -> None
                             err is None and len(got) != TOKENS, err, tag_of(got[0]) if got else None))
             if err:
                 await asyncio.sleep(0.05)  # a real client backs off a little after a failure
-            elif interval_s:
-                await asyncio.sleep(interval_s)
+            elif interval_s or pace():
+                await asyncio.sleep(interval_s or pace())
         await client.close()
 
     asyncio.run(run())
@@ -140,6 +144,12 @@ def _http_client(url: str, stop, records: list) -> None:
                         err is None and len(tokens) != TOKENS, err, tag_of(tokens[0]) if tokens else None))
         if err:
             time.sleep(0.05)  # a real client backs off a little after a failure
+        elif pace():
+            time.sleep(pace())
+
+
+def pace() -> float:
+    return float(os.environ.get(PACE_ENV) or 0)
 
 
 def long_stream_client(url: str, stop, records: list, gap_s: float = 0.3, stats: dict | None = None,
