@@ -352,3 +352,64 @@ def test_an_assumed_role_profile_without_aws_keys_still_reaches_the_backend(rest
     out = restarts[0]
     assert out["profile_keys"] == [True, True]  # the role's temporary keys, with a session token, not B's
     assert out["profile"] == "ready" and out["profile_secret_in_inspect"] is False
+
+
+# The signing key from a Prefect Secret block (signing.key_secret), on the module's Prefect server: saved with
+# Prefect's own Secret block, resolved by stoker/storage/signing_keys.py in a process whose environment names no key
+# file, a build signed with it verifies with the public key derived from it; a missing block and an empty one are
+# refused in one line naming the block; the key never reaches the output.
+SIGNING_SCRIPT = r"""
+import json, sys, tempfile
+from pathlib import Path
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from prefect.blocks.system import Secret
+from stoker.errors import SpecError
+from stoker.spec.schema import Signing
+from stoker.storage import signature, signing_keys
+from stoker.storage.digest import tree_records
+
+suffix = sys.argv[1]
+key = ec.generate_private_key(ec.SECP256R1())
+pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                        serialization.NoEncryption()).decode()
+Secret(value=pem).save(f"sign-{suffix}")
+Secret(value="").save(f"empty-{suffix}")
+out = {}
+loaded = signing_keys.private_key(Signing(key_secret=f"sign-{suffix}"))
+out["same_key"] = loaded.private_numbers().private_value == key.private_numbers().private_value
+folder = Path(tempfile.mkdtemp())
+(folder / "model.plan").write_bytes(b"weights")
+blob = signature.sign(tree_records(folder), loaded, "build", "d1")
+signed = signature.verify(blob, signing_keys.public_key(Signing(key_secret=f"sign-{suffix}")), "model.sig")
+out["verified_digest"] = signed.digest
+out["describe"] = signing_keys.describe(Signing(key_secret=f"sign-{suffix}"))
+for name in (f"missing-{suffix}", f"empty-{suffix}"):
+    try:
+        signing_keys.private_key(Signing(key_secret=name))
+        out[name.split("-")[0]] = "loaded"
+    except SpecError as err:
+        out[name.split("-")[0]] = str(err)
+print("PEM " + json.dumps(pem.splitlines()[1]))
+print("RESULT " + json.dumps(out))
+"""
+
+
+def test_the_signing_key_from_a_prefect_secret_block_signs_and_verifies(prefect_api, tmp_path):  # noqa: F811
+    api, _state = prefect_api
+    suffix = uuid.uuid4().hex[:6]
+    env = {k: v for k, v in prefect_env(api).items() if not k.startswith("STOKER_SIGNING")}
+    r = subprocess.run([sys.executable, "-c", SIGNING_SCRIPT, suffix], cwd=ROOT, env=env, capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    out = json.loads(r.stdout.split("RESULT ", 1)[1])
+    assert out["same_key"] is True
+    assert out["verified_digest"] == "d1"
+    assert out["describe"] == (f"builds signed (key: Prefect Secret block 'sign-{suffix}'); verified before a backend "
+                               "starts (the signing key's public key)")
+    assert out["missing"] == f"signing.key_secret: no Prefect Secret block named 'missing-{suffix}'"
+    assert out["empty"] == f"signing.key_secret: Prefect Secret 'empty-{suffix}' is empty"
+    # A line of the key's body was printed on purpose, apart: nothing else of the output holds it.
+    body = json.loads(r.stdout.split("PEM ", 1)[1].splitlines()[0])
+    rest = r.stdout.replace("PEM " + json.dumps(body), "") + r.stderr
+    assert body not in rest
