@@ -84,17 +84,9 @@ def plan_fleet_rollback(spec: Spec, to_run: str | None) -> dict[str, dict]:
     (a host with nowhere to go refuses the whole rollback, in one line, with nothing changed). ``to_run``: a fleet
     run's id (each host goes back to its own part of that run); None: each host goes back as `stoker rollback` would
     on that host alone, choosing among that host's own runs."""
-    from stoker.commands.rollback import fleet_plan
-    from stoker.record.history import remote_manifests
+    from stoker.commands.rollback import fleet_rollback_plan
 
-    name, st = spec.deploy.name, spec.storage
-    now = {}
-    for h in spec.fleet.hosts:
-        now[h.name] = fleet.serving_now(h, name)
-        if now[h.name]["health"] == "engine down":
-            raise fleet.FleetError(f"fleet rollback: host {h.name!r}: its engine does not answer "
-                                   f"({now[h.name]['engine_error']}); nothing changed")
-    return fleet_plan(remote_manifests(s3.client(st), st), name, {n: v["digest"] for n, v in now.items()}, to_run)
+    return fleet_rollback_plan(spec, to_run)
 
 
 @task(name="fleet-rollback", cache_policy=NO_CACHE, persist_result=False)

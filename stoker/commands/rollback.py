@@ -127,6 +127,24 @@ def fleet_plan(every: list[dict], name: str, serving: dict[str, str | None], to_
     return plan
 
 
+def fleet_rollback_plan(spec, to_run: str | None) -> dict[str, dict]:
+    """fleet_plan from what each host of ``spec``'s fleet serves now and the fleet's runs in its bucket; a host whose
+    engine does not answer refuses it in one line."""
+    from ..record.history import remote_manifests
+    from ..serving import fleet
+    from ..storage import s3
+
+    serving = {}
+    for h in spec.fleet.hosts:
+        now = fleet.serving_now(h, spec.deploy.name)
+        if now["health"] == "engine down":
+            raise RollbackError(f"fleet rollback: host {h.name!r}: its engine does not answer ({now['engine_error']}); "
+                                "nothing changed")
+        serving[h.name] = now["digest"]
+    st = spec.storage
+    return fleet_plan(remote_manifests(s3.client(st), st), spec.deploy.name, serving, to_run)
+
+
 def _marked(record: dict) -> str:
     return f"was rolled back at {record['at']} by {record['run_id']}"
 
@@ -313,6 +331,13 @@ def _fleet(args) -> int:
         raise RollbackError(f"{args.fleet}: no fleet section (stoker rollback without --fleet rolls back this host)")
     if spec.deploy.name != args.name:
         raise RollbackError(f"{args.fleet} deploys {spec.deploy.name!r}, not {args.name!r}")
+    # Refused here, in one line, before the flow starts: a host without an online worker, an engine that does not
+    # answer, a host with nowhere to go (the flow decides again under the deployment's lock).
+    from ..orchestration.routing import check_route
+
+    for h in spec.fleet.hosts:
+        check_route(h.deployment, what=f"fleet host {h.name!r}")
+    fleet_rollback_plan(spec, args.to or args.run_id)
     detail = run_fleet_rollback(spec, args.to or args.run_id, args.reason)
     for host, rec in detail["hosts"].items():
         print(f"{host}: {rec['status']}, serving {(rec['after'] or '-')[:12]} (run {rec['to_run']})")

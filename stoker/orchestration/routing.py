@@ -8,6 +8,7 @@ preflight and the wait name the pool and fail instead of hanging.
 from __future__ import annotations
 
 import time
+import uuid
 from dataclasses import dataclass
 from typing import Callable
 
@@ -68,8 +69,12 @@ def run_routed(route: Route, parameters: dict, name: str, start_timeout_s: float
     from prefect.client.orchestration import get_client
     from prefect.deployments.flow_runs import run_deployment
 
+    # An idempotency key of this call's own: Prefect's client resends a POST whose answer timed out (httpx
+    # ReadTimeout; a slow server, e.g. SQLite "database is locked" under load), and without a key the server made a
+    # second flow run of it, which a worker ran too (seen: two serve_host runs of one host, one after the other under
+    # its lock). One key per call, not per name: a retried step's call must start a run of its own.
     run = run_deployment(route.deployment, parameters=parameters, flow_run_name=name, timeout=0, as_subflow=True,
-                         tags=["stoker", "routed"])
+                         tags=["stoker", "routed"], idempotency_key=f"{name}-{uuid.uuid4().hex}")
     log(f"routed: {route.deployment} run {run.name} ({run.id}) on pool {route.pool!r}")
     t0 = time.monotonic()
     started = False
