@@ -84,9 +84,7 @@ def plan_fleet_rollback(spec: Spec, to_run: str | None) -> dict[str, dict]:
     (a host with nowhere to go refuses the whole rollback, in one line, with nothing changed). ``to_run``: a fleet
     run's id (each host goes back to its own part of that run); None: each host goes back as `stoker rollback` would
     on that host alone, choosing among that host's own runs."""
-    from stoker.commands.rollback import fleet_rollback_plan
-
-    return fleet_rollback_plan(spec, to_run)
+    return fleet.fleet_rollback_plan(spec, to_run)
 
 
 @task(name="fleet-rollback", cache_policy=NO_CACHE, persist_result=False)

@@ -79,3 +79,21 @@ def halted(host: str, wave: int, cause: str, reverted: list[str], failed_reverts
     for name, why in failed_reverts.items():
         line += f"; NOT switched back: {name} ({why})"
     return line
+
+
+def fleet_rollback_plan(spec, to_run: str | None) -> dict[str, dict]:
+    """fleet_plan from what each host of ``spec``'s fleet serves now and the fleet's runs in its bucket; a host whose
+    engine does not answer refuses it in one line."""
+    from ..record.history import remote_manifests
+    from ..record.returnable import RollbackError, fleet_plan
+    from ..storage import s3
+
+    serving = {}
+    for h in spec.fleet.hosts:
+        now = serving_now(h, spec.deploy.name)
+        if now["health"] == "engine down":
+            raise RollbackError(f"fleet rollback: host {h.name!r}: its engine does not answer ({now['engine_error']}); "
+                                "nothing changed")
+        serving[h.name] = now["digest"]
+    st = spec.storage
+    return fleet_plan(remote_manifests(s3.client(st), st), spec.deploy.name, serving, to_run)

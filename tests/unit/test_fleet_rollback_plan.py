@@ -1,4 +1,4 @@
-"""`stoker rollback --fleet`'s plan (stoker.commands.rollback.fleet_plan, pure): each host goes back among its own
+"""`stoker rollback --fleet`'s plan (stoker.record.returnable.fleet_plan, pure): each host goes back among its own
 runs only, a named fleet run means each host's part of it, a host already serving that build is skipped, and a host
 with nowhere to go refuses the whole rollback in one line naming it."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from stoker.commands.rollback import RollbackError, fleet_plan
+from stoker.record.returnable import RollbackError, fleet_plan
 
 NAME = "dep"
 DONE = {"status": "completed"}
