@@ -4,7 +4,7 @@ across the two. One kit, shared by the module's tests.
 
 (1) build A rolled to both hosts in one wave (the two hosts' runs at once); then, under one held-out-style load through
 the front: build B wave [east] then [west] (both hosts serve B), build D failing its accuracy gate on east in wave 1
-(halted, west untouched, both still serve B), and `stoker rollback --fleet` taking both hosts back to A in one wave;
+(halted, west untouched, both still serve B; where the benchmark measures, see MEASURING), and `stoker rollback --fleet` taking both hosts back to A in one wave;
 nothing failed or truncated in any phase; (2) west's engine stopped after wave 1 halts the next fleet
 run: east is switched back to what it served before (A), west untouched, the run fails naming west, `stoker status --fleet` shows it; (3) the
 preflight's refusals against real engines and a pool without a worker, one line each, before any heavy step.
@@ -30,9 +30,16 @@ from stream_clients import BATCHED_ENV, PACE_ENV, load_process
 # (STOKER_OPERATE_OUT set: back to back, the held-out load): in the parallel service tier the unpaced load took both
 # cores from the other test processes for the whole rollout (ci75: the tier 2,612 s against ci74's 2,063 s). The
 # streams stay as they are: a long-lived one 0.3 s apart, a busy one with no pause.
-PACE_S = "0" if os.environ.get("STOKER_OPERATE_OUT") else "0.25"
+PACE_S = "0" if os.environ.get("STOKER_OPERATE_OUT") else "0.5"
 
-pytestmark = [pytest.mark.prefect, pytest.mark.docker, pytest.mark.s3, pytest.mark.hub, pytest.mark.slow]
+# The module fixture below runs four fleet runs under load (first run to its end: ~540 s alone on this machine, over
+# 900 s in the parallel tier of ci77), and pytest-timeout counts a fixture's setup in its first test.
+pytestmark = [pytest.mark.prefect, pytest.mark.docker, pytest.mark.s3, pytest.mark.hub, pytest.mark.slow,
+              pytest.mark.timeout(1800)]
+# The failed-gate run (build D: an evaluation with a torch baseline and lm-eval on a host) runs where the benchmark
+# measures (benchmarks/fleet_rollout.py, STOKER_OPERATE_OUT set), not in the parallel service tier: in ci77 the CPU of
+# the whole module slowed three other files past their limits. Its test says so when it does not run.
+MEASURING = bool(os.environ.get("STOKER_OPERATE_OUT"))
 
 
 @pytest.fixture(scope="module")
@@ -87,16 +94,19 @@ def rolled(kit):
         second = kit.run(b)
         phases["rollout"] = [t, time.time()]
         after = {"rollout": kit.serving(b)}
-        runs = kit.tmp / "home-fleet" / "runs"
-        known = set(runs.iterdir())
-        gated = kit.run(d)
-        phases["failed_gate"] = [phases["rollout"][1], time.time()]
-        after["failed_gate"] = kit.serving(d)
-        gated["run_dir"] = next(iter(set(runs.iterdir()) - known), None)
+        gated = None
+        if MEASURING:
+            runs = kit.tmp / "home-fleet" / "runs"
+            known = set(runs.iterdir())
+            gated = kit.run(d)
+            phases["failed_gate"] = [phases["rollout"][1], time.time()]
+            after["failed_gate"] = kit.serving(d)
+            gated["run_dir"] = next(iter(set(runs.iterdir()) - known), None)
+        t = time.time()
         r = subprocess.run([sys.executable, "-m", "stoker.cli", "rollback", name, "--fleet", str(back)], cwd=ROOT,
                            env={**os.environ, **kit.env, "STOKER_HOME": str(kit.tmp / "home-fleet")},
                            capture_output=True, text=True, timeout=900)
-        phases["rollback"] = [phases["failed_gate"][1], time.time()]
+        phases["rollback"] = [t, time.time()]
         time.sleep(1)
         stop.set()
         loader.join(120)
@@ -150,6 +160,9 @@ def test_a_fleet_rolls_wave_by_wave_under_load_through_the_front_losing_nothing(
 
 def test_a_failed_gate_halts_the_fleet_in_its_wave_and_the_candidate_never_serves(kit, rolled):
     gated, digest_b = rolled["gated"], rolled["second"]["manifest"]["steps"]["upload"]["digest"]
+    if gated is None:
+        pytest.skip("the failed-gate run runs in benchmarks/fleet_rollout.py (STOKER_OPERATE_OUT), not in the "
+                    "parallel service tier (see MEASURING)")
     assert not gated["ok"], gated["log"][-3000:]
     err = gated["error"]
     assert "fleet: host 'east' failed in wave 1" in err and "switched back: none" in err, err
