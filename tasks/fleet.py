@@ -105,8 +105,7 @@ def roll_back_fleet(spec: Spec, plan: dict[str, dict], ctx: RunContext, reason: 
             rec.update(status="already serving", after=rec["to"])
             return
         rec["status"] = "rolling back"
-        params = {"spec": fleet.host_spec(spec, h).model_dump(mode="json"), "run_id": f"{ctx.run_id}-{h.name}",
-                  "host": h.name, "action": "rollback", "to_run": rec["to_run"], "reason": reason}
+        params = _rollback_params(spec, h, ctx, rec["to_run"], reason)
         rec["flow_run"] = _on_host(spec, h, params, f"rollback-{name}-{h.name}-{ctx.run_id}", folder, rec, log)
         rec.update(status="rolled back", after=rec["to"])
 
@@ -186,8 +185,7 @@ def _switch_back(spec: Spec, pinned: Spec, hosts: dict, ctx: RunContext, log) ->
         h = spec.fleet.host(n)
         try:
             route = check_route(h.deployment, what=f"fleet host {n!r}")
-            params = {"spec": fleet.host_spec(pinned, h).model_dump(mode="json"), "run_id": f"{ctx.run_id}-{n}",
-                      "host": n, "action": "rollback", "to_run": rec["before_run"]}
+            params = _rollback_params(pinned, h, ctx, rec["before_run"])
             run_routed(route, params, f"revert-{spec.deploy.name}-{n}-{ctx.run_id}", spec.fleet.start_timeout_s,
                        spec.fleet.host_timeout_s, log)
             rec.update(status="switched back", after=rec["before"])
@@ -196,6 +194,13 @@ def _switch_back(spec: Spec, pinned: Spec, hosts: dict, ctx: RunContext, log) ->
             rec.update(status="switch back failed", error=one_line(exc))
             not_reverted[n] = one_line(exc)
     return reverted, not_reverted
+
+
+def _rollback_params(spec: Spec, h, ctx: RunContext, to_run: str, reason: str | None = None) -> dict:
+    """serve_host's parameters for host ``h`` going back to run ``to_run`` (reason None: serve_host's own, a halted
+    fleet run's)."""
+    return {"spec": fleet.host_spec(spec, h).model_dump(mode="json"), "run_id": f"{ctx.run_id}-{h.name}",
+            "host": h.name, "action": "rollback", "to_run": to_run, **({"reason": reason} if reason else {})}
 
 
 def _benchmark_of(measured: list[dict]) -> dict:
