@@ -83,5 +83,8 @@ class SteadyLoad:
         with self._lock:
             recs = list(self.records)
         failed = [r for r in recs if not r.ok]
-        return {"requests": len(recs), "failed_requests": len(failed),
+        # The slowest answer: tells a machine too loaded to answer quickly (many slow answers) from one request held
+        # up by the rollout itself.
+        slowest = max((r.end_s - r.start_s for r in recs if r.ok), default=0.0)
+        return {"requests": len(recs), "failed_requests": len(failed), "slowest_answer_s": round(slowest, 2),
                 "errors": sorted({(r.error or "")[:100] for r in failed})[:5]}

@@ -29,6 +29,10 @@ from stoker.spec.load import parse_spec
 
 pytestmark = [pytest.mark.docker, pytest.mark.s3, pytest.mark.hub, pytest.mark.prefect, pytest.mark.slow]
 LOAD_S = 2.0  # steady load before and after each rollout
+# A request fails when it gets no answer in this long. 60 s (the loader's default) failed 1 of 2,407 requests in the
+# landing CI of 28b119d, where this file runs beside the fleet, walkthrough and stand-in files on 2 cores; a request the
+# rollout drops or holds forever still fails, and the record keeps the slowest answer.
+REQUEST_TIMEOUT_S = 240.0
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +80,7 @@ def _roll(spec, m: dict, log=lambda _m: None) -> tuple[dict, dict]:
 
 
 def _under_load(endpoint: str, change) -> dict:
-    load = SteadyLoad(endpoint=lambda: endpoint).start()
+    load = SteadyLoad(endpoint=lambda: endpoint, timeout_s=REQUEST_TIMEOUT_S).start()
     time.sleep(LOAD_S)
     t0 = time.monotonic()
     done = change()
@@ -181,12 +185,13 @@ def test_reload_and_replace_under_steady_load_fail_nothing(two_runs, aws, capsys
     assert staged["candidate"]["container"] not in [c.name for c in docker_engine.containers(client, name)]
     with capsys.disabled():
         print("\nfailed requests during rollout:",
-              {k: (v["failed_requests"], v["requests"], v["rollout_s"], v["errors"]) for k, v in results.items()})
-    record("rollouts", {k: {f: v[f] for f in ("requests", "failed_requests", "rollout_s", "errors")}
+              {k: (v["failed_requests"], v["requests"], v["slowest_answer_s"], v["rollout_s"], v["errors"])
+               for k, v in results.items()})
+    record("rollouts", {k: {f: v[f] for f in ("requests", "failed_requests", "slowest_answer_s", "rollout_s", "errors")}
                         for k, v in results.items()} | {"load": {"threads": 2, "max_tokens": 4,
                                                                  "steady_s_before_and_after": LOAD_S}})
     for k, v in results.items():
-        assert v["requests"] > 5 and v["failed_requests"] == 0, (k, v["errors"])
+        assert v["requests"] > 5 and v["failed_requests"] == 0, (k, v["errors"], v["slowest_answer_s"])
 
     # A run killed while copying A's files as version 3 (configs not yet written): a restarted backend loads the
     # recorded version 2 (configs pinned to it), not the newest folder.
